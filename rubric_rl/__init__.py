@@ -1,0 +1,1 @@
+"""rubric_rl: reinforcement learning of LLM policies with rubric rewards, in JAX."""

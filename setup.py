@@ -1,0 +1,38 @@
+"""rubric_rl: JAX RL for LLM policies with rubric rewards and training-time controllers."""
+
+from setuptools import find_packages, setup
+
+# Versions measured together on the CPU machines (../shared/notes/jax-on-cpu.md).
+CORE = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "ml-collections==1.1.0",
+    "absl-py==2.5.1",
+    "numpy>=2.0",
+    "safetensors==0.8.0",
+    "tokenizers==0.23.3",
+    "transformers==5.24.0",
+    "pyarrow>=15",
+    "httpx>=0.27",
+    "tqdm>=4.66",
+]
+GENAI = ["google-genai==3.6.1"]
+# The SGLang server runs in its own virtual environment (third_party/sglang_cpu/install.sh);
+# the trainer only needs an HTTP client for it, which is in CORE.
+SGLANG: list[str] = []
+# torch is pinned to the CPU wheel: an unpinned torch pulls a multi-GB CUDA build.
+TEST = ["pytest==9.2", "torch==2.13.0", "ruff>=0.6"] + GENAI
+GPU = ["jax[cuda12]==0.10.2"]
+
+setup(
+    name="rubric_rl",
+    version="0.1.0",
+    description="RL of LLM policies with rubric rewards and training-time controllers, in JAX.",
+    python_requires=">=3.11",
+    packages=find_packages(include=["rubric_rl", "rubric_rl.*"]),
+    install_requires=CORE,
+    extras_require={"test": TEST, "genai": GENAI, "sglang": SGLANG, "gpu": GPU},
+)
