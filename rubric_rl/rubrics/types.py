@@ -99,7 +99,9 @@ class Criterion:
             raise ValueError(f"Criterion {self.id!r}: text must be a non-empty string")
         weight = float(self.weight)
         if weight == 0.0 or weight != weight:
-            raise ValueError(f"Criterion {self.id!r}: weight must be non-zero (got {self.weight!r})")
+            raise ValueError(
+                f"Criterion {self.id!r}: weight must be non-zero (got {self.weight!r})"
+            )
         object.__setattr__(self, "weight", weight)
         object.__setattr__(self, "tags", tuple(self.tags))
         object.__setattr__(self, "choices", tuple(self.choices))
@@ -146,7 +148,7 @@ class Rubric:
         raise KeyError(f"no criterion {criterion_id!r} in rubric (ids: {list(self.ids)})")
 
     def evaluated(self) -> Rubric:
-        """Criteria that are judged: active and hidden (hidden = skill hidden, rubric still scored)."""
+        """Criteria that are judged: active and hidden (a hidden skill's rubric is still scored)."""
         keep = (CriterionStatus.ACTIVE, CriterionStatus.HIDDEN)
         return Rubric(tuple(c for c in self.criteria if c.status in keep), self.aggregation)
 
