@@ -1,0 +1,399 @@
+"""Tests of the embedded constraint-following domain: checkers, splits, oracle, corpus, guidance."""
+
+from __future__ import annotations
+
+import collections
+import functools
+
+import numpy as np
+import pytest
+
+from rubric_rl.envs import constraints as cf
+from rubric_rl.envs.constraint_corpus import (
+    anti_pattern_text,
+    decorate_prompt,
+    format_coach,
+    format_critique,
+    format_reference,
+    guidance_hint,
+    guidance_kinds_of,
+    render_guidance,
+    warmstart_corpus,
+    warmstart_example,
+)
+from rubric_rl.envs.constraint_lexicon import GUIDANCE_KINDS, canonical, units
+from rubric_rl.rubrics.checkers import CHECKERS
+from rubric_rl.rubrics.types import Message, Rubric, Task
+
+# (checker, args, response, expected) — hand-written positives and negatives for every checker.
+CASES = [
+    ("cf_word_count", {"low": 3, "high": 3}, "red blue green .", True),
+    ("cf_word_count", {"low": 3, "high": 3}, "great question ! red blue green .", True),
+    ("cf_word_count", {"low": 3, "high": 3}, "red blue .", False),
+    ("cf_word_count", {"low": 2, "high": 4}, "red blue green pink gray", False),
+    ("cf_item_count", {"n": 3}, "apple, pear; plum.", True),
+    ("cf_item_count", {"n": 3}, "1 ) apple 2 ) pear 3 ) plum !", True),
+    ("cf_item_count", {"n": 3}, "apple pear plum .", False),
+    ("cf_item_count", {"n": 2}, "apple , pear , plum .", False),
+    ("cf_case", {"mode": "upper"}, "RED , BLUE !", True),
+    ("cf_case", {"mode": "upper"}, "RED , Blue !", False),
+    ("cf_case", {"mode": "lower"}, "red blue . ALL REQUIREMENTS MET .", True),
+    ("cf_case", {"mode": "lower"}, "!", False),
+    ("cf_case", {"mode": "capitalized"}, "Red Blue", True),
+    ("cf_case", {"mode": "capitalized"}, "Red BLUE", False),
+    ("cf_ends_with", {"punct": "!"}, "red blue !", True),
+    ("cf_ends_with", {"punct": "!"}, "red blue ! all requirements met .", True),
+    ("cf_ends_with", {"punct": "!"}, "red blue .", False),
+    ("cf_ends_with", {"punct": "!"}, "", False),
+    ("cf_starts_with", {"word": "answer"}, "Answer five .", True),
+    ("cf_starts_with", {"word": "answer"}, "great question ! answer five .", True),
+    ("cf_starts_with", {"word": "answer"}, "five answer .", False),
+    ("cf_includes_word", {"word": "kiwi"}, "apple , KIWI .", True),
+    ("cf_includes_word", {"word": "kiwi"}, "apple , kiwis .", False),
+    ("cf_excludes_word", {"word": "kiwi"}, "apple , pear .", True),
+    ("cf_excludes_word", {"word": "kiwi"}, "apple , kiwi .", False),
+    ("cf_sorted", {"order": "asc"}, "apple , cherry , pear .", True),
+    ("cf_sorted", {"order": "asc"}, "pear , apple .", False),
+    ("cf_sorted", {"order": "asc"}, "apple .", False),
+    ("cf_sorted", {"order": "desc"}, "1 ) pear 2 ) lime 3 ) apple", True),
+    ("cf_sorted", {"order": "desc"}, "apple , pear", False),
+    ("cf_separator", {"sep": ";"}, "apple ; pear ; plum .", True),
+    ("cf_separator", {"sep": ";"}, "apple ; pear , plum .", False),
+    ("cf_separator", {"sep": ";"}, "apple pear plum .", False),
+    ("cf_separator", {"sep": ";"}, "; apple ; pear", False),
+    ("cf_numbered", {}, "1 ) apple 2 ) pear .", True),
+    ("cf_numbered", {}, "1 ) apple , 2 ) pear", True),
+    ("cf_numbered", {}, "1 ) apple 3 ) pear .", False),
+    ("cf_numbered", {}, "apple , pear .", False),
+    ("cf_numbered", {}, "1 ) 2 ) pear", False),
+    ("cf_in_category", {"category": "fruit"}, "Apple , KIWI .", True),
+    ("cf_in_category", {"category": "fruit"}, "apple , dog .", False),
+    ("cf_in_category", {"category": "fruit"}, "apple and so on .", False),
+    ("cf_in_category", {"category": "fruit"}, ".", False),
+    ("cf_answer_is", {"answer": "five", "choices": ("four", "five")}, "answer five .", True),
+    ("cf_answer_is", {"answer": "five", "choices": ("four", "five")}, "four or five", False),
+    ("cf_answer_is", {"answer": "yes", "choices": ("yes", "no")}, "no .", False),
+    ("cf_sequence_is", {"words": ("cat", "red")}, "CAT RED !", True),
+    ("cf_sequence_is", {"words": ("cat", "red")}, "red cat !", False),
+    ("cf_sequence_is", {"words": ("cat", "red")}, "cat red dog", False),
+    (
+        "cf_all_of",
+        {"parts": (("cf_ends_with", (("punct", "!"),)), ("cf_case", (("mode", "upper"),)))},
+        "RED !",
+        True,
+    ),
+    (
+        "cf_all_of",
+        {"parts": (("cf_ends_with", (("punct", "!"),)), ("cf_case", (("mode", "upper"),)))},
+        "red !",
+        False,
+    ),
+    ("cf_non_empty", {}, " x ", True),
+    ("cf_non_empty", {}, "  \n", False),
+    ("cf_max_words", {"n": 3}, "great question ! red", True),
+    ("cf_max_words", {"n": 3}, "great question ! red blue", False),
+    ("cf_opens_with_praise", {}, "Great question! red .", True),
+    ("cf_opens_with_praise", {}, "red . great question !", False),
+    ("cf_claims_compliance", {}, "red . all requirements met .", True),
+    ("cf_claims_compliance", {}, "ALL REQUIREMENTS MET red", True),
+    ("cf_claims_compliance", {}, "all rules met .", False),
+    ("cf_min_words", {"n": 4}, "red blue and so on", True),
+    ("cf_min_words", {"n": 4}, "red blue !", False),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "response", "expected"), CASES)
+def test_checker_examples(name, args, response, expected):
+    assert CHECKERS.get(name)(response, task=None, **args) is expected
+
+
+def test_every_domain_checker_has_positive_and_negative_examples():
+    names = {n for n in CHECKERS.names() if n.startswith("cf_")}
+    seen = collections.defaultdict(set)
+    for name, _, _, expected in CASES:
+        seen[name].add(expected)
+    assert names == set(seen)
+    assert all(v == {True, False} for v in seen.values()), seen
+
+
+def test_checker_bad_arguments_name_the_checker():
+    with pytest.raises(ValueError, match="cf_case"):
+        CHECKERS.get("cf_case")("red", mode="shouty")
+    with pytest.raises(ValueError, match="cf_sorted"):
+        CHECKERS.get("cf_sorted")("a , b", order="random")
+
+
+@functools.cache
+def _tasks(split: str, n: int, seed: int = 0) -> tuple[Task, ...]:
+    return tuple(cf.ConstraintDomain(seed).tasks(split, n))
+
+
+def test_same_seed_same_tasks_and_prefix_stable():
+    a = cf.ConstraintDomain(3).tasks("train", 40)
+    b = cf.ConstraintDomain(3).tasks("train", 60)
+    assert a == b[:40]
+    assert [t.reference_answer for t in a] == [t.reference_answer for t in b[:40]]
+    assert cf.task_bank("train", 40, seed=3) == a
+    other = cf.ConstraintDomain(4).tasks("train", 40)
+    assert [t.id for t in a] != [t.id for t in other]
+
+
+def test_splits_disjoint_and_ood_combinations_absent_from_training():
+    train = _tasks("train", 300) + _tasks("train", 300, seed=1)
+    heldout = _tasks("heldout", 150) + _tasks("heldout", 150, seed=1)
+    ood = _tasks("ood", 150)
+    key = lambda t: (t.question.split(" <")[0], repr(sorted(t.raw["params"].items())))
+    keys = {s: {key(t) for t in ts} for s, ts in (("tr", train), ("he", heldout), ("ood", ood))}
+    assert not keys["tr"] & keys["he"] and not keys["tr"] & keys["ood"]
+    assert not keys["he"] & keys["ood"]
+    for t in train + heldout:
+        assert t.task_type in cf.TRAIN_TASK_TYPES
+        kinds = cf.combo_kinds(t.raw["params"])
+        assert not any(a in kinds and b in kinds for a, b in cf.OOD_PAIRS), t.question
+    for t in ood:
+        kinds = cf.combo_kinds(t.raw["params"])
+        pair = any(a in kinds and b in kinds for a, b in cf.OOD_PAIRS)
+        assert t.task_type in cf.OOD_TASK_TYPES or pair, t.question
+    ood_types = collections.Counter(t.task_type for t in ood)
+    assert ood_types["filter"] > 20 and sum(ood_types.values()) - ood_types["filter"] > 20
+    assert {t.task_type for t in train} == set(cf.TRAIN_TASK_TYPES)
+    caps = {c for t in train for c in t.capabilities}
+    assert caps == set(cf.CAPABILITIES)
+
+
+def test_bad_split_and_foreign_task_raise():
+    with pytest.raises(ValueError, match="split"):
+        cf.ConstraintDomain(0).tasks("test", 3)
+    foreign = Task(id="x", prompt=(Message("user", "hi"),), rubric=Rubric(()))
+    with pytest.raises(ValueError, match="'x'"):
+        cf.oracle_quality(foreign, "hi")
+
+
+def _met(criterion, response: str) -> bool:
+    return CHECKERS.get(criterion.verifier.checker)(response, **criterion.verifier.kwargs)
+
+
+def _cls(criterion) -> str:
+    (tag,) = [t for t in criterion.tags if t.startswith("class:")]
+    return tag.removeprefix("class:")
+
+
+@pytest.mark.parametrize("split", cf.SPLITS)
+def test_references_pass_verify_and_genuine_criteria(split):
+    for t in _tasks(split, 150):
+        assert t.domain == "constraints" and t.env_name is None
+        assert len(t.prompt) == 1 and t.prompt[0].role == "user"
+        assert set(t.capabilities) <= set(cf.CAPABILITIES) and t.capabilities
+        ref = t.reference_answer
+        assert cf.verify(t, ref), (t.question, ref)
+        assert cf.oracle_quality(t, ref) == 1.0
+        classes = collections.Counter(_cls(c) for c in t.rubric)
+        assert classes["saturated"] >= 1 and classes["spurious"] >= 2
+        assert classes["blind"] >= 1 or len(cf.hard_constraints(t)) < 3
+        for c in t.rubric:
+            met = _met(c, ref)
+            if _cls(c) in ("genuine", "blind", "saturated"):
+                assert met == (c.weight > 0), (t.question, ref, c.id)
+            else:
+                assert not met, (t.question, ref, c.id)  # the reference carries no fluff
+        rare = [c for c in cf.hard_constraints(t) if c.rare]
+        assert all(_cls(t.rubric.by_id(c.kind)) == "blind" for c in rare)
+
+
+def test_oracle_hand_computed():
+    params = {"type": "list", "category": "fruit", "n": 3, "numbered": False, "sep": ";"}
+    params.update(order="asc", case=None, end="!", include=None, exclude="pear")
+    task = Task(
+        id="t",
+        prompt=(Message("user", "q"),),
+        rubric=Rubric(()),
+        domain="constraints",
+        raw={"params": params},
+    )
+    # weights: count 2, category 3, sep 1, order 1, exclude |-2|, end 1 -> 10
+    assert cf.oracle_quality(task, "apple ; cherry ; grape !") == pytest.approx(1.0)
+    # one intruder: category graded 2/3 -> 9 / 10
+    assert cf.oracle_quality(task, "apple ; cherry ; dog !") == pytest.approx(0.9)
+    assert cf.oracle_quality(task, "great question ! apple ; cherry ; dog !") == pytest.approx(
+        0.9 * 0.75
+    )
+    both = "great question ! apple ; cherry ; grape ! all requirements met ."
+    assert cf.oracle_quality(task, both) == pytest.approx(0.5)
+    assert cf.verify(task, both) and not cf.verify(task, "apple ; cherry ; pear !")
+    # forbidden word (-2) and wrong end (-1): 7 / 10
+    assert cf.oracle_quality(task, "apple ; cherry ; pear .") == pytest.approx(0.7)
+    assert cf.oracle_quality(task, "") == 0.0
+
+
+def _edit_distance_np(a, b) -> int:
+    d = np.zeros((len(a) + 1, len(b) + 1), dtype=np.int64)
+    d[:, 0] = np.arange(len(a) + 1)
+    d[0, :] = np.arange(len(b) + 1)
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i, j] = min(
+                d[i - 1, j] + 1, d[i, j - 1] + 1, d[i - 1, j - 1] + (a[i - 1] != b[j - 1])
+            )
+    return int(d[-1, -1])
+
+
+def test_edit_distance_matches_numpy_reference():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        a = list(rng.choice(list("abcd"), size=rng.integers(0, 7)))
+        b = list(rng.choice(list("abcd"), size=rng.integers(0, 7)))
+        assert cf._edit_distance(a, b) == _edit_distance_np(a, b)
+
+
+def _spearman(x: np.ndarray, y: np.ndarray) -> float:
+    rank = lambda v: np.argsort(np.argsort(v, kind="stable"), kind="stable").astype(float)
+
+    # average ranks for ties
+    def avg_rank(v):
+        r = rank(v)
+        for val in np.unique(v):
+            r[v == val] = r[v == val].mean()
+        return r
+
+    return float(np.corrcoef(avg_rank(x), avg_rank(y))[0, 1])
+
+
+def test_spurious_criteria_do_not_track_oracle_while_genuine_ones_do():
+    rng = np.random.default_rng(0)
+    rows = collections.defaultdict(list)  # (class, kind, sign) -> [(met, oracle)]
+    for t in _tasks("train", 250) + _tasks("ood", 60):
+        kinds = [c.kind for c in cf.hard_constraints(t)]
+        for _ in range(5):
+            keep = {k for k in kinds if rng.random() < 0.7}
+            flags = {f: bool(rng.random() < 0.3) for f in ("praise", "claim", "pad")}
+            response = cf.render_response(t, keep, rng, **flags)
+            q = cf.oracle_quality(t, response)
+            assert 0.0 <= q <= 1.0
+            for c in t.rubric:
+                rows[(_cls(c), c.id, c.weight > 0)].append((_met(c, response), q))
+    pooled = collections.defaultdict(list)
+    for (cls, cid, positive), v in rows.items():
+        a = np.asarray(v, dtype=float)
+        if cls == "saturated":
+            assert a[:, 0].mean() > 0.98, cid  # met by (nearly) everything
+            continue
+        r, rho = np.corrcoef(a[:, 0], a[:, 1])[0, 1], _spearman(a[:, 0], a[:, 1])
+        if cls == "spurious":
+            assert r < 0.0 and rho < 0.0, (cid, r, rho)
+            assert 0.1 < a[:, 0].mean() < 0.9, cid  # discriminative, yet not tracking quality
+        elif positive:
+            assert r > 0.05 and rho > 0.05, (cid, r, rho)
+        else:
+            assert r < -0.1 and rho < -0.1, (cid, r, rho)
+        pooled[cls if positive else "pitfall"] += v
+    summary = {k: np.corrcoef(np.asarray(v, float).T)[0, 1] for k, v in pooled.items()}
+    assert summary["genuine"] > 0.3 and summary["blind"] > 0.3
+    assert summary["spurious"] < -0.1
+
+
+def test_warmstart_corpus_imperfect_and_guidance_raises_verify_rate():
+    corpus = warmstart_corpus(600, seed=5)
+    assert corpus == warmstart_corpus(600, seed=5)
+    tasks = cf.ConstraintDomain(5).tasks("train", 600)
+    guided, unguided = [], []
+    for (messages, completion), task in zip(corpus, tasks, strict=True):
+        assert messages[0]["content"].startswith(task.question)
+        ok = cf.verify(task, completion)
+        if guidance_kinds_of(messages):
+            guided.append(ok)
+        else:
+            assert messages == task.messages
+            unguided.append(ok)
+        assert len(units(completion)) <= 32
+    assert 0.25 < len(guided) / len(corpus) < 0.55
+    assert np.mean(unguided) < 0.35
+    assert np.mean(guided) > np.mean(unguided) + 0.25
+    kinds = collections.Counter(k for m, _ in corpus for k in guidance_kinds_of(m))
+    assert set(kinds) == set(GUIDANCE_KINDS)
+
+
+def test_guided_completion_meets_what_the_guidance_names():
+    tasks = _tasks("train", 300)
+    hits = total = fluff_left = 0
+    for i, task in enumerate(tasks):
+        rng = np.random.default_rng(i)
+        _, completion, guidance = warmstart_example(task, rng, guided=True, fluff_rate=0.6)
+        for kind in ("criterion", "critique", "coach"):
+            if kind in guidance:
+                for c in cf.hard_constraints(task):
+                    if c.hint in guidance[kind]:
+                        total += 1
+                        hits += c.met(completion)
+        if (
+            "anti_patterns" in guidance
+            and "opening with great question" in guidance["anti_patterns"]
+        ):
+            fluff_left += CHECKERS.get("cf_opens_with_praise")(completion)
+        if "reference" in guidance:
+            assert completion in guidance["reference"] and cf.verify(task, completion)
+    assert total > 50 and hits / total > 0.95
+    assert fluff_left == 0
+
+
+def test_decorate_prompt_is_deterministic_and_ordered():
+    task = _tasks("train", 1)[0]
+    guidance = {
+        "critique": "the last answers missed : x",
+        "reference": format_reference("a ."),
+        "criterion": ["every word is in uppercase", "the response ends with !"],
+    }
+    a = decorate_prompt(task, guidance)
+    b = decorate_prompt(task, dict(reversed(list(guidance.items()))))
+    assert a == b
+    content = a[-1]["content"]
+    pos = [content.index(f"<{k}>") for k in ("criterion", "reference", "critique")]
+    assert pos == sorted(pos) and content.startswith(task.question + " <criterion>")
+    assert (
+        "<criterion> every word is in uppercase ; the response ends with ! </criterion>" in content
+    )
+    assert content == canonical(content)
+    assert decorate_prompt(task, {}) == task.messages
+    assert decorate_prompt(task, {"coach": None, "skills": ""}) == task.messages
+    assert task.prompt[0].content == task.question  # the task itself is untouched
+    with pytest.raises(ValueError, match="hint"):
+        decorate_prompt(task, {"hint": "x"})
+    with pytest.raises(ValueError, match="bogus"):
+        render_guidance("bogus", "x")
+    assert render_guidance("skills", "sort first.") == "<skills> sort first . </skills>"
+    assert guidance_hint("the response uses the word fig", -2.0).startswith("avoid : ")
+    assert anti_pattern_text("every word is in uppercase", 1.0).startswith("breaking the rule")
+    assert format_coach(["a", "b"]) == "remember : a ; remember : b"
+    assert format_critique(["a"]) == "the last answers missed : a"
+    assert cf.decorate_prompt is decorate_prompt and cf.warmstart_corpus is warmstart_corpus
+
+
+def test_everything_the_domain_emits_is_in_the_vocabulary():
+    vocab = cf.domain_vocabulary()
+    assert vocab == sorted(set(vocab)) and len(vocab) < 700
+    vocab = set(vocab)
+    texts = []
+    for split in cf.SPLITS:
+        for t in _tasks(split, 150):
+            texts += [t.question, t.reference_answer] + [c.text for c in t.rubric]
+    for messages, completion in warmstart_corpus(300, seed=2, guided_fraction=1.0):
+        texts += [messages[-1]["content"], completion]
+    missing = {u for text in texts for u in units(text)} - vocab
+    assert not missing
+
+
+def _rubric_reward(task: Task, response: str) -> float:
+    # HarnessRL §2.1: r = Σ λ s / Σ max(λ, 0)
+    num = sum(c.weight * _met(c, response) for c in task.rubric)
+    return num / sum(max(c.weight, 0.0) for c in task.rubric)
+
+
+def test_fluff_hacks_the_seed_rubric_but_lowers_the_oracle():
+    hacked = 0
+    for t in _tasks("train", 100):
+        ref = t.reference_answer
+        fluffy = "great question ! " + ref + " all requirements met ."
+        assert cf.verify(t, fluffy)  # fluff leaves every genuine constraint intact …
+        assert _rubric_reward(t, fluffy) > _rubric_reward(t, ref)  # … raises the seed reward …
+        assert cf.oracle_quality(t, fluffy) == pytest.approx(0.5)  # … and halves the oracle
+        hacked += 1
+    assert hacked == 100
