@@ -1,0 +1,334 @@
+"""The ``Env`` interface for multi-turn tool-use environments (DESIGN.md §7).
+
+Protocol (what the agent loop does)::
+
+    env = make_env(task.env_name)              # cheap: one per rollout
+    obs = env.reset(task)                      # obs.messages (+ obs.tools for the chat template)
+    while True:
+        text = <model turn>                    # decoded assistant text
+        res = env.step(text)
+        if res.done: break
+        <append res.observation as the tool turn (loss_mask 0)>
+    response = env.response()                  # the string a judge scores (== res.info["response"])
+    env.close()
+
+A turn with one or more ``<tool_call>`` blocks executes them and returns their outputs; a turn
+with no tool call is the final answer (``done=True``). Malformed calls come back as error
+observations, never exceptions. ``step`` after ``done`` is a caller bug and raises.
+
+**What the judge sees.** Criteria in these environments check the final answer AND the
+trajectory ("queried the right table", "never tried to write"), but a checker only receives
+``fn(response, *, task, **args)``. So the response a judge scores is the environment's
+*transcript*: a JSON document (``Transcript.to_response``) written by the environment, not by the
+model, holding the raw assistant turns, every executed tool call with its outcome and details, the
+final answer and a summary of the final environment state (e.g. orders placed). The model cannot
+forge it: its text only ever appears JSON-escaped inside ``turns``. Checkers read it back with
+``trajectory.transcript_of(response, task)``. A plain string (not a transcript) is accepted as a
+bare final answer with an empty trajectory, so answer-only checks still work on text from
+elsewhere.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import hashlib
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from rubric_rl.envs.tool_calls import (
+    ToolCall,
+    ToolCallError,
+    ToolSpec,
+    has_tool_call,
+    parse_tool_calls,
+    render_tool_response,
+    strip_reasoning,
+    tools_schema,
+    tools_system_block,
+    validate_call,
+)
+from rubric_rl.envs.trajectory import ToolRecord, Transcript
+from rubric_rl.rubrics.types import Message, Task
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "heldout", "ood")
+
+
+# --------------------------------------------------------------------------------------------
+# Value types
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """The first observation: the chat messages to show and the tool schemas for the template."""
+
+    messages: tuple[Message, ...]
+    tools: tuple[Mapping[str, Any], ...] = ()
+
+    def chat_messages(self, *, tools_in_system: bool = False) -> list[dict[str, str]]:
+        """Messages as dicts. ``tools_in_system`` writes the Qwen3 tools block into the system
+        message, for tokenizers whose chat template cannot take ``tools=``."""
+        msgs = [m.to_dict() for m in self.messages]
+        if tools_in_system and self.tools:
+            block = tools_system_block(self.tools)
+            if msgs and msgs[0]["role"] == "system":
+                msgs[0] = {"role": "system", "content": msgs[0]["content"] + "\n\n" + block}
+            else:
+                msgs.insert(0, {"role": "system", "content": block})
+        return msgs
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolOutput:
+    """What a tool handler returns: the text the model sees and details kept for rubrics."""
+
+    text: str
+    details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    r"""One ``step``.
+
+    ``observation``: the whole tool turn as Qwen3's template writes it — one
+    ``<tool_response>\n...\n</tool_response>`` block per call, joined by newlines — or None
+    after the final answer. Qwen3's template puts a run of tool messages into one user turn, so
+    the exact token text is ``"<|im_start|>user\n" + observation + "<|im_end|>\n"``.
+    ``tool_messages``: the same results as one ``tool`` Message per call, unwrapped, for loops
+    that render message lists with ``apply_chat_template``. ``info``: ``turn``, ``status``
+    ("tool_calls" | "answered" | "max_turns"), ``tool_calls`` (this turn's records as dicts),
+    ``num_errors``; once done also ``response`` (what the judge scores) and ``final_answer``.
+    """
+
+    observation: str | None
+    done: bool
+    info: Mapping[str, Any]
+    tool_messages: tuple[Message, ...] = ()
+
+
+# --------------------------------------------------------------------------------------------
+# The environment
+
+
+class Env(abc.ABC):
+    """A multi-turn tool-use environment. Subclasses define ``name``, ``TOOLS``, ``_setup``,
+    one ``_tool_<name>(**arguments) -> ToolOutput | str`` handler per tool (raising
+    ``ToolCallError("tool_error", ...)`` to refuse), ``_state``, ``task_bank`` and
+    ``reference_turns``. Construction must stay cheap: the agent loop makes one per rollout."""
+
+    name: ClassVar[str] = ""
+    TOOLS: ClassVar[tuple[ToolSpec, ...]] = ()
+    TASK_TYPES: ClassVar[Mapping[str, tuple[str, ...]]] = {}  # task type -> capabilities
+    OOD_TASK_TYPES: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self, *, max_turns: int = 12, max_calls_per_turn: int = 8, max_output_chars: int = 4000
+    ):
+        if max_turns < 1 or max_calls_per_turn < 1 or max_output_chars < 100:
+            raise ValueError(
+                f"{type(self).__name__}: need max_turns >= 1, max_calls_per_turn >= 1, "
+                f"max_output_chars >= 100 (got {max_turns}, {max_calls_per_turn}, "
+                f"{max_output_chars})"
+            )
+        self.max_turns = max_turns
+        self.max_calls_per_turn = max_calls_per_turn
+        self.max_output_chars = max_output_chars
+        self._specs = {s.name: s for s in self.TOOLS}
+        self._task: Task | None = None
+        self._turns: list[str] = []
+        self._records: list[ToolRecord] = []
+        self._final: str | None = None
+        self._status = "in_progress"
+
+    # -- public API ---------------------------------------------------------------------------
+
+    @classmethod
+    def tools_schema(cls) -> list[dict[str, Any]]:
+        """Tool schemas for the chat template's ``tools=`` argument."""
+        return tools_schema(cls.TOOLS)
+
+    def reset(self, task: Task, *, seed: int | None = None) -> Observation:
+        """Start an episode on ``task``. ``seed`` is accepted for envs with stochastic dynamics;
+        the built-in ones are deterministic given the task."""
+        if task.env_name not in (None, self.name):
+            raise ValueError(f"task {task.id!r} is for env {task.env_name!r}, not {self.name!r}")
+        self._teardown()
+        self._task = task
+        self._turns, self._records = [], []
+        self._final, self._status = None, "in_progress"
+        self._setup(task, seed)
+        return Observation(messages=task.prompt, tools=tuple(self.tools_schema()))
+
+    @property
+    def done(self) -> bool:
+        return self._status != "in_progress"
+
+    def step(self, model_text: str) -> StepResult:
+        if self._task is None:
+            raise RuntimeError(f"{type(self).__name__}.step() before reset()")
+        if self.done:
+            raise RuntimeError(
+                f"{type(self).__name__}.step() after the episode ended ({self._status})"
+            )
+        if not isinstance(model_text, str):
+            raise TypeError(f"model_text must be a string, got {type(model_text).__name__}")
+        self._turns.append(model_text)
+        turn = len(self._turns)
+        if not has_tool_call(model_text):
+            self._final = strip_reasoning(model_text).strip()
+            self._status = "answered"
+            return StepResult(None, True, self._info(turn, []))
+        records = [
+            self._execute(turn, item, k) for k, item in enumerate(parse_tool_calls(model_text))
+        ]
+        self._records.extend(records)
+        if turn >= self.max_turns:
+            self._status = "max_turns"
+        obs = "\n".join(render_tool_response(r.output) for r in records)
+        tool_msgs = tuple(Message("tool", r.output) for r in records)
+        return StepResult(obs, self.done, self._info(turn, records), tool_msgs)
+
+    def transcript(self) -> Transcript:
+        if self._task is None:
+            raise RuntimeError(f"{type(self).__name__}.transcript() before reset()")
+        return Transcript(
+            env=self.name,
+            task_id=self._task.id,
+            status=self._status,
+            turns=tuple(self._turns),
+            tool_calls=tuple(self._records),
+            final_answer=self._final,
+            state=self._state(),
+        )
+
+    def response(self) -> str:
+        """The string a judge scores for this episode (valid at any point, e.g. truncated)."""
+        return self.transcript().to_response()
+
+    def close(self) -> None:
+        self._teardown()
+
+    def __enter__(self) -> Env:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- task bank ----------------------------------------------------------------------------
+
+    @classmethod
+    @abc.abstractmethod
+    def task_bank(cls, split: str = "train", n: int = 100, seed: int = 0) -> list[Task]:
+        """``n`` tasks of ``split`` (train / heldout / ood), reproducible from ``seed``."""
+
+    @classmethod
+    @abc.abstractmethod
+    def reference_turns(cls, task: Task) -> list[str]:
+        """A scripted model solution (assistant turns) that passes the task's rubric."""
+
+    @classmethod
+    def task_types(cls, split: str) -> tuple[str, ...]:
+        check_split(split)
+        if split == "ood":
+            return cls.OOD_TASK_TYPES
+        return tuple(t for t in cls.TASK_TYPES if t not in cls.OOD_TASK_TYPES)
+
+    # -- subclass hooks -----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _setup(self, task: Task, seed: int | None) -> None: ...
+
+    def _teardown(self) -> None:  # noqa: B027 - optional hook: release per-episode resources
+        return None
+
+    def _state(self) -> dict[str, Any]:
+        return {}
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _execute(self, turn: int, item: ToolCall | ToolCallError, index: int) -> ToolRecord:
+        if isinstance(item, ToolCallError):
+            return self._error_record(turn, item, {})
+        if index >= self.max_calls_per_turn:
+            err = ToolCallError(
+                "too_many_calls",
+                f"at most {self.max_calls_per_turn} tool calls per turn; this one was skipped",
+                name=item.name,
+            )
+            return self._error_record(turn, err, item.arguments)
+        try:
+            call = validate_call(item, self._specs)
+            out = getattr(self, f"_tool_{call.name}")(**call.arguments)
+        except ToolCallError as e:
+            return self._error_record(turn, e, item.arguments)
+        except Exception as e:  # an env bug must not kill a batch of rollouts
+            log.exception("%s: tool %r failed", self.name, item.name)
+            err = ToolCallError("tool_error", f"the tool failed internally ({type(e).__name__})")
+            return self._error_record(turn, err, item.arguments, {"reason": "internal"})
+        if isinstance(out, str):
+            out = ToolOutput(out)
+        return ToolRecord(
+            turn,
+            call.name,
+            dict(call.arguments),
+            True,
+            self._cap(out.text),
+            None,
+            dict(out.details),
+        )
+
+    def _error_record(
+        self,
+        turn: int,
+        err: ToolCallError,
+        arguments: Mapping[str, Any],
+        details: Mapping[str, Any] | None = None,
+    ) -> ToolRecord:
+        merged = dict(err.details)
+        merged.update(details or {})
+        args = dict(arguments) if isinstance(arguments, Mapping) else {}
+        return ToolRecord(
+            turn, err.name, args, False, self._cap(err.observation()), err.kind, merged
+        )
+
+    def _cap(self, text: str) -> str:
+        if len(text) <= self.max_output_chars:
+            return text
+        keep = self.max_output_chars - 60
+        return text[:keep] + f"\n... [output truncated: {len(text) - keep} more characters]"
+
+    def _info(self, turn: int, records: Sequence[ToolRecord]) -> dict[str, Any]:
+        status = self._status if self.done else "tool_calls"
+        info: dict[str, Any] = {
+            "turn": turn,
+            "status": status,
+            "tool_calls": [r.to_dict() for r in records],
+            "num_errors": sum(not r.ok for r in records),
+        }
+        if self.done:
+            info["response"] = self.response()
+            info["final_answer"] = self._final
+        return info
+
+
+def tool_error(message: str, **details: Any) -> ToolCallError:
+    """A refusal by the tool itself (the call was well-formed); ``details`` go to the record."""
+    return ToolCallError("tool_error", message, details=details)
+
+
+# --------------------------------------------------------------------------------------------
+# Task-bank helpers
+
+
+def check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+
+
+def derive_seed(*parts: Any) -> int:
+    """A stable 63-bit seed from any parts (Python's ``hash`` of str is salted per process)."""
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
