@@ -8,6 +8,7 @@ that raises is recorded by the judge as a failed verdict (``met=None``), never a
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -22,3 +23,19 @@ class Checker(Protocol):
 CHECKERS: Registry[Callable[..., bool]] = Registry("checker")
 register = CHECKERS.register
 get = CHECKERS.get
+
+# Modules whose import registers the built-in checkers (the embedded domain and the tool envs).
+BUILTIN_CHECKER_MODULES = (
+    "rubric_rl.envs.constraint_checkers",
+    "rubric_rl.envs.trajectory",
+    "rubric_rl.envs.sql",
+    "rubric_rl.envs.inventory",
+)
+
+
+def load_builtin_checkers() -> Registry[Callable[..., bool]]:
+    """Import every module that registers built-in checkers, so that tasks reloaded from disk
+    (whose criteria only name their checker) are judged without importing their env first."""
+    for module in BUILTIN_CHECKER_MODULES:
+        importlib.import_module(module)
+    return CHECKERS

@@ -74,7 +74,7 @@ class ProgrammaticJudge(Judge):
     """
 
     def __init__(self, checkers: Registry | None = None, *, fallback: Judge | None = None):
-        self.checkers = checkers if checkers is not None else checkers_lib.CHECKERS
+        self.checkers = checkers if checkers is not None else checkers_lib.load_builtin_checkers()
         self.fallback = fallback
 
     def check(self, task: Task, response: str, criterion: Criterion) -> Verdict:

@@ -361,3 +361,19 @@ def test_composite_routes_rule_and_llm_criteria(server):
         assert server.count - before == 2  # only the two LLM criteria reached the provider
         asked = {n for req in server.requests[before:] for n in lb.criterion_names(req.prompt_text)}
         assert asked == {"a", "p"}
+
+
+def test_default_programmatic_judge_knows_builtin_checkers_without_env_imports():
+    # A fresh interpreter: only the judge is imported, as when tasks are reloaded from disk.
+    import subprocess
+    import sys
+
+    code = (
+        "from rubric_rl.rubrics.judges import ProgrammaticJudge\n"
+        "j = ProgrammaticJudge()\n"
+        "names = j.checkers.names()\n"
+        "assert any(n.startswith('cf_') for n in names), names\n"
+        "assert any(n.startswith('sql_') for n in names), names\n"
+        "assert any(n.startswith('inventory_') for n in names), names\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
