@@ -1,0 +1,24 @@
+"""Qwen3 family in Flax NNX, Hugging Face checkpoint import/export, tokenizer wrapper."""
+
+from rubric_rl.models.hf_io import from_pretrained, save_pretrained
+from rubric_rl.models.qwen3 import (
+    PRESETS,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    default_positions,
+    get_config,
+    logits_from_hidden,
+)
+from rubric_rl.models.tokenizer import Tokenizer
+
+__all__ = [
+    "PRESETS",
+    "Qwen3Config",
+    "Qwen3ForCausalLM",
+    "Tokenizer",
+    "default_positions",
+    "from_pretrained",
+    "get_config",
+    "logits_from_hidden",
+    "save_pretrained",
+]

@@ -1,0 +1,376 @@
+"""Qwen3 dense decoder (Qwen3ForCausalLM) in Flax NNX.
+
+Architecture (matches Hugging Face `transformers` Qwen3ForCausalLM): token embedding; N decoder
+layers of pre-norm grouped-query attention (per-head RMSNorm on q and k before RoPE, no biases)
+and a SwiGLU MLP; final RMSNorm; tied or untied unembedding.
+
+Parameter layout (kernels are [in, out], i.e. the transpose of torch's Linear.weight):
+  embed.embedding [V, D]                      out_sharding ('tensor', None)
+  layers[i].attn.{q,k,v}_proj.kernel [D, n*hd] ('fsdp', 'tensor')
+  layers[i].attn.o_proj.kernel [H*hd, D]       ('tensor', 'fsdp')
+  layers[i].attn.{q,k}_norm.scale [hd]         replicated
+  layers[i].mlp.{gate,up}_proj.kernel [D, F]   ('fsdp', 'tensor')
+  layers[i].mlp.down_proj.kernel [F, D]        ('tensor', 'fsdp')
+  layers[i].{input,post_attention}_norm.scale [D], norm.scale [D]   replicated
+  lm_head.kernel [D, V] (untied only)          ('fsdp', 'tensor')
+The `out_sharding` metadata names mesh axes of `rubric_rl.core.sharding.make_mesh`; parameters are
+created unsharded (eager sharding off) and placed by `rubric_rl.core.sharding`, which also drops an
+axis whose size does not divide the dimension.
+
+Numerics: matmuls run in the compute `dtype` (bf16 on GPU) with 2-D operands (`[B*T, D] @ [D, F]`,
+faster on XLA:CPU); RMSNorm statistics, RoPE, attention softmax and the logits are float32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rubric_rl.models.config import PRESETS, Qwen3Config, get_config
+
+__all__ = [
+    "PRESETS",
+    "Qwen3Config",
+    "Qwen3ForCausalLM",
+    "default_positions",
+    "get_config",
+    "logits_from_hidden",
+]
+
+Array = jax.Array
+# Finite "minus infinity": a fully masked attention row (a left-pad query) stays finite.
+_MASK_VALUE = -1e30
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+_INIT_CHUNK = 1 << 16
+
+
+@jax.jit
+def _normal_chunk(key: Array, i: Array) -> Array:
+    return jax.random.normal(jax.random.fold_in(key, i), (_INIT_CHUNK,), jnp.float32)
+
+
+def _normal_init(key: Array, shape: tuple[int, ...], dtype: Any) -> Array:
+    """HF Qwen3 init normal(0, initializer_range=0.02), drawn in fixed-size chunks.
+
+    Why chunks: eager construction would otherwise compile a threefry kernel per parameter shape
+    (~0.7 s each on this CPU); a fixed chunk shape compiles once. Concrete keys run chunk by chunk
+    (host concatenation); traced keys (jit, eval_shape) vmap over the chunk index — same values.
+    """
+    n = math.prod(shape)
+    count = -(-n // _INIT_CHUNK)
+    if isinstance(key, jax.core.Tracer):
+        flat = jax.vmap(lambda i: _normal_chunk(key, i))(jnp.arange(count)).reshape(-1)
+        return (0.02 * flat[:n].reshape(shape)).astype(dtype)
+    flat = np.concatenate([np.asarray(_normal_chunk(key, i)) for i in range(count)])
+    return jnp.asarray((np.float32(0.02) * flat[:n].reshape(shape)).astype(dtype))
+
+
+def _param(key, shape, sharding, dtype, init="normal"):
+    if init == "ones":
+        value = jnp.ones(shape, dtype)
+    else:
+        value = _normal_init(key, tuple(shape), jnp.dtype(dtype))
+    # eager_sharding=False: the model builds unsharded anywhere; core/sharding.py places it.
+    return nnx.Param(value, out_sharding=sharding, eager_sharding=False)
+
+
+class Dense(nnx.Module):
+    """Bias-free linear map y = x @ kernel, run as one 2-D matmul in the compute dtype."""
+
+    def __init__(self, d_in, d_out, sharding, *, rngs, dtype, param_dtype):
+        self.kernel = _param(rngs.params(), (d_in, d_out), sharding, param_dtype)
+        self.dtype = dtype
+
+    def __call__(self, x: Array) -> Array:
+        lead = x.shape[:-1]
+        y = jnp.dot(
+            x.reshape(-1, x.shape[-1]).astype(self.dtype), self.kernel[...].astype(self.dtype)
+        )
+        return y.reshape(*lead, y.shape[-1])
+
+
+class RMSNorm(nnx.Module):
+    """HF Qwen3RMSNorm: x·rsqrt(mean(x²)+eps) in float32, cast back, times the scale."""
+
+    def __init__(self, dim, eps, *, dtype, param_dtype):
+        self.scale = _param(None, (dim,), (None,), param_dtype, init="ones")
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x: Array) -> Array:
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.scale[...].astype(self.dtype) * x32.astype(self.dtype)
+
+
+def rope(x: Array, positions: Array, theta: float) -> Array:
+    """Rotary embedding, HF convention (rotate_half: halves [x1, x2] -> [-x2, x1]).
+
+    x: [B, T, n, hd]; positions: [B, T] int. Computed in float32, returned in x.dtype.
+    """
+    hd = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, hd/2]
+    cos = jnp.cos(freqs)[:, :, None, :]
+    sin = jnp.sin(freqs)[:, :, None, :]
+    x32 = x.astype(jnp.float32)
+    x1, x2 = x32[..., : hd // 2], x32[..., hd // 2 :]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def attention(q: Array, k: Array, v: Array, mask: Array) -> Array:
+    """Grouped-query attention with a float32 softmax.
+
+    q [B, T, H, hd]; k, v [B, S, KV, hd]; mask [B, T, S] bool (True = may attend).
+    Returns [B, T, H, hd] in q.dtype.
+    """
+    b, t, h, hd = q.shape
+    kv = k.shape[2]
+    q = q.reshape(b, t, kv, h // kv, hd)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * (hd**-0.5)
+    scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v, preferred_element_type=jnp.float32)
+    return out.reshape(b, t, h, hd).astype(q.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: Qwen3Config, *, rngs, dtype, param_dtype):
+        d, hd = cfg.hidden_size, cfg.head_dim
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.q_proj = Dense(d, cfg.num_attention_heads * hd, ("fsdp", "tensor"), **kw)
+        self.k_proj = Dense(d, cfg.num_key_value_heads * hd, ("fsdp", "tensor"), **kw)
+        self.v_proj = Dense(d, cfg.num_key_value_heads * hd, ("fsdp", "tensor"), **kw)
+        self.o_proj = Dense(cfg.num_attention_heads * hd, d, ("tensor", "fsdp"), **kw)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
+        self.cfg = cfg
+
+    def qkv(self, x: Array, positions: Array) -> tuple[Array, Array, Array]:
+        """Projections -> per-head q/k RMSNorm -> RoPE (Qwen3 order)."""
+        b, t, _ = x.shape
+        c = self.cfg
+        q = self.q_proj(x).reshape(b, t, c.num_attention_heads, c.head_dim)
+        k = self.k_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)
+        v = self.v_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)
+        q = rope(self.q_norm(q), positions, c.rope_theta)
+        k = rope(self.k_norm(k), positions, c.rope_theta)
+        return q, k, v
+
+    def out(self, o: Array) -> Array:
+        b, t = o.shape[:2]
+        return self.o_proj(o.reshape(b, t, -1))
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: Qwen3Config, *, rngs, dtype, param_dtype):
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.gate_proj = Dense(d, f, ("fsdp", "tensor"), **kw)
+        self.up_proj = Dense(d, f, ("fsdp", "tensor"), **kw)
+        self.down_proj = Dense(f, d, ("tensor", "fsdp"), **kw)
+
+    def __call__(self, x: Array) -> Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: Qwen3Config, *, rngs, dtype, param_dtype):
+        kw = dict(dtype=dtype, param_dtype=param_dtype)
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
+        self.attn = Attention(cfg, rngs=rngs, **kw)
+        self.post_attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
+        self.mlp = MLP(cfg, rngs=rngs, **kw)
+
+    def __call__(self, x, positions, mask, kv_cache=None, cache_index=None):
+        """One pre-norm block. With `kv_cache` = {"k","v"} ([B, S, KV, hd]) the new k/v are written
+        at slots [cache_index, cache_index + T) and attention runs over all S slots; returns
+        (x, new_kv_cache or None)."""
+        q, k, v = self.attn.qkv(self.input_norm(x), positions)
+        new_cache = None
+        if kv_cache is not None:
+            zero = jnp.zeros((), jnp.int32)
+            idx = (zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
+            k = jax.lax.dynamic_update_slice(kv_cache["k"], k.astype(kv_cache["k"].dtype), idx)
+            v = jax.lax.dynamic_update_slice(kv_cache["v"], v.astype(kv_cache["v"].dtype), idx)
+            new_cache = {"k": k, "v": v}
+            k, v = k.astype(q.dtype), v.astype(q.dtype)
+        x = x + self.attn.out(attention(q, k, v, mask))
+        x = x + self.mlp(self.post_attention_norm(x))
+        return x, new_cache
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def default_positions(input_ids: Array, attention_mask: Array | None) -> Array:
+    """Position ids: cumsum(mask) - 1 clipped at 0 (left padding -> real tokens start at 0)."""
+    if attention_mask is None:
+        return jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
+    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+class Qwen3ForCausalLM(nnx.Module):
+    """Qwen3 causal LM. See the module docstring for the parameter layout and numerics."""
+
+    def __init__(
+        self,
+        config: Qwen3Config,
+        *,
+        rngs: nnx.Rngs,
+        dtype: Any = jnp.float32,
+        param_dtype: Any = jnp.float32,
+        remat: bool = False,
+    ):
+        """remat: rematerialise each decoder layer in the backward pass of `hidden_states`
+        (activation memory O(layers * B*T*D) instead of everything; same values). May be toggled
+        later by assigning `model.remat`."""
+        self.config = config
+        self.dtype = dtype
+        self.remat = remat
+        kw = dict(dtype=dtype, param_dtype=param_dtype)
+        self.embed = nnx.Embed(
+            config.vocab_size,
+            config.hidden_size,
+            embedding_init=nnx.with_partitioning(
+                lambda key, shape, dtype: _normal_init(key, tuple(shape), jnp.dtype(dtype)),
+                ("tensor", None),
+                eager_sharding=False,
+            ),
+            rngs=rngs,
+            **kw,
+        )
+        self.layers = nnx.List(
+            [DecoderLayer(config, rngs=rngs, **kw) for _ in range(config.num_hidden_layers)]
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
+        if not config.tie_word_embeddings:
+            self.lm_head = Dense(
+                config.hidden_size, config.vocab_size, ("fsdp", "tensor"), rngs=rngs, **kw
+            )
+
+    # -- full-sequence forward (training, scoring) -----------------------------------------
+
+    def hidden_states(
+        self,
+        input_ids: Array,
+        positions: Array | None = None,
+        attention_mask: Array | None = None,
+    ) -> Array:
+        """Final-norm hidden states [B, T, D] in the compute dtype.
+
+        input_ids [B, T] int; attention_mask [B, T] (1 = real token, 0 = padding; default all 1);
+        positions [B, T] (default `default_positions`). Attention is causal by array index and
+        never attends to padding keys, so left and right padding both work; padding rows give
+        finite garbage that callers mask out.
+        """
+        if positions is None:
+            positions = default_positions(input_ids, attention_mask)
+        t = input_ids.shape[1]
+        causal = jnp.tril(jnp.ones((t, t), bool))[None]
+        if attention_mask is None:
+            mask = causal
+        else:
+            mask = causal & (attention_mask[:, None, :] > 0)
+        x = self.embed(input_ids).astype(self.dtype)
+        run = lambda layer, x: layer(x, positions, mask)[0]
+        if self.remat:
+            run = nnx.remat(run)
+        for layer in self.layers:
+            x = run(layer, x)
+        return self.norm(x)
+
+    def unembed(self) -> Array:
+        """[D, V] unembedding: the embedding's transpose when tied, else the lm_head kernel.
+
+        logits = hidden_states(...) @ unembed(), computed in float32 (see `logits_from_hidden`).
+        """
+        if self.config.tie_word_embeddings:
+            return self.embed.embedding[...].T
+        return self.lm_head.kernel[...]
+
+    def __call__(
+        self,
+        input_ids: Array,
+        positions: Array | None = None,
+        attention_mask: Array | None = None,
+    ) -> Array:
+        """Logits [B, T, V] float32 = logits_from_hidden(hidden_states(...), unembed())."""
+        return logits_from_hidden(
+            self.hidden_states(input_ids, positions, attention_mask), self.unembed()
+        )
+
+    # -- KV-cache decoding (rollout engine) -------------------------------------------------
+
+    def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> list[dict[str, Array]]:
+        """Zeroed KV cache: a list (one per layer) of {"k", "v"} arrays [batch, max_len, KV, hd]
+        in `dtype` (default: the compute dtype). A plain pytree: pass it through jit/while_loop."""
+        c = self.config
+        dtype = dtype or self.dtype
+        shape = (batch, max_len, c.num_key_value_heads, c.head_dim)
+        return [
+            {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+            for _ in range(c.num_hidden_layers)
+        ]
+
+    def decode(
+        self,
+        input_ids: Array,
+        positions: Array,
+        cache: list[dict[str, Array]],
+        cache_index: Array,
+        cache_mask: Array,
+        *,
+        last_only: bool = False,
+    ) -> tuple[Array, list[dict[str, Array]]]:
+        """Runs t new tokens against the KV cache; a pure function of arrays (jit/scan friendly).
+
+        input_ids, positions: [B, t] — the new tokens and their position ids (RoPE).
+        cache: from `init_cache`; slots [0, cache_index) hold earlier tokens.
+        cache_index: int32 scalar (may be traced); the new tokens are written to slots
+          [cache_index, cache_index + t) of every row (rows share the slot index, so prompts are
+          left-padded to a common length).
+        cache_mask: [B, max_len], 1 where a slot holds a real token, INCLUDING the t slots written
+          by this call (the caller sets them before calling; 0 for padding / finished rows).
+        Query i (slot cache_index + i) attends to slots j <= cache_index + i with cache_mask 1.
+
+        Prefill: t = prompt length P, cache_index = 0, cache_mask[:, :P] = prompt attention mask,
+        positions = default_positions(prompt, mask). Step: t = 1, cache_index = P + s,
+        positions = last position + 1, cache_mask[:, cache_index] = 1.
+        Returns (logits [B, t, V] float32 — [B, 1, V] of the last token when `last_only` —,
+        new_cache). The logits equal the full forward's at the same positions.
+        """
+        t = input_ids.shape[1]
+        max_len = cache[0]["k"].shape[1]
+        cache_index = jnp.asarray(cache_index, jnp.int32)
+        q_slot = cache_index + jnp.arange(t, dtype=jnp.int32)  # [t]
+        causal = jnp.arange(max_len, dtype=jnp.int32)[None, :] <= q_slot[:, None]  # [t, S]
+        mask = causal[None] & (cache_mask[:, None, :] > 0)  # [B, t, S]
+        x = self.embed(input_ids).astype(self.dtype)
+        new_cache = []
+        for layer, layer_cache in zip(self.layers, cache, strict=True):
+            x, lc = layer(x, positions, mask, kv_cache=layer_cache, cache_index=cache_index)
+            new_cache.append(lc)
+        h = self.norm(x)
+        if last_only:
+            h = h[:, -1:]
+        return logits_from_hidden(h, self.unembed()), new_cache
+
+
+def logits_from_hidden(hidden: Array, unembed: Array) -> Array:
+    """float32 logits [..., V] = hidden [..., D] @ unembed [D, V], as one 2-D float32 matmul."""
+    lead = hidden.shape[:-1]
+    out = jnp.dot(
+        hidden.reshape(-1, hidden.shape[-1]).astype(jnp.float32), unembed.astype(jnp.float32)
+    )
+    return out.reshape(*lead, out.shape[-1])

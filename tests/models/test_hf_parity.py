@@ -1,0 +1,103 @@
+"""Our Qwen3 vs transformers' PyTorch Qwen3ForCausalLM on the same safetensors, both directions."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rubric_rl.models import Qwen3ForCausalLM, from_pretrained, save_pretrained
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+CONFIG_NAMES = ["tied_gqa4", "untied_gqa2", "untied_mha"]
+
+
+@pytest.fixture(scope="module")
+def torch_ckpts(helpers, tmp_path_factory):
+    """name -> (checkpoint dir, torch model, our model loaded from it)."""
+    out = {}
+    for i, name in enumerate(CONFIG_NAMES):
+        path = str(tmp_path_factory.mktemp(f"hf_{name}"))
+        cfg = helpers.PARITY_CONFIGS[name]
+        hf = helpers.make_torch_checkpoint(cfg, path, seed=i)
+        out[name] = (path, hf, from_pretrained(path))
+    return out
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_logits_match_transformers(torch_ckpts, helpers, name, side):
+    path, hf, ours = torch_ckpts[name]
+    assert ours.config.tie_word_embeddings == hf.config.tie_word_embeddings
+    ids, mask = helpers.padded_batch(ours.config.vocab_size, [9, 5, 1], 9, side, seed=3)
+    ref = helpers.torch_logits(hf, ids, mask)
+    got = helpers.forward(ours, ids, mask)
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    real = mask > 0
+    np.testing.assert_allclose(got[real], ref[real], atol=1e-4, rtol=0)
+    # The comparison is not vacuous: logits vary across the vocabulary and positions.
+    assert np.abs(ref[real]).max() > 0.05
+
+
+@pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_export_loads_in_transformers(torch_ckpts, helpers, tmp_path, name):
+    _, _, ours = torch_ckpts[name]
+    save_pretrained(ours, str(tmp_path))
+    hf, info = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), output_loading_info=True
+    )
+    assert type(hf).__name__ == "Qwen3ForCausalLM"
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    ids, mask = helpers.padded_batch(ours.config.vocab_size, [6, 8], 8, "left", seed=5)
+    ref = helpers.torch_logits(hf.eval(), ids, mask)
+    got = helpers.forward(ours, ids, mask)
+    np.testing.assert_allclose(got[mask > 0], ref[mask > 0], atol=1e-4, rtol=0)
+    with open(tmp_path / "config.json") as f:
+        cfg = json.load(f)
+    assert cfg["model_type"] == "qwen3" and cfg["architectures"] == ["Qwen3ForCausalLM"]
+    assert os.path.isfile(tmp_path / "generation_config.json")
+
+
+def test_round_trip_ours_exact(tmp_path):
+    from rubric_rl.models import PRESETS
+
+    for tied in (True, False):
+        cfg = PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "tie_word_embeddings": tied})
+        model = Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(7))
+        d = tmp_path / f"tied{tied}"
+        save_pretrained(model, str(d))
+        back = from_pretrained(str(d))
+        assert back.config == cfg
+        a = jax.tree.leaves(nnx.state(model, nnx.Param))
+        b = jax.tree.leaves(nnx.state(back, nnx.Param))
+        assert len(a) == len(b) == len(jax.tree.leaves(nnx.state(model)))
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_bfloat16_checkpoints(helpers, tmp_path):
+    """A bf16 torch checkpoint loads exactly (upcast to float32 params); a bf16-param model
+    exports BF16 tensors that transformers reads back bit for bit."""
+    cfg = helpers.PARITY_CONFIGS["untied_gqa2"]
+    src = tmp_path / "torch_bf16"
+    hf = helpers.make_torch_checkpoint(cfg, str(src), seed=11, dtype="bfloat16")
+    ours = from_pretrained(str(src))
+    ref_q = hf.model.layers[1].self_attn.q_proj.weight.detach().float().numpy()
+    got_q = np.asarray(ours.layers[1].attn.q_proj.kernel[...])
+    assert got_q.dtype == np.float32
+    np.testing.assert_array_equal(got_q, ref_q.T)
+
+    bf = from_pretrained(str(src), param_dtype=jnp.bfloat16, dtype=jnp.bfloat16)
+    assert bf.layers[0].mlp.up_proj.kernel[...].dtype == jnp.bfloat16
+    out = tmp_path / "ours_bf16"
+    save_pretrained(bf, str(out))
+    with open(out / "config.json") as f:
+        assert json.load(f)["dtype"] == "bfloat16"
+    hf2 = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.bfloat16)
+    for n, p in hf.named_parameters():
+        assert torch.equal(p, dict(hf2.named_parameters())[n]), n

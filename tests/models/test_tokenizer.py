@@ -1,0 +1,82 @@
+"""Tokenizer wrapper on a locally built WordLevel tokenizer (no downloads)."""
+
+import pytest
+
+from rubric_rl.models import Tokenizer
+from rubric_rl.rubrics.types import Message
+
+tokenizers = pytest.importorskip("tokenizers")
+transformers = pytest.importorskip("transformers")
+
+WORDS = ["hello", "world", "how", "are", "you", "fine", "system", "user", "assistant", "\n"]
+SPECIALS = ["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"]
+# Qwen-style ChatML template.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _build(path, with_template: bool):
+    from tokenizers import Tokenizer as RawTok
+    from tokenizers import models, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(SPECIALS + WORDS)}
+    raw = RawTok(models.WordLevel(vocab, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(" ", "removed"), pre_tokenizers.Split("\n", "isolated")]
+    )
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        pad_token="<pad>",
+        eos_token="<|im_end|>",
+        unk_token="<unk>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    if with_template:
+        tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(str(path))
+    return vocab
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok")
+    return path, _build(path, with_template=True)
+
+
+def test_encode_decode_and_special_ids(tok_dir):
+    path, vocab = tok_dir
+    tok = Tokenizer(str(path))
+    ids = tok.encode("hello world how are you")
+    assert ids == [vocab[w] for w in ["hello", "world", "how", "are", "you"]]
+    assert tok.decode(ids) == "hello world how are you"
+    assert tok.eos_id == vocab["<|im_end|>"] and tok.pad_id == vocab["<pad>"]
+    assert tok.vocab_size == len(vocab)
+    assert tok.has_chat_template
+
+
+def test_chat_template_ids(tok_dir):
+    path, v = tok_dir
+    tok = Tokenizer(str(path))
+    msgs = [Message("system", "fine"), {"role": "user", "content": "hello world"}]
+    ids = tok.apply_chat_template(msgs)
+    start, end, nl = v["<|im_start|>"], v["<|im_end|>"], v["\n"]
+    expected = [start, v["system"], nl, v["fine"], end, nl]
+    expected += [start, v["user"], nl, v["hello"], v["world"], end, nl]
+    assert ids[: len(expected)] == expected
+    assert ids[len(expected) :] == [start, v["assistant"], nl]
+    assert tok.apply_chat_template(msgs, add_generation_prompt=False) == expected
+
+
+def test_fallback_without_template(tmp_path):
+    _build(tmp_path, with_template=False)
+    tok = Tokenizer(str(tmp_path))
+    assert not tok.has_chat_template
+    text = tok.chat_text([{"role": "user", "content": "how are you"}])
+    assert text == "user: how are you\nassistant: "
+
+
+def test_missing_directory_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope"):
+        Tokenizer(str(tmp_path / "nope"))
