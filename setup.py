@@ -12,6 +12,7 @@ CORE = [
     "ml-collections==1.1.0",
     "absl-py==2.5.1",
     "numpy>=2.0",
+    "ml_dtypes>=0.5",
     "safetensors==0.8.0",
     "tokenizers==0.23.3",
     "transformers==5.24.0",
@@ -24,7 +25,9 @@ GENAI = ["google-genai==3.6.1"]
 # the trainer only needs an HTTP client for it, which is in CORE.
 SGLANG: list[str] = []
 # torch is pinned to the CPU wheel: an unpinned torch pulls a multi-GB CUDA build.
-TEST = ["pytest==9.2", "torch==2.13.0", "ruff>=0.6"] + GENAI
+# The notebook test executes colabs/*.ipynb with nbclient.
+NOTEBOOK = ["nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0", "matplotlib==3.11.2"]
+TEST = ["pytest==9.2", "torch==2.13.0", "ruff>=0.6"] + GENAI + NOTEBOOK
 GPU = ["jax[cuda12]==0.10.2"]
 
 setup(
