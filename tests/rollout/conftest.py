@@ -1,0 +1,121 @@
+"""Fixtures for the SGLang tests: ONE real server per test session, on tiny random Qwen3 weights.
+
+The server needs the venv built by third_party/sglang_cpu/install.sh (default <repo>/.venv-sglang,
+or $SGLANG_VENV); without it the `sglang_*` fixtures skip with that instruction.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from rubric_rl.rollout.sglang_server import (
+    SGLangServer,
+    SGLangServerConfig,
+    default_server_python,
+)
+
+# A model small enough for a 2-core CI machine; vocab above 256 so ids are not byte-like.
+TINY_QWEN3 = dict(
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+    bos_token_id=0,
+    eos_token_id=1,
+)
+
+
+def _export_ours(path: Path, seed: int) -> Path:
+    """Checkpoint A: our JAX Qwen3 written by weight sync's exporter (what training ships)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from rubric_rl.models import Qwen3Config, Qwen3ForCausalLM
+    from rubric_rl.rollout.weight_sync import export_checkpoint
+
+    cfg = Qwen3Config(**{k: v for k, v in TINY_QWEN3.items() if k != "max_position_embeddings"})
+    model = Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(seed))
+    # Sharpen the random init (normal 0.02 gives near-uniform logits) so distributions, greedy
+    # paths and log-probs differ clearly between checkpoints.
+    state = nnx.state(model, nnx.Param)
+    keys = iter(jax.random.split(jax.random.key(seed + 100), len(jax.tree.leaves(state))))
+    state = jax.tree.map(
+        lambda p: (
+            p + 0.15 * jax.random.normal(next(keys), p.shape, jnp.float32) if p.ndim == 2 else p
+        ),
+        state,
+    )
+    nnx.update(model, state)
+    return export_checkpoint(model, path)  # weight sync's path: rubric_rl.models.save_pretrained
+
+
+def _export_transformers(path: Path, seed: int, like: Path) -> Path:
+    """Checkpoint B: `transformers`' own Qwen3 writer (independent of our exporter), same
+    architecture as `like` — a weight update swaps weights only, never the config (rope theta,
+    norms), exactly as between training steps."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.Qwen3Config.from_pretrained(str(like))
+    cfg.initializer_range = 0.15
+    transformers.Qwen3ForCausalLM(cfg).to(torch.float32).save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("sglang_ckpts")
+    ours = _export_ours(root / "ours_seed0", 0)
+    return ours, _export_transformers(root / "hf_seed1", 1, like=ours)
+
+
+@pytest.fixture(scope="session")
+def sglang_server(request, tmp_path_factory):
+    python = default_server_python()
+    if not python.exists():
+        pytest.skip(
+            f"SGLang server venv not found ({python}): run third_party/sglang_cpu/install.sh "
+            "(or set SGLANG_VENV)"
+        )
+    tiny_checkpoints = request.getfixturevalue("tiny_checkpoints")
+    log = tmp_path_factory.mktemp("sglang_log") / "server.log"
+    server = SGLangServer(
+        SGLangServerConfig(
+            model_path=str(tiny_checkpoints[0]),
+            dtype="float32",
+            max_total_tokens=8192,
+            startup_timeout_s=300,
+            log_path=str(log),
+        )
+    )
+    t0 = time.monotonic()
+    server.start()
+    print(f"\n[sglang] server up at {server.url} in {time.monotonic() - t0:.1f} s (log {log})")
+    standin = [line for line in server.log_tail(400).splitlines() if "stand-in] in use" in line]
+    print(f"[sglang] {standin[0] if standin else 'real sgl_kernel (no stand-in line in the log)'}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def sglang_engine(sglang_server):
+    from rubric_rl.rollout.sglang_client import RetryPolicy, SGLangEngine
+
+    engine = SGLangEngine(
+        [sglang_server],
+        max_concurrency=16,
+        retry=RetryPolicy(max_attempts=6, base_s=0.2, max_s=2.0),
+        vocab_size=TINY_QWEN3["vocab_size"],
+    )
+    yield engine
+    engine.close()
