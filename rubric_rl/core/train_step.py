@@ -1,0 +1,330 @@
+"""TrainState and the jitted, sharded GRPO (+ self-distillation, + KL-to-reference) train step.
+
+Functional NNX (notes/jax-on-cpu.md): ``graphdef`` is static (closed over), the parameters are a
+pytree in ``TrainState``, and ``nnx.merge`` rebuilds the model inside ``jit``.
+
+One step (DESIGN §3, §5):
+1. Rollout correction once on the whole batch (it depends only on ``old_logps``, the engine's
+   ``rollout_logps`` and the masks, not on the live parameters): IS weights + rejection mask.
+   *bypass*: ``old := rollout`` (no extra forward, no extra IS weights); *decoupled*: ``old`` is
+   ``batch.old_logps`` from ``compute_logps`` with the step-start parameters (DESIGN §9).
+2. Denominators of every loss part per micro-batch, summed (they depend on masks and weights only).
+3. Micro-batches under ``lax.scan``: loss_mb = Σ_part num_part,mb / D_part; gradients summed.
+   Hence grad = Σ_mb ∇num_mb / Σ_mb den_mb exactly — micro-batching changes nothing
+   (Tunix-style deferred reduction; aggregation.py defines the modes).
+4. Global-norm clipping + AdamW (optax) with the learning-rate schedule.
+
+Loss (DESIGN §5): ``L = L_PPO + Σ_b λ_b L_SD + β KL(π_θ ‖ π_ref)``, with λ_b = ``sd_coef``
+(gates and schedules computed outside) and the teacher = the same parameters under
+``stop_gradient`` run on ``teacher_input_ids``, aligned to the student by ``teacher_offset``.
+
+All ``[B, T]`` arrays use the prediction layout of ``core/logprobs.py``: position t is about the
+token ``input_ids[:, t + 1]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from rubric_rl.core import aggregation, losses, sharding
+from rubric_rl.core.logprobs import chunked_token_stats, shift_targets
+from rubric_rl.core.step_loss import is_decoupled, loss_and_grads, split_micro_batches
+
+__all__ = [
+    "TrainBatch",
+    "TrainConfig",
+    "TrainState",
+    "init_train_state",
+    "loss_and_grads",
+    "make_compute_logps",
+    "make_optimizer",
+    "make_schedule",
+    "make_train_step",
+    "train_state_shardings",
+]
+
+Array = jax.Array
+SD_ESTIMATORS = ("none", "full", "topk", "sampled")
+SCHEDULES = ("constant", "warmup_cosine")
+
+
+@flax.struct.dataclass
+class TrainBatch:
+    """DESIGN §4. Leading dim B everywhere; [B, T] arrays in prediction layout (logprobs.py)."""
+
+    input_ids: Array  # [B, T] int
+    positions: Array  # [B, T] int
+    attention_mask: Array  # [B, T] 1 = real token
+    loss_mask: Array  # [B, T] 1 = the token at t+1 is model-generated and counts
+    rollout_logps: Array  # [B, T] behaviour log-probs from the engine (at temperature T)
+    advantages: Array  # [B] or [B, T]
+    seq_weights: Array  # [B] importance / selection weights u
+    teacher_input_ids: Array | None = None  # [B, T'] prompt ⊕ privileged context ⊕ completion
+    teacher_positions: Array | None = None  # [B, T']
+    teacher_attention_mask: Array | None = None  # [B, T']
+    teacher_offset: Array | None = None  # [B] student position t ↔ teacher t + offset
+    sd_mask: Array | None = None  # [B] 1 = this sequence has a (non-empty) teacher context
+    sd_coef: Array | None = None  # [B] λ per sequence (RG-SED gate × schedule)
+    ref_logps: Array | None = None  # [B, T] frozen-reference log-probs (KL term)
+    old_logps: Array | None = None  # [B, T] step-start log-probs (decoupled correction)
+    group_id: Array | None = None  # [B] bookkeeping
+    weight_version: Array | None = None  # [B] policy version that sampled the sequence
+    finish_status: Array | None = None  # [B] stop / length / truncated / aborted codes
+
+    @property
+    def teacher_completion_offset(self) -> Array | None:
+        return self.teacher_offset
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Static options of the train step (hashable; closed over by ``make_train_step``)."""
+
+    lr: float = 1e-6
+    schedule: str = "constant"  # "constant" | "warmup_cosine"
+    warmup_steps: int = 0
+    decay_steps: int = 1000  # warmup_cosine: total steps (warm-up included)
+    end_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    max_grad_norm: float | None = 1.0
+    temperature: float = 1.0
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2  # 0.28 in the DAPO preset
+    dual_clip_c: float | None = 3.0
+    agg_mode: str = "token-mean"
+    agg_constant: float | None = None
+    rollout_correction: str = "bypass"  # a name in losses.ROLLOUT_CORRECTION_PRESETS
+    kl_beta: float = 0.0  # 0 → no reference term and no reference kept
+    kl_kind: str = "k3"
+    sd_estimator: str = "none"  # "none" | "full" | "topk" | "sampled"
+    sd_topk: int = 20
+    sd_clamp: float = 10.0  # sampled estimator: clamp of lp_θ − lp_T (ARISE-RL code)
+    chunk_size: int = 128
+    num_micro_batches: int = 1
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"TrainConfig.schedule {self.schedule!r} not in {SCHEDULES}")
+        if self.sd_estimator not in SD_ESTIMATORS:
+            raise ValueError(
+                f"TrainConfig.sd_estimator {self.sd_estimator!r} not in {SD_ESTIMATORS}"
+            )
+        if self.num_micro_batches < 1:
+            raise ValueError(
+                f"TrainConfig.num_micro_batches must be ≥ 1, got {self.num_micro_batches}"
+            )
+        if self.temperature <= 0:
+            raise ValueError(f"TrainConfig.temperature must be > 0, got {self.temperature}")
+        if self.kl_beta < 0:
+            raise ValueError(f"TrainConfig.kl_beta must be ≥ 0, got {self.kl_beta}")
+        if self.rollout_correction not in losses.ROLLOUT_CORRECTION_PRESETS:
+            known = losses.ROLLOUT_CORRECTION_PRESETS.names()
+            raise ValueError(
+                f"TrainConfig.rollout_correction {self.rollout_correction!r} not in {known}"
+            )
+        aggregation.AGGREGATORS.get(self.agg_mode)  # clear error on an unknown mode
+
+    @property
+    def needs_teacher(self) -> bool:
+        return self.sd_estimator != "none"
+
+    @property
+    def decoupled(self) -> bool:
+        return is_decoupled(losses.ROLLOUT_CORRECTION_PRESETS.get(self.rollout_correction))
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: Array  # int32 scalar
+    params: nnx.State  # nnx.Param leaves
+    opt_state: Any  # optax state
+    rest: nnx.State  # non-trainable model state (usually empty)
+
+
+# ------------------------------------------------------------------------------ optimizer
+
+
+def make_schedule(config: TrainConfig) -> optax.Schedule:
+    if config.schedule == "constant":
+        return optax.constant_schedule(config.lr)
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=config.lr,
+        warmup_steps=config.warmup_steps,
+        decay_steps=max(config.decay_steps, config.warmup_steps + 1),
+        end_value=config.lr * config.end_lr_ratio,
+    )
+
+
+def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    """Global-norm clipping, then AdamW; weight decay only on matrices (not norms' scales)."""
+    decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
+    adamw = optax.adamw(
+        make_schedule(config),
+        b1=config.b1,
+        b2=config.b2,
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+        mask=decay_mask,
+    )
+    if config.max_grad_norm is None:
+        return adamw
+    return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adamw)
+
+
+def train_state_shardings(state: Any, mesh: Mesh) -> Any:
+    """NamedShardings of a (concrete or abstract) TrainState per the parameters' metadata."""
+    return TrainState(
+        step=NamedSharding(mesh, P()),
+        params=sharding.param_shardings(state.params, mesh),
+        opt_state=sharding.param_shardings(state.opt_state, mesh),
+        rest=sharding.param_shardings(state.rest, mesh),
+    )
+
+
+def init_train_state(
+    model: nnx.Module, config: TrainConfig, mesh: Mesh
+) -> tuple[nnx.GraphDef, TrainState]:
+    """Splits ``model`` and builds its sharded TrainState. Returns ``(graphdef, state)``."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tx = make_optimizer(config)
+
+    def build(p, r):
+        return TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p), rest=r)
+
+    shardings = train_state_shardings(jax.eval_shape(build, params, rest), mesh)
+    return graphdef, jax.jit(build, out_shardings=shardings)(params, rest)
+
+
+# ------------------------------------------------------------------------------ jitted step
+
+
+def make_train_step(
+    config: TrainConfig,
+    graphdef: nnx.GraphDef,
+    mesh: Mesh,
+    *,
+    state_shardings: Any = None,
+    compiler_options: dict[str, Any] | None = None,
+) -> Callable[..., tuple[TrainState, dict[str, Array]]]:
+    """Returns ``step(state, batch, ref_params=None) -> (state, metrics)``, jitted with explicit
+    shardings and the state donated. With a decoupled correction and ``batch.old_logps`` None,
+    ``old_logps`` are first computed with the step-start parameters (``compute_logps``).
+    ``compiler_options`` go to XLA (tests use ``{"xla_backend_optimization_level": 0}``)."""
+    tx = make_optimizer(config)
+    schedule = make_schedule(config)
+    batch_sh = sharding.batch_sharding(mesh)
+    replicated = NamedSharding(mesh, P())
+
+    def step_fn(state: TrainState, batch: TrainBatch, ref_params=None):
+        loss, grads, metrics = loss_and_grads(
+            config, graphdef, state.params, state.rest, batch, ref_params, mesh=mesh
+        )
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["lr"] = schedule(state.step)
+        new = TrainState(step=state.step + 1, params=params, opt_state=opt_state, rest=state.rest)
+        return new, metrics
+
+    jitted: dict[bool, Any] = {}
+    compute_logps = make_compute_logps(
+        config,
+        graphdef,
+        mesh,
+        state_shardings=state_shardings,
+        compiler_options=compiler_options,
+    )
+
+    def get(with_ref: bool, state: TrainState):
+        if with_ref not in jitted:
+            sh = state_shardings or train_state_shardings(state, mesh)
+            in_sh = (sh, batch_sh) + ((sh.params,) if with_ref else ())
+            jitted[with_ref] = jax.jit(
+                step_fn if with_ref else (lambda s, b: step_fn(s, b)),
+                in_shardings=in_sh,
+                out_shardings=(sh, replicated),
+                donate_argnums=(0,),
+                compiler_options=compiler_options,
+            )
+        return jitted[with_ref]
+
+    def step(state: TrainState, batch: TrainBatch, ref_params=None):
+        if config.decoupled and batch.old_logps is None:
+            batch = batch.replace(old_logps=compute_logps(state, batch))
+        if ref_params is None:
+            return get(False, state)(state, batch)
+        return get(True, state)(state, batch, ref_params)
+
+    step.compute_logps = compute_logps  # type: ignore[attr-defined]
+    step.loss_and_grads = lambda state, batch, ref_params=None: loss_and_grads(  # type: ignore[attr-defined]
+        config, graphdef, state.params, state.rest, batch, ref_params, mesh=mesh
+    )
+    return step
+
+
+def make_compute_logps(
+    config: TrainConfig,
+    graphdef: nnx.GraphDef,
+    mesh: Mesh,
+    *,
+    state_shardings: Any = None,
+    compiler_options: dict[str, Any] | None = None,
+) -> Callable[[TrainState, TrainBatch], Array]:
+    """Jitted ``compute_logps(state, batch) -> logps [B, T]`` (prediction layout, temperature T,
+    chunked, micro-batched like the step). Use it at step start for ``old_logps`` (decoupled
+    correction) — never with parameters already updated in this step."""
+    batch_sh = sharding.batch_sharding(mesh)
+
+    def fn(state: TrainState, batch: TrainBatch) -> Array:
+        model = nnx.merge(graphdef, state.params, state.rest)
+        m = config.num_micro_batches
+        xs = {
+            "input_ids": split_micro_batches(batch.input_ids, m),
+            "positions": split_micro_batches(batch.positions, m),
+            "attention_mask": split_micro_batches(batch.attention_mask, m),
+        }
+
+        def one(mb):
+            hidden = model.hidden_states(mb["input_ids"], mb["positions"], mb["attention_mask"])
+            return chunked_token_stats(
+                hidden,
+                model.unembed(),
+                shift_targets(mb["input_ids"]),
+                temperature=config.temperature,
+                chunk_size=config.chunk_size,
+            )["logps"]
+
+        out = jax.lax.map(one, xs)  # [m, B/m, T]
+        b, t = batch.input_ids.shape
+        out = jnp.swapaxes(out, 0, 1).reshape(b, t)
+        return out.at[:, -1].set(0.0)  # the last position has no target
+
+    jitted = {}
+
+    def compute_logps(state: TrainState, batch: TrainBatch) -> Array:
+        if "f" not in jitted:
+            sh = state_shardings or train_state_shardings(state, mesh)
+            jitted["f"] = jax.jit(
+                fn,
+                in_shardings=(sh, batch_sh),
+                out_shardings=batch_sh,
+                compiler_options=compiler_options,
+            )
+        return jitted["f"](state, batch)
+
+    return compute_logps

@@ -1,0 +1,220 @@
+"""Chunked log-probs / entropy / reverse KL == unchunked == numpy; memory; teacher alignment."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rubric_rl.core import logprobs as L
+from rubric_rl.models.qwen3 import PRESETS, Qwen3ForCausalLM
+
+TEMP = 0.7
+
+
+def np_log_softmax(z):
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def np_stats(h, w, tgt, th, k):
+    """Plain-numpy reference of every chunked output, at temperature TEMP (float64)."""
+    a = np_log_softmax(h.astype(np.float64) @ w / TEMP)
+    b = np_log_softmax(th.astype(np.float64) @ w / TEMP)
+    lp = np.take_along_axis(a, tgt[..., None], -1)[..., 0]
+    tlp = np.take_along_axis(b, tgt[..., None], -1)[..., 0]
+    ent = -(np.exp(a) * a).sum(-1)
+    kl = (np.exp(a) * (a - b)).sum(-1)
+    idx = np.argsort(-a, -1)[..., :k]
+    ak, bk = np.take_along_axis(a, idx, -1), np.take_along_axis(b, idx, -1)
+    tail_s, tail_t = 1 - np.exp(ak).sum(-1), 1 - np.exp(bk).sum(-1)
+    topk = (np.exp(ak) * (ak - bk)).sum(-1) + tail_s * np.log(tail_s / tail_t)
+    return dict(logps=lp, teacher_logps=tlp, entropy=ent, kl_full=kl, kl_topk=topk)
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    b, t, d, v = 2, 13, 8, 50
+    h = rng.normal(size=(b, t, d)).astype(np.float32)
+    th = (h + 0.5 * rng.normal(size=(b, t, d))).astype(np.float32)
+    w = rng.normal(size=(d, v)).astype(np.float32)
+    tgt = rng.integers(0, v, (b, t))
+    return h, th, w, tgt
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 100])  # 5 does not divide T = 13: padded
+def test_chunked_matches_numpy(data, chunk):
+    h, th, w, tgt = data
+    ref = np_stats(h, w, tgt, th, k=5)
+    full = L.chunked_token_stats(
+        h, w, tgt, th, temperature=TEMP, chunk_size=chunk, with_entropy=True,
+        kl_estimator="full", with_teacher_logps=True,
+    )  # fmt: skip
+    topk = L.reverse_kl_chunked(h, th, w, temperature=TEMP, estimator="topk", k=5, chunk_size=chunk)
+    lp, ent = L.token_logprobs(h, w, tgt, temperature=TEMP, chunk_size=chunk, with_entropy=True)
+    np.testing.assert_allclose(full["logps"], ref["logps"], atol=2e-5)
+    np.testing.assert_allclose(lp, ref["logps"], atol=2e-5)
+    np.testing.assert_allclose(full["teacher_logps"], ref["teacher_logps"], atol=2e-5)
+    np.testing.assert_allclose(full["entropy"], ref["entropy"], atol=2e-5)
+    np.testing.assert_allclose(ent, ref["entropy"], atol=2e-5)
+    np.testing.assert_allclose(full["kl"], ref["kl_full"], atol=2e-5)
+    np.testing.assert_allclose(topk, ref["kl_topk"], atol=2e-5)
+    assert full["logps"].shape == tgt.shape and full["logps"].dtype == jnp.float32
+    # temperature really divides the logits: T = 1 gives different log-probs
+    lp1, _ = L.token_logprobs(h, w, tgt, temperature=1.0, chunk_size=chunk)
+    assert np.abs(np.asarray(lp1) - ref["logps"]).max() > 1e-2
+
+
+def test_identical_teacher_gives_exactly_zero_kl(data):
+    h, _, w, _ = data
+    for est in ("full", "topk"):
+        kl = L.reverse_kl_chunked(h, h, w, temperature=TEMP, estimator=est, k=5, chunk_size=4)
+        assert np.all(np.asarray(kl) == 0.0)
+
+
+def _unchunked_objective(h, th, w, tgt, cw):
+    """Same objective as `_chunked_objective`, from the full [B, T, V] logits (plain jnp)."""
+    ls = jax.nn.log_softmax(h @ w / TEMP)
+    lt = jax.lax.stop_gradient(jax.nn.log_softmax(th @ w / TEMP))
+    lp = jnp.take_along_axis(ls, tgt[..., None], -1)[..., 0]
+    ent = -jnp.sum(jnp.exp(ls) * ls, -1)
+    kl = jnp.sum(jnp.exp(ls) * (ls - lt), -1)
+    return jnp.sum(cw[0] * lp + cw[1] * ent + cw[2] * kl)
+
+
+def _chunked_objective(h, th, w, tgt, cw, chunk):
+    out = L.chunked_token_stats(
+        h, w, tgt, th, temperature=TEMP, chunk_size=chunk, with_entropy=True, kl_estimator="full"
+    )
+    return jnp.sum(cw[0] * out["logps"] + cw[1] * out["entropy"] + cw[2] * out["kl"])
+
+
+@pytest.mark.parametrize("chunk", [4, 13])
+def test_gradients_chunked_equal_unchunked(data, chunk):
+    h, th, w, tgt = data
+    cw = np.random.default_rng(1).normal(size=(3,) + tgt.shape).astype(np.float32)
+    g_ref = jax.grad(_unchunked_objective, argnums=(0, 1, 2))(h, th, w, tgt, cw)
+    g = jax.grad(_chunked_objective, argnums=(0, 1, 2))(h, th, w, tgt, cw, chunk)
+    np.testing.assert_allclose(g[0], g_ref[0], atol=2e-5)
+    np.testing.assert_allclose(g[2], g_ref[2], atol=2e-5)
+    # the teacher is under stop_gradient: no gradient reaches its hidden states
+    assert np.all(np.asarray(g[1]) == 0.0) and np.all(np.asarray(g_ref[1]) == 0.0)
+    assert np.abs(np.asarray(g_ref[0])).max() > 1e-3
+
+
+def _temp_bytes(chunk, b, t, d, v, kl):
+    def loss(h, th, w, tgt):
+        out = L.chunked_token_stats(
+            h, w, tgt, th if kl else None, temperature=TEMP, chunk_size=chunk,
+            with_entropy=True, kl_estimator="full" if kl else None,
+        )  # fmt: skip
+        return jnp.sum(out["logps"]) + jnp.sum(out["entropy"]) + jnp.sum(out.get("kl", 0.0))
+
+    f = jax.jit(jax.value_and_grad(loss, argnums=(0, 2)))
+    shapes = (
+        jax.ShapeDtypeStruct((b, t, d), jnp.float32),
+        jax.ShapeDtypeStruct((b, t, d), jnp.float32),
+        jax.ShapeDtypeStruct((d, v), jnp.float32),
+        jax.ShapeDtypeStruct((b, t), jnp.int32),
+    )
+    return f.lower(*shapes).compile().memory_analysis().temp_size_in_bytes
+
+
+@pytest.mark.parametrize("vocab,kl", [(32768, False), (32768, True), (65536, False)])
+def test_memory_stays_under_a_quarter_of_full_logits(vocab, kl):
+    b, t, d = 2, 256, 32
+    quarter = b * t * vocab * 4 / 4
+    chunked = _temp_bytes(8, b, t, d, vocab, kl)
+    unchunked = _temp_bytes(t, b, t, d, vocab, kl)  # one chunk = the whole sequence
+    assert chunked < quarter, (chunked, quarter)
+    assert unchunked > quarter, (unchunked, quarter)  # the bound can fail
+
+
+def test_layout_helpers():
+    x = jnp.array([[1, 2, 3], [4, 5, 6]])
+    np.testing.assert_array_equal(L.token_to_prediction_layout(x), [[2, 3, 0], [5, 6, 0]])
+    np.testing.assert_array_equal(L.shift_targets(x), [[2, 3, 0], [5, 6, 0]])
+    teacher = jnp.arange(2 * 5).reshape(2, 5)
+    got, valid = L.align_teacher(teacher, jnp.array([1, 3]), 3)
+    np.testing.assert_array_equal(got, [[1, 2, 3], [8, 9, 9]])
+    np.testing.assert_array_equal(valid, [[True, True, True], [True, True, False]])
+
+
+def test_bad_arguments_raise(data):
+    h, th, w, tgt = data
+    with pytest.raises(ValueError, match="temperature"):
+        L.token_logprobs(h, w, tgt, temperature=0.0)
+    with pytest.raises(ValueError, match="teacher_hidden"):
+        L.chunked_token_stats(h, w, tgt, None, kl_estimator="full")
+    with pytest.raises(ValueError, match="advantage"):
+        L.reverse_kl_chunked(h, th, w, estimator="sampled")
+    with pytest.raises(KeyError, match="nope"):
+        L.reverse_kl_chunked(h, th, w, estimator="nope")
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return nnx.split(Qwen3ForCausalLM(PRESETS["tiny"], rngs=nnx.Rngs(0)))
+
+
+def _run(tiny_model, fn, *args):
+    """fn(model, *args) under one jit (eager NNX dispatches op by op: slow)."""
+    graphdef, state = tiny_model
+    return jax.jit(lambda st, *a: fn(nnx.merge(graphdef, st), *a))(state, *args)
+
+
+def test_sequence_logprobs_matches_model_logits(tiny_model):
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, PRESETS["tiny"].vocab_size, (2, 9))
+    mask = np.ones((2, 9), np.int32)
+    mask[1, :3] = 0  # left padding
+
+    def fn(model, ids, mask):
+        lp, ent = L.sequence_logprobs(
+            model, ids, None, mask, temperature=TEMP, chunk_size=4, with_entropy=True
+        )
+        return lp, ent, model(ids, None, mask)
+
+    lp, ent, logits = _run(tiny_model, fn, ids, mask)
+    a = np_log_softmax(np.asarray(logits, np.float64) / TEMP)
+    ref = np.take_along_axis(a[:, :-1], ids[:, 1:, None], -1)[..., 0]  # position t -> token t+1
+    np.testing.assert_allclose(lp[:, :-1], ref, atol=2e-5)
+    np.testing.assert_allclose(ent[:, :-1], -(np.exp(a) * a).sum(-1)[:, :-1], atol=2e-5)
+    assert np.all(np.asarray(lp[:, -1]) == 0.0)  # no target after the last token
+
+
+def test_teacher_alignment_by_offset(tiny_model):
+    """Teacher = prompt ⊕ context ⊕ completion; aligned teacher log-probs of the student's
+    completion tokens equal a direct computation on the teacher sequence."""
+    v = PRESETS["tiny"].vocab_size
+    rng = np.random.default_rng(3)
+    prompt, completion = rng.integers(0, v, (2, 4)), rng.integers(0, v, (2, 6))
+    contexts = [rng.integers(0, v, 3), rng.integers(0, v, 5)]
+    student = np.concatenate([prompt, completion], 1)  # T = 10
+    teacher = np.zeros((2, 15), np.int64)
+    tmask = np.zeros((2, 15), np.int32)
+    offsets = np.array([3, 5])
+    for b in range(2):
+        row = np.concatenate([prompt[b], contexts[b], completion[b]])
+        teacher[b, : len(row)], tmask[b, : len(row)] = row, 1  # right padding
+
+    def fn(model, student, teacher, tmask, offsets):
+        hidden = model.hidden_states(student)
+        th, valid = L.teacher_hidden_aligned(model, teacher, None, tmask, offsets, 10)
+        out = L.chunked_token_stats(
+            hidden, model.unembed(), L.shift_targets(student), th,
+            temperature=TEMP, chunk_size=3, with_teacher_logps=True,
+        )  # fmt: skip
+        return out["teacher_logps"], valid, model(teacher, None, tmask)
+
+    tlp, valid, logits = _run(tiny_model, fn, student, teacher, tmask, offsets)
+    a = np_log_softmax(np.asarray(logits, np.float64) / TEMP)
+    for b in range(2):
+        for t in range(3, 9):  # positions predicting completion tokens 4..9
+            tt = t + offsets[b]
+            assert teacher[b, tt + 1] == student[b, t + 1]
+            np.testing.assert_allclose(tlp[b, t], a[b, tt, teacher[b, tt + 1]], atol=2e-5)
+    assert bool(np.all(valid))
+    # a wrong offset would score other tokens
+    assert abs(float(tlp[0, 5]) - a[0, 5, teacher[0, 6]]) > 1e-3

@@ -1,0 +1,285 @@
+"""Train step: exact micro-batching, sharded == 1 device, stop-gradient, bypass vs decoupled."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from rubric_rl.core import sharding
+from rubric_rl.core import train_step as ts
+from rubric_rl.models.qwen3 import PRESETS, Qwen3ForCausalLM
+
+B, T, TT = 16, 16, 20
+# Tiny programs: XLA optimisation buys nothing here and halves the compile time.
+FAST = {"xla_backend_optimization_level": 0}
+CFG = PRESETS["tiny"]
+BASE = ts.TrainConfig(sd_estimator="full", chunk_size=5, temperature=0.8, lr=1e-3)
+
+
+def make_batch(seed=0, **overrides):
+    """Student = prompt ⊕ completion (right-padded); teacher = prompt ⊕ context ⊕ completion."""
+    rng = np.random.default_rng(seed)
+    v = CFG.vocab_size
+    ids = rng.integers(0, v, (B, T)).astype(np.int32)
+    attn = np.ones((B, T), np.int32)
+    lm = np.zeros((B, T), np.float32)
+    offsets = rng.integers(0, TT - T + 1, B).astype(np.int32)
+    tids = rng.integers(0, v, (B, TT)).astype(np.int32)
+    tattn = np.ones((B, TT), np.int32)
+    for b in range(B):
+        end = T - (b % 3)  # some right padding
+        attn[b, end:] = 0
+        lm[b, 4 : end - 1] = 1  # prediction layout: position t scores token t + 1
+        tids[b, offsets[b] + 4 : offsets[b] + T] = ids[b, 4:]
+    lm[1] = 0  # a fully masked row
+    fields = dict(
+        input_ids=ids,
+        positions=np.broadcast_to(np.arange(T, dtype=np.int32), (B, T)).copy(),
+        attention_mask=attn,
+        loss_mask=lm,
+        rollout_logps=-rng.uniform(0.5, 6.0, (B, T)).astype(np.float32),
+        advantages=rng.normal(size=B).astype(np.float32),
+        seq_weights=rng.uniform(0.5, 2.0, B).astype(np.float32),
+        teacher_input_ids=tids,
+        teacher_positions=np.broadcast_to(np.arange(TT, dtype=np.int32), (B, TT)).copy(),
+        teacher_attention_mask=tattn,
+        teacher_offset=offsets,
+        sd_mask=(np.arange(B) % 4 != 0).astype(np.float32),
+        sd_coef=rng.uniform(0.2, 1.0, B).astype(np.float32),
+        ref_logps=-rng.uniform(0.5, 6.0, (B, T)).astype(np.float32),
+    )
+    fields.update(overrides)
+    return ts.TrainBatch(**fields)
+
+
+@pytest.fixture(scope="module")
+def tiny_state():
+    mesh1 = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    model = sharding.init_sharded(lambda: Qwen3ForCausalLM(CFG, rngs=nnx.Rngs(0)), mesh1)
+    graphdef, state = ts.init_train_state(model, BASE, mesh1)
+    return graphdef, state, mesh1
+
+
+_CACHE = {}
+
+
+def loss_grads_fn(graphdef, config, mesh=None):
+    """Jitted (params, rest, batch) -> (loss, grads, metrics), cached per config and mesh."""
+    key = (config, None if mesh is None else mesh.devices.shape)
+    if key not in _CACHE:
+        _CACHE[key] = jax.jit(
+            lambda p, r, b: ts.loss_and_grads(config, graphdef, p, r, b, mesh=mesh),
+            compiler_options=FAST,
+        )
+    return _CACHE[key]
+
+
+def max_abs_diff(a, b):
+    pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in pairs)
+
+
+@pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batched_equals_full_batch(tiny_state, agg_mode):
+    graphdef, state, _ = tiny_state
+    batch = make_batch()
+    results = []
+    for m in (1, 2, 4):
+        config = dataclasses.replace(BASE, agg_mode=agg_mode, num_micro_batches=m)
+        results.append(loss_grads_fn(graphdef, config)(state.params, state.rest, batch))
+    (loss1, g1, m1), *rest = results
+    assert abs(float(m1["loss/sd"])) > 1e-5 and abs(float(m1["loss/policy"])) > 1e-3
+    for loss, g, metrics in rest:
+        assert abs(float(loss) - float(loss1)) <= 1e-6
+        assert max_abs_diff(g, g1) <= 1e-7
+        for key in ("loss/policy", "loss/sd", "loss/policy_den", "entropy", "actor/clip_frac_low"):
+            np.testing.assert_allclose(metrics[key], m1[key], rtol=1e-5, atol=1e-7)
+    # the denominator is the global one: token-mean counts every loss token of the batch
+    lm = np.asarray(batch.loss_mask)
+    want = lm.sum() if agg_mode == "token-mean" else (lm.sum(1) > 0).sum()
+    assert float(m1["loss/policy_den"]) == want
+
+
+@pytest.mark.parametrize("shape", [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 4, 2)])
+def test_sharded_equals_one_device(tiny_state, shape):
+    graphdef, state, _ = tiny_state
+    config = dataclasses.replace(
+        BASE, kl_beta=0.1, rollout_correction="decoupled_token_tis", num_micro_batches=2
+    )
+    batch = make_batch(old_logps=make_batch().rollout_logps + 0.05)
+    loss1, g1, m1 = loss_grads_fn(graphdef, config)(state.params, state.rest, batch)
+    mesh = sharding.make_mesh(*shape)
+    sh = ts.train_state_shardings(state, mesh)
+    params = jax.device_put(state.params, sh.params)
+    sbatch = sharding.shard_batch(batch, mesh)
+    loss, g, m = loss_grads_fn(graphdef, config, mesh)(params, state.rest, sbatch)
+    assert abs(float(loss) - float(loss1)) <= 1e-5
+    assert max_abs_diff(g, g1) <= 1e-6
+    for key in ("loss/kl_ref", "loss/sd", "rollout_corr/is_weight", "entropy"):
+        np.testing.assert_allclose(m[key], m1[key], rtol=1e-5)
+    assert float(m1["loss/kl_ref"]) > 0 and float(m1["rollout_corr/is_weight/max"]) > 1.0
+
+
+def test_jitted_step_matches_manual_update_on_a_mesh(tiny_state):
+    """make_train_step on a (2, 2, 2) mesh == optax applied to the 1-device gradients."""
+    graphdef, state, _ = tiny_state
+    config = dataclasses.replace(BASE, eps=1e-3, max_grad_norm=0.05, weight_decay=0.1)
+    batch = make_batch()
+    # the optimiser fields do not enter the loss: reuse BASE's compiled loss
+    loss1, g1, _ = loss_grads_fn(graphdef, BASE)(state.params, state.rest, batch)
+    tx = ts.make_optimizer(config)
+    updates, _ = tx.update(g1, state.opt_state, state.params)
+    want = optax.apply_updates(state.params, updates)
+    mesh = sharding.make_mesh(2, 2, 2)
+    sh = ts.train_state_shardings(state, mesh)
+    sstate = jax.device_put(jax.tree.map(np.asarray, state), sh)  # fresh buffers: donated
+    step = ts.make_train_step(config, graphdef, mesh, compiler_options=FAST)
+    new, metrics = step(sstate, sharding.shard_batch(batch, mesh))
+    assert int(new.step) == 1
+    assert abs(float(metrics["loss"]) - float(loss1)) <= 1e-5
+    assert float(metrics["grad_norm"]) == pytest.approx(float(optax.global_norm(g1)), rel=1e-5)
+    assert float(metrics["lr"]) == pytest.approx(config.lr)
+    assert max_abs_diff(new.params, want) <= 1e-6
+    assert max_abs_diff(new.params, state.params) > 1e-4  # it did move
+    assert new.params["layers"][0]["mlp"]["up_proj"]["kernel"].value.sharding == (
+        sh.params["layers"][0]["mlp"]["up_proj"]["kernel"].value
+    )
+
+
+def _sd_only(batch):
+    """Advantages 0 → the PPO term and its gradient vanish; what is left is λ·SD."""
+    return batch.replace(advantages=np.zeros(B, np.float32))
+
+
+def test_sd_stop_gradient(tiny_state):
+    """∇(SD term) == ∇ with the teacher distribution fed in as a constant, != without sg."""
+    graphdef, state, _ = tiny_state
+    batch = _sd_only(make_batch())
+    _, g, metrics = loss_grads_fn(graphdef, BASE)(state.params, state.rest, batch)
+    temp = BASE.temperature
+    lm = jnp.asarray(batch.loss_mask)
+    w = jnp.asarray(batch.sd_coef * batch.sd_mask * batch.seq_weights)[:, None] * lm / lm.sum()
+    idx = jnp.arange(T)[None, :] + jnp.asarray(batch.teacher_offset)[:, None]
+
+    def teacher_logits(params):
+        model = nnx.merge(graphdef, params, state.rest)
+        logits = model(batch.teacher_input_ids, batch.teacher_positions, None)
+        return jnp.take_along_axis(logits, idx[..., None], axis=1)
+
+    def sd(params, t_logits):
+        model = nnx.merge(graphdef, params, state.rest)
+        ls = jax.nn.log_softmax(
+            model(batch.input_ids, batch.positions, batch.attention_mask) / temp
+        )
+        lt = jax.nn.log_softmax(t_logits / temp)
+        return jnp.sum(w * jnp.sum(jnp.exp(ls) * (ls - lt), -1))
+
+    const = jax.jit(teacher_logits, compiler_options=FAST)(state.params)
+    g_const = jax.jit(jax.grad(sd), compiler_options=FAST)(state.params, const)
+    g_nosg = jax.jit(jax.grad(lambda p: sd(p, teacher_logits(p))), compiler_options=FAST)(
+        state.params
+    )
+    value = float(jax.jit(sd, compiler_options=FAST)(state.params, const))
+    assert float(metrics["loss/sd"]) == pytest.approx(value, rel=1e-5)
+    assert max_abs_diff(g, g_const) <= 1e-6
+    assert max_abs_diff(g, g_nosg) > 1e-5
+
+
+def test_empty_teacher_context_contributes_exactly_zero(tiny_state):
+    graphdef, state, _ = tiny_state
+    batch = make_batch()
+    off = batch.replace(sd_mask=np.zeros(B, np.float32))
+    no_sd = dataclasses.replace(BASE, sd_estimator="none")
+    loss, g, m = loss_grads_fn(graphdef, BASE)(state.params, state.rest, off)
+    loss0, g0, _ = loss_grads_fn(graphdef, no_sd)(state.params, state.rest, batch)
+    assert float(m["loss/sd"]) == 0.0
+    assert float(loss) == pytest.approx(float(loss0), abs=1e-7)
+    assert max_abs_diff(g, g0) <= 1e-8
+    # with distillation on, the gradient changes (the test can fail)
+    _, g_on, _ = loss_grads_fn(graphdef, BASE)(state.params, state.rest, batch)
+    assert max_abs_diff(g_on, g0) > 1e-6
+
+
+def test_sampled_estimator_folds_into_advantage(tiny_state):
+    graphdef, state, mesh1 = tiny_state
+    sampled = dataclasses.replace(BASE, sd_estimator="sampled")
+    batch = make_batch()
+    loss, _, m = loss_grads_fn(graphdef, sampled)(state.params, state.rest, batch)
+    assert "loss/sd" not in m and abs(float(m["sd/logp_gap"])) > 1e-3
+    # no sequence distilled -> plain GRPO
+    off = batch.replace(sd_mask=np.zeros(B, np.float32))
+    loss_off = loss_grads_fn(graphdef, sampled)(state.params, state.rest, off)[0]
+    no_sd = dataclasses.replace(BASE, sd_estimator="none")
+    loss0 = loss_grads_fn(graphdef, no_sd)(state.params, state.rest, batch)[0]
+    assert float(loss_off) == pytest.approx(float(loss0), abs=1e-7)
+    assert abs(float(loss) - float(loss0)) > 1e-4
+
+
+def test_bypass_equals_decoupled_when_engine_matches_trainer(tiny_state):
+    graphdef, state, mesh1 = tiny_state
+    bypass = dataclasses.replace(BASE, rollout_correction="bypass")
+    decoupled = dataclasses.replace(BASE, rollout_correction="decoupled_token_tis")
+    trainer_lp = ts.make_compute_logps(decoupled, graphdef, mesh1, compiler_options=FAST)(
+        state, make_batch()
+    )
+    batch = make_batch(rollout_logps=trainer_lp)
+    loss_b, g_b, _ = loss_grads_fn(graphdef, bypass)(state.params, state.rest, batch)
+    loss_d, g_d, m_d = loss_grads_fn(graphdef, decoupled)(
+        state.params, state.rest, batch.replace(old_logps=trainer_lp)
+    )
+    assert float(loss_b) == pytest.approx(float(loss_d), abs=1e-5)
+    assert max_abs_diff(g_b, g_d) <= 1e-5
+    assert float(m_d["actor/ratio"]) == pytest.approx(1.0, abs=1e-5)
+    # engine drift: decoupled keeps the ratio against old (IS weight exp(+0.1) < C) while bypass
+    # takes the ratio against the engine's log-probs -> the two now differ
+    drift = batch.replace(rollout_logps=trainer_lp - 0.1)
+    loss_b2 = loss_grads_fn(graphdef, bypass)(state.params, state.rest, drift)[0]
+    _, _, m_d2 = loss_grads_fn(graphdef, decoupled)(
+        state.params, state.rest, drift.replace(old_logps=trainer_lp)
+    )
+    assert float(m_d2["actor/ratio"]) == pytest.approx(1.0, abs=1e-5)
+    assert float(m_d2["rollout_corr/is_weight"]) == pytest.approx(np.exp(0.1), rel=1e-4)
+    assert abs(float(loss_b2) - float(loss_b)) > 1e-3
+
+
+def test_errors_name_the_field(tiny_state):
+    graphdef, state, _ = tiny_state
+    with pytest.raises(ValueError, match="num_micro_batches"):
+        ts.loss_and_grads(
+            dataclasses.replace(BASE, num_micro_batches=3), graphdef, state.params,
+            state.rest, make_batch(),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="old_logps"):
+        ts.loss_and_grads(
+            dataclasses.replace(BASE, rollout_correction="off"), graphdef, state.params,
+            state.rest, make_batch(),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="sd_estimator"):
+        ts.TrainConfig(sd_estimator="bogus")
+    with pytest.raises(ValueError, match="rollout_correction"):
+        ts.TrainConfig(rollout_correction="bogus")
+
+
+def test_reference_params_equal_precomputed_ref_logps(tiny_state):
+    """KL to a frozen reference: ref_params inside the step == ref_logps computed beforehand."""
+    graphdef, state, mesh1 = tiny_state
+    config = dataclasses.replace(BASE, kl_beta=0.1, sd_estimator="none", kl_kind="k2")
+    ref_params = jax.tree.map(lambda x: x * 1.5, state.params)
+    ref_state = state.replace(params=ref_params)
+    ref_lp = ts.make_compute_logps(config, graphdef, mesh1, compiler_options=FAST)(
+        ref_state, make_batch()
+    )
+    with_lp = make_batch(ref_logps=ref_lp)
+    loss_a, g_a, m_a = loss_grads_fn(graphdef, config)(state.params, state.rest, with_lp)
+    fn = jax.jit(
+        lambda p, r, b, rp: ts.loss_and_grads(config, graphdef, p, r, b, rp),
+        compiler_options=FAST,
+    )
+    loss_b, g_b, m_b = fn(state.params, state.rest, make_batch(ref_logps=None), ref_params)
+    assert float(m_a["loss/kl_ref"]) > 1e-4
+    assert float(loss_b) == pytest.approx(float(loss_a), abs=1e-6)
+    assert max_abs_diff(g_a, g_b) <= 1e-6
