@@ -1,0 +1,466 @@
+"""The embedded default rollout engine: an in-process JAX sampler over the LIVE policy parameters.
+
+Design (notes/jax-on-cpu.md, "Sampling"): a preallocated per-layer KV cache (a plain pytree), one
+prefill call over left-padded prompts (positions ``cumsum(valid) − 1``), then a ``lax.while_loop``
+decode that exits as soon as every row has stopped. Everything runs inside ONE jitted function per
+static shape ``(batch bucket, prompt bucket, max_new_tokens, filtering on/off)``; temperature,
+top-p, top-k, seeds and the stop-token set are traced arrays, so changing them never recompiles.
+Prompt lengths and row counts are rounded up to ``JaxEngineConfig`` buckets, so a training run
+compiles a handful of shapes once and then reuses them step after step.
+
+Weights: the engine holds a reference to the nnx state (``graphdef`` static, parameters a pytree
+passed to the jitted function). ``update_weights(params, version)`` swaps that reference — no copy,
+free. The train step donates its input state, so call ``update_weights`` with the new state after
+every step (the previous buffers may be gone).
+
+Log-probs (DESIGN §9): per generated token, ``log_softmax(logits / T)`` in float32 over the FULL
+vocabulary — the exact expression of ``rubric_rl.core.logprobs`` (the trainer's π_old), NOT the
+distribution renormalised after top-p / top-k. With top-p < 1 or top-k > 0 the sampler draws from
+the truncated distribution while the log-probs describe the full one, so the importance ratio
+π_θ/π_old is biased unless the truncation mask is replayed in the trainer: keep top-p = 1 and
+top-k off in training rollouts. Greedy (T = 0) returns ``log_softmax(logits)`` (T = 1).
+
+Stop handling: a row stops at the first token in ``eos_token_ids ∪ stop_token_ids``; that token is
+kept in ``token_ids`` (it was sampled and is trained on, as the SGLang client's ``no_stop_trim``)
+with finish_reason "stop"; rows that never stop end with "length". Inside the kernel, a finished
+row keeps emitting ``pad_id`` with log-prob 0; those positions are cut before returning.
+
+Sharding: with a ``mesh``, prompt rows and the KV cache are split over ("data", "fsdp") — the
+training mesh's batch axes — and the parameters stay wherever the trainer put them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from rubric_rl.core import sharding as sharding_lib
+from rubric_rl.core.logprobs import sequence_logprobs
+from rubric_rl.models.qwen3 import default_positions
+from rubric_rl.rollout.engine import (
+    Generation,
+    GenerationRequest,
+    RolloutEngine,
+    SamplingParams,
+)
+
+Array = jax.Array
+MAX_STOP_IDS = 16  # static size of the traced stop-id set (padded with -1)
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxEngineConfig:
+    """Static-shape buckets and token conventions.
+
+    prompt_buckets: prompt lengths are rounded up to the next bucket (above the largest: the next
+      multiple of it). batch_buckets: rows (requests × n) are rounded up to the next bucket; more
+      rows than the largest bucket run in several calls of the largest. eos_token_ids always stop
+      a row (in addition to each call's ``stop_token_ids``). score_chunk_size: the trainer's
+      LM-head chunk for ``score``.
+    """
+
+    prompt_buckets: tuple[int, ...] = (32, 64, 128, 256, 512, 1024, 2048)
+    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    eos_token_ids: tuple[int, ...] = ()
+    pad_id: int = 0
+    score_chunk_size: int = 128
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_buckets", "batch_buckets"):
+            b = tuple(int(x) for x in getattr(self, name))
+            if not b or min(b) < 1 or list(b) != sorted(set(b)):
+                raise ValueError(f"JaxEngineConfig.{name} must be increasing positive ints: {b}")
+            object.__setattr__(self, name, b)
+        object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
+        if self.pad_id < 0:
+            raise ValueError(f"JaxEngineConfig.pad_id must be >= 0, got {self.pad_id}")
+
+
+def round_up_to_bucket(n: int, buckets: Sequence[int], multiple: int = 1) -> int:
+    """The smallest bucket >= n (past the largest: the next multiple of the largest), then
+    rounded up to a multiple of ``multiple`` (the mesh's batch-axis size)."""
+    b = next((x for x in buckets if x >= n), None)
+    if b is None:
+        b = buckets[-1] * math.ceil(n / buckets[-1])
+    return multiple * math.ceil(b / multiple)
+
+
+def seed_key_data(seeds: Sequence[int]) -> np.ndarray:
+    """63-bit seeds -> threefry key data uint32 [n, 2] (hi, lo) — no int64 needed in JAX."""
+    s = np.asarray([int(x) for x in seeds], dtype=np.uint64).reshape(-1)
+    return np.stack([(s >> np.uint64(32)), s & np.uint64(0xFFFFFFFF)], -1).astype(np.uint32)
+
+
+# ----------------------------------------------------------------------------- sampling math
+
+
+def filter_logits(scaled: Array, top_p: Array, top_k: Array) -> Array:
+    """``scaled`` [B, V] with tokens outside top-k, then outside the top-p nucleus (of the top-k
+    renormalised distribution, the vLLM/SGLang order), set to -inf. ``top_k <= 0``: no top-k
+    cut; ``top_p >= 1``: no nucleus cut. Ties at a threshold are all kept."""
+    v = scaled.shape[-1]
+    srt = -jnp.sort(-scaled, axis=-1)  # descending
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v)
+    in_k = jnp.arange(v)[None, :] < k
+    srt = jnp.where(in_k, srt, -jnp.inf)
+    probs = jax.nn.softmax(srt, axis=-1)
+    # Keep sorted token i when the mass strictly before it is < top_p (the first always stays).
+    keep = (jnp.cumsum(probs, axis=-1) - probs) < top_p
+    keep = keep & in_k
+    n_keep = jnp.maximum(jnp.sum(keep, axis=-1, keepdims=True), 1)
+    threshold = jnp.take_along_axis(srt, n_keep - 1, axis=-1)
+    return jnp.where(scaled >= threshold, scaled, -jnp.inf)
+
+
+def sample_tokens(
+    logits: Array,
+    keys: Array,
+    temperature: Array,
+    top_p: Array,
+    top_k: Array,
+    *,
+    filtering: bool,
+) -> tuple[Array, Array]:
+    """One sampling step. logits [B, V] float32, keys [B] (typed PRNG keys).
+
+    Returns (token [B] int32, logp [B] float32) with logp = log_softmax(logits / T)[token] over the
+    full vocabulary (core/logprobs.py's expression); T = 0 is greedy with T = 1 log-probs.
+    """
+    greedy = temperature <= 0
+    t = jnp.where(greedy, jnp.float32(1.0), temperature)
+    scaled = logits.astype(jnp.float32) / t
+    logps = scaled - jax.nn.logsumexp(scaled, axis=-1, keepdims=True)
+    cand = filter_logits(scaled, top_p, top_k) if filtering else scaled
+    sampled = jax.vmap(jax.random.categorical)(keys, cand)
+    token = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
+    return token, jnp.take_along_axis(logps, token[:, None], axis=-1)[:, 0]
+
+
+# ----------------------------------------------------------------------------- the engine
+
+
+class JaxEngine(RolloutEngine):
+    """In-process sampler over a `Qwen3ForCausalLM`'s live parameters (see the module docstring).
+
+    ``model``: the policy (its parameters are referenced, not copied). ``mesh``: the training mesh
+    (None: wherever the parameters live, batch unsharded).
+    """
+
+    def __init__(
+        self,
+        model: nnx.Module,
+        config: JaxEngineConfig | None = None,
+        *,
+        mesh: Mesh | None = None,
+        weight_version: int = 0,
+    ):
+        self.config = config or JaxEngineConfig()
+        self.mesh = mesh
+        self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
+        self._version = int(weight_version)
+        self._closed = False
+        self._traces = 0  # incremented at trace time only: counts compilations
+        self._gen_jit = jax.jit(self._generate_fn, static_argnames=("max_new_tokens", "filtering"))
+        self._score_jit = jax.jit(self._score_fn, static_argnames=("temperature",))
+        self._batch_multiple = (
+            1 if mesh is None else sharding_lib._axis_size(mesh, sharding_lib.BATCH_AXES)
+        )
+
+    @classmethod
+    def from_train_state(
+        cls,
+        graphdef: nnx.GraphDef,
+        state: Any,
+        config: JaxEngineConfig | None = None,
+        *,
+        mesh: Mesh | None = None,
+        weight_version: int = 0,
+    ) -> JaxEngine:
+        """An engine over a `core.train_step.TrainState`'s parameters (``.params``, ``.rest``),
+        as returned with ``graphdef`` by ``init_train_state`` — referenced, not copied."""
+        model = nnx.merge(graphdef, state.params, state.rest)
+        return cls(model, config, mesh=mesh, weight_version=weight_version)
+
+    # -- RolloutEngine ------------------------------------------------------------------------
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def num_traces(self) -> int:
+        """How many times a jitted generate/score function was traced (= compiled)."""
+        return self._traces
+
+    def model(self) -> nnx.Module:
+        """The policy as a module over the engine's current parameter reference."""
+        return nnx.merge(self._graphdef, self._params, self._rest)
+
+    def update_weights(self, params_or_path: Any, version: int) -> None:
+        """Serve new parameters from now on, by reference. Accepts an ``nnx.Module``, a
+        ``TrainState``-like object (``.params`` [+ ``.rest``]), an ``nnx.State`` of the
+        ``nnx.Param`` leaves (``TrainState.params``), or a HF checkpoint directory."""
+        x = params_or_path
+        if isinstance(x, str):
+            from rubric_rl.models.hf_io import from_pretrained
+
+            x = from_pretrained(x, mesh=self.mesh)
+        if isinstance(x, nnx.Module):
+            _, params, rest = nnx.split(x, nnx.Param, ...)
+        elif hasattr(x, "params"):
+            params, rest = x.params, getattr(x, "rest", self._rest)
+        else:
+            params, rest = x, self._rest
+        want = jax.tree.structure(self._params)
+        got = jax.tree.structure(params)
+        if want != got:
+            raise ValueError(
+                f"JaxEngine.update_weights(version={version}): parameter tree differs from the "
+                f"engine's model:\n  expected {want}\n  got      {got}"
+            )
+        self._params, self._rest, self._version = params, rest, int(version)
+
+    def health(self) -> bool:
+        return not self._closed
+
+    def close(self) -> None:
+        self._closed = True
+        self._close_sync_loop()
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[list[Generation]]:
+        return self._generate(requests, params)
+
+    async def agenerate(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[list[Generation]]:
+        return await asyncio.to_thread(self._generate, requests, params)
+
+    def score(
+        self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], temperature: float = 1.0
+    ) -> list[list[float]]:
+        return self._score(sequences, temperature)
+
+    async def ascore(
+        self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], temperature: float = 1.0
+    ) -> list[list[float]]:
+        return await asyncio.to_thread(self._score, sequences, temperature)
+
+    # -- host side ------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("JaxEngine is closed")
+
+    def _put(self, *arrays: np.ndarray) -> list[Array]:
+        if self.mesh is None:
+            return [jnp.asarray(a) for a in arrays]
+        sh = sharding_lib.batch_sharding(self.mesh)
+        return [jax.device_put(a, sh) for a in arrays]
+
+    def _stop_ids(self, params: SamplingParams) -> np.ndarray:
+        ids = sorted(set(self.config.eos_token_ids) | set(params.stop_token_ids))
+        if len(ids) > MAX_STOP_IDS:
+            raise ValueError(
+                f"JaxEngine: at most {MAX_STOP_IDS} stop token ids (eos_token_ids + "
+                f"SamplingParams.stop_token_ids), got {len(ids)}"
+            )
+        return np.asarray(ids + [-1] * (MAX_STOP_IDS - len(ids)), np.int32)
+
+    def _generate(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[list[Generation]]:
+        self._check_open()
+        version = self._version
+        rows = [
+            (ri, j, s) for ri, r in enumerate(requests) for j, s in enumerate(r.seeds(params.n))
+        ]
+        out: list[list[Generation | None]] = [[None] * params.n for _ in requests]
+        stop_ids = jnp.asarray(self._stop_ids(params))
+        scalars = (
+            jnp.float32(params.temperature),
+            jnp.float32(params.top_p),
+            jnp.int32(params.top_k),
+        )
+        filtering = (not params.greedy) and (params.top_p < 1.0 or params.top_k > 0)
+        max_rows = self.config.batch_buckets[-1]
+        for start in range(0, len(rows), max_rows):
+            chunk = rows[start : start + max_rows]
+            b = round_up_to_bucket(len(chunk), self.config.batch_buckets, self._batch_multiple)
+            p = round_up_to_bucket(
+                max(len(requests[ri].prompt_ids) for ri, _, _ in chunk), self.config.prompt_buckets
+            )
+            ids = np.full((b, p), self.config.pad_id, np.int32)
+            mask = np.zeros((b, p), np.int32)
+            mask[:, -1] = 1  # filler rows: one real token, so no attention row is empty
+            active = np.zeros((b,), bool)
+            seeds = np.zeros((b, 2), np.uint32)
+            for k, (ri, _, seed) in enumerate(chunk):
+                prompt = requests[ri].prompt_ids
+                ids[k, p - len(prompt) :] = prompt
+                mask[k, p - len(prompt) :] = 1
+                active[k] = True
+                seeds[k] = seed_key_data([seed])[0]
+            tokens, logps, lengths = self._gen_jit(
+                self._params,
+                self._rest,
+                *self._put(ids, mask, seeds, active),
+                *scalars,
+                stop_ids,
+                max_new_tokens=params.max_new_tokens,
+                filtering=filtering,
+            )
+            tokens, logps, lengths = np.asarray(tokens), np.asarray(logps), np.asarray(lengths)
+            stop_set = set(int(t) for t in stop_ids if t >= 0)
+            for k, (ri, j, seed) in enumerate(chunk):
+                n = int(lengths[k])
+                toks = tuple(int(t) for t in tokens[k, :n])
+                stopped = n > 0 and toks[-1] in stop_set
+                out[ri][j] = Generation(
+                    token_ids=toks,
+                    logprobs=tuple(float(x) for x in logps[k, :n]),
+                    finish_reason="stop" if stopped else "length",
+                    weight_version=version,
+                    request_id=requests[ri].request_id,
+                    sample_index=j,
+                    seed=seed,
+                )
+        return out  # type: ignore[return-value]
+
+    def _score(
+        self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], temperature: float
+    ) -> list[list[float]]:
+        self._check_open()
+        # Greedy rollouts carry T = 1 log-probs (engine.py), so T = 0 scores at T = 1.
+        temperature = float(temperature) if temperature > 0 else 1.0
+        seqs = [(list(map(int, pr)), list(map(int, co))) for pr, co in sequences]
+        for i, (pr, _) in enumerate(seqs):
+            if not pr:
+                raise ValueError(f"JaxEngine.score: sequence {i} has an empty prompt")
+        out: list[list[float]] = []
+        max_rows = self.config.batch_buckets[-1]
+        for start in range(0, len(seqs), max_rows):
+            chunk = seqs[start : start + max_rows]
+            b = round_up_to_bucket(len(chunk), self.config.batch_buckets, self._batch_multiple)
+            t = round_up_to_bucket(
+                max(len(pr) + len(co) for pr, co in chunk), self.config.prompt_buckets
+            )
+            ids = np.full((b, t), self.config.pad_id, np.int32)
+            mask = np.zeros((b, t), np.int32)
+            mask[:, 0] = 1
+            for k, (pr, co) in enumerate(chunk):  # right padding, as a TrainBatch row
+                ids[k, : len(pr) + len(co)] = pr + co
+                mask[k, : len(pr) + len(co)] = 1
+            logps = np.asarray(
+                self._score_jit(
+                    self._params, self._rest, *self._put(ids, mask), temperature=temperature
+                )
+            )
+            for k, (pr, co) in enumerate(chunk):
+                # prediction layout: position t holds log π(ids[t+1] | ids[≤t])
+                out.append([float(x) for x in logps[k, len(pr) - 1 : len(pr) - 1 + len(co)]])
+        return out
+
+    # -- traced ---------------------------------------------------------------------------------
+
+    def _constrain(self, x: Array) -> Array:
+        if self.mesh is None:
+            return x
+        spec = P(sharding_lib.BATCH_AXES, *([None] * (x.ndim - 1)))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+    def _score_fn(self, params, rest, ids, mask, *, temperature: float) -> Array:
+        self._traces += 1
+        model = nnx.merge(self._graphdef, params, rest)
+        logps, _ = sequence_logprobs(
+            model,
+            ids,
+            default_positions(ids, mask),
+            mask,
+            temperature=temperature,
+            chunk_size=self.config.score_chunk_size,
+        )
+        return logps
+
+    def _generate_fn(
+        self,
+        params,
+        rest,
+        prompt_ids: Array,
+        prompt_mask: Array,
+        seeds: Array,
+        active: Array,
+        temperature: Array,
+        top_p: Array,
+        top_k: Array,
+        stop_ids: Array,
+        *,
+        max_new_tokens: int,
+        filtering: bool,
+    ) -> tuple[Array, Array, Array]:
+        """tokens [B, N] (pad after stop), logps [B, N] (0 after stop), lengths [B]."""
+        self._traces += 1
+        model = nnx.merge(self._graphdef, params, rest)
+        b, p = prompt_ids.shape
+        n = max_new_tokens
+        cache_len = p + n - 1  # the last sampled token is never fed back
+        cache = jax.tree.map(self._constrain, model.init_cache(b, cache_len))
+        cache_mask = jnp.zeros((b, cache_len), jnp.int32).at[:, :p].set(prompt_mask)
+        cache_mask = self._constrain(cache_mask)
+        positions = default_positions(prompt_ids, prompt_mask)
+        prompt_len = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)
+        base_keys = jax.random.wrap_key_data(seeds)
+        fold = jax.vmap(jax.random.fold_in, in_axes=(0, None))
+        pad = jnp.int32(self.config.pad_id)
+
+        def sample(i, logits, done):
+            token, lp = sample_tokens(
+                logits, fold(base_keys, i), temperature, top_p, top_k, filtering=filtering
+            )
+            token = jnp.where(done, pad, token)
+            lp = jnp.where(done, 0.0, lp)
+            now_done = done | jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
+            return token, lp, now_done
+
+        logits, cache = model.decode(
+            prompt_ids, positions, cache, jnp.int32(0), cache_mask, last_only=True
+        )
+        done0 = ~active
+        tok0, lp0, done = sample(0, logits[:, 0], done0)
+        tokens = self._constrain(jnp.full((b, n), pad).at[:, 0].set(tok0))
+        logps = self._constrain(jnp.zeros((b, n), jnp.float32).at[:, 0].set(lp0))
+        lengths = (~done0).astype(jnp.int32)
+
+        def cond(carry):
+            i, _, _, _, _, done, _ = carry
+            return (i < n) & ~jnp.all(done)
+
+        def body(carry):
+            i, cache, cache_mask, tokens, logps, done, lengths = carry
+            slot = p + i - 1
+            prev = jax.lax.dynamic_slice_in_dim(tokens, i - 1, 1, axis=1)
+            cache_mask = jax.lax.dynamic_update_slice_in_dim(
+                cache_mask, jnp.ones((b, 1), jnp.int32), slot, axis=1
+            )
+            pos = (prompt_len + i - 1)[:, None]
+            logits, cache = model.decode(prev, pos, cache, slot, cache_mask, last_only=True)
+            tok, lp, new_done = sample(i, logits[:, 0], done)
+            lengths = lengths + (~done).astype(jnp.int32)
+            tokens = jax.lax.dynamic_update_slice_in_dim(tokens, tok[:, None], i, axis=1)
+            logps = jax.lax.dynamic_update_slice_in_dim(logps, lp[:, None], i, axis=1)
+            return i + 1, cache, cache_mask, tokens, logps, new_done, lengths
+
+        carry = (jnp.int32(1), cache, cache_mask, tokens, logps, done, lengths)
+        _, _, _, tokens, logps, _, lengths = jax.lax.while_loop(cond, body, carry)
+        return tokens, logps, lengths
