@@ -19,6 +19,7 @@ CORE = [
     "pyarrow>=15",
     "httpx>=0.27",
     "tqdm>=4.66",
+    "tensorboardX==2.6.5",
 ]
 GENAI = ["google-genai==3.6.1"]
 # The SGLang server runs in its own virtual environment (third_party/sglang_cpu/install.sh);

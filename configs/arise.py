@@ -1,0 +1,194 @@
+"""ARISE (seed 000): rubric–skill pool co-evolving with the policy + capability-based sampling.
+
+    python -m rubric_rl.launch --config=configs/arise.py                  # embedded default
+    python -m rubric_rl.launch --config=configs/arise.py:smoke            # seconds, for tests
+    python -m rubric_rl.launch --config=configs/arise.py:no_skills        # ablations below
+    python -m rubric_rl.launch --config=configs/arise.py:frozen_rubrics=runs/arise/seed0
+
+Variants (comma-separated, big_vision style):
+- ``smoke``: seconds on a CPU, with lifecycle thresholds low enough that the pool changes;
+- ``model=<preset or HF dir>``; ``gpu`` / ``gpu=<ckpt>`` (as configs/grpo.py, LLM reflection);
+- ``no_skills``: the pool evolves, its skills are never injected (ablation "no skill injection");
+- ``frozen_rubrics=<run dir>``: the FINAL pool of that run, kept fixed (ablation "frozen
+  rubrics"). It is read from the run's last complete checkpoint (``run_state`` JSON:
+  ``controllers.arise.pool``, see ``rubric_rl.analysis.final_pool_state``) — a full pool
+  state, exact; ``controllers/arise.jsonl`` holds transitions only, not rubric/skill texts, so
+  it cannot rebuild a pool. Entries keep their final lifecycle state (active skills are shown,
+  hidden ones evaluated only, retired ones neither); no reflection, no transitions;
+- ``sampler=uniform|variance|capability``: alternative task sampling (ARISE's ablation:
+  ``uniform`` = the epoch-shuffled uniform sampler; ``variance`` = the reward-variance selector,
+  SAMPLERS name ``reward_variance``);
+- ``outcome_only``: task (verifier) reward only: no pool, no skills, uniform sampling — the
+  outcome-only RL baseline under the same per-step rollout budget.
+
+Builders: ``make_arise_controller(domain.train, config.rollout.tasks_per_step,
+seed=config.train.seed, llm_client=..., **arise_controller_kwargs(config))`` and, when
+``config.arise.frozen_pool_from`` is set, ``controller.load_pool(final_pool_state(<dir>))``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from configs import common, grpo
+
+VARIANTS = ("smoke", "model", "gpu", "no_skills", "frozen_rubrics", "sampler", "outcome_only")
+SAMPLER_CHOICES = {"capability": "capability", "uniform": "uniform", "variance": "reward_variance"}
+REFLECTIONS = ("programmatic", "llm")
+
+
+def arise_defaults() -> dict[str, Any]:
+    """Every ``AriseConfig`` field at its default (rubric_rl/controllers/arise_pool.py)."""
+    from rubric_rl.controllers.arise_pool import AriseConfig
+
+    return dataclasses.asdict(AriseConfig())
+
+
+def get_arise_section() -> common.ConfigDict:
+    a = common.ConfigDict(arise_defaults())
+    # The inner task sampler (SAMPLERS name) and its options (capability sampler only).
+    a.sampler = "capability"
+    a.capability = dict(
+        discovery_share=0.25,
+        prior_alpha=1.0,
+        prior_beta=1.0,
+        decay=1.0,
+        priority="variance",  # capability_sampler.PRIORITIES: variance = p(1-p), uniform
+        min_priority=1e-3,
+        min_cell_evidence=1.0,
+    )
+    # The reflection role (REFLECTIONS name) and each implementation's options.
+    a.reflection = "programmatic"
+    a.programmatic = dict(
+        min_support=8, min_failures=4, min_separation=0.1, redundant_agreement=0.98
+    )
+    a.llm = dict(
+        propose_template="arise_propose",
+        refine_template="arise_refine",
+        max_examples=12,
+        max_chars=600,
+        temperature=0.0,
+        max_tokens=1024,
+        # The reflection model's client; "" model = the judge's client settings (judge.llm).
+        backend="",
+        model="",
+        base_url="",
+        api_key_env="",
+    )
+    a.frozen_pool_from = ""  # a run directory: its final pool, fixed (needs evolve=False)
+    return a
+
+
+def apply_smoke(c: common.ConfigDict) -> None:
+    grpo.apply_smoke(c)
+    # 4 tasks x 4 rollouts a step: thresholds low enough that pairs are added, activated and
+    # retired within a handful of steps.
+    c.arise.update(
+        pool_cap=4,
+        reflection_window_steps=2,
+        min_reflection_rollouts=8,
+        min_evals=2,
+        activate_window=1,
+        refine_window=2,
+        hide_window=1,
+        retire_window=2,
+    )
+    c.arise.programmatic.update(min_support=4, min_failures=2, min_separation=0.05)
+    c.arise.capability.min_cell_evidence = 1.0
+
+
+def get_config(arg: str | None = None) -> common.ConfigDict:
+    variants = common.parse_arg(arg)
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        raise ValueError(
+            f"configs/arise.py: unknown variant(s) {sorted(unknown)}; known: {', '.join(VARIANTS)}"
+        )
+    c = common.get_base_config()
+    c.method = "arise"
+    # The ARISE controller is the step's sampler: it wraps arise.sampler and owns the pool.
+    c.controllers = dict(sampler="arise")
+    c.arise = get_arise_section()
+    if "gpu" in variants:
+        grpo.apply_gpu(c, variants["gpu"])
+        c.arise.reflection = "llm"
+    if "smoke" in variants:
+        apply_smoke(c)
+    if "model" in variants:
+        c.model.name = variants["model"]
+    if "no_skills" in variants:
+        c.arise.inject_skills = False
+    if "sampler" in variants:
+        choice = variants["sampler"]
+        if choice not in SAMPLER_CHOICES:
+            raise ValueError(
+                f"configs/arise.py: sampler={choice!r}; expected one of {sorted(SAMPLER_CHOICES)}"
+            )
+        c.arise.sampler = SAMPLER_CHOICES[choice]
+    if "frozen_rubrics" in variants:
+        src = variants["frozen_rubrics"]
+        if src is True or not src:
+            raise ValueError("configs/arise.py: frozen_rubrics needs a run dir: frozen_rubrics=DIR")
+        c.arise.frozen_pool_from = src
+        c.arise.evolve = False
+    if "outcome_only" in variants:
+        if "frozen_rubrics" in variants:
+            raise ValueError("configs/arise.py: outcome_only and frozen_rubrics exclude each other")
+        c.arise.update(evolve=False, inject_skills=False, pool_cap=0, sampler="uniform")
+    c.lock()
+    return c
+
+
+def validate_arise(config: common.ConfigDict) -> None:
+    """Start-up checks of the ``arise`` section (after overrides); errors name the field."""
+    a = config.arise
+    if a.reflection not in REFLECTIONS:
+        raise ValueError(
+            f"config.arise.reflection: must be one of {REFLECTIONS}, got {a.reflection!r}"
+        )
+    if a.frozen_pool_from:
+        if a.evolve:
+            raise ValueError(
+                "config.arise.frozen_pool_from: a frozen pool needs arise.evolve=False"
+            )
+        if not os.path.isdir(a.frozen_pool_from):
+            raise ValueError(
+                f"config.arise.frozen_pool_from: run directory {a.frozen_pool_from!r} "
+                "does not exist"
+            )
+    try:
+        arise_kwargs = {k: a[k] for k in arise_defaults()}
+        from rubric_rl.controllers.arise_pool import AriseConfig
+
+        AriseConfig(**arise_kwargs)
+    except ValueError as e:
+        raise ValueError(f"config.arise: {e}") from None
+
+
+def arise_controller_kwargs(config: common.ConfigDict) -> dict[str, Any]:
+    """Keyword arguments of ``make_arise_controller`` (all but tasks, batch size, seed and the
+    LLM client): every AriseConfig field, the sampler and reflection with their options."""
+    validate_arise(config)
+    a = config.arise
+    kw: dict[str, Any] = {k: a[k] for k in arise_defaults()}
+    kw["sampler"] = a.sampler
+    kw["sampler_options"] = a.capability.to_dict() if a.sampler == "capability" else {}
+    kw["reflection"] = a.reflection
+    if a.reflection == "programmatic":
+        kw["reflection_options"] = a.programmatic.to_dict()
+    else:
+        llm = a.llm.to_dict()
+        kw["reflection_options"] = {
+            k: llm[k]
+            for k in (
+                "propose_template",
+                "refine_template",
+                "max_examples",
+                "max_chars",
+                "temperature",
+                "max_tokens",
+            )
+        }
+    return kw

@@ -1,0 +1,83 @@
+"""Static-rubric GRPO baseline: the domain's seed rubrics, uniform sampling, programmatic judge.
+
+    python -m rubric_rl.launch --config=configs/grpo.py                 # embedded default (CPU)
+    python -m rubric_rl.launch --config=configs/grpo.py:smoke           # seconds, for tests
+    python -m rubric_rl.launch --config=configs/grpo.py:model=5m
+    QWEN3_4B_PATH=/ckpt/Qwen3-4B JUDGE_URL=http://127.0.0.1:30001/v1 \\
+      python -m rubric_rl.launch --config=configs/grpo.py:gpu          # real checkpoint + SGLang
+
+Variants (comma-separated, big_vision style): ``smoke``, ``model=<preset or HF dir>``, ``gpu``
+(optionally ``gpu=<checkpoint dir>``; otherwise $QWEN3_4B_PATH).
+"""
+
+from __future__ import annotations
+
+import os
+
+from configs import common
+
+
+def apply_smoke(c: common.ConfigDict) -> None:
+    """Seconds on a 2-core CPU: a tiny model, a handful of steps, every mechanism exercised."""
+    c.model.name = "tiny"
+    c.model.max_prompt_len = 32
+    c.rollout.samples_per_task = 4
+    c.rollout.tasks_per_step = 4
+    c.rollout.max_new_tokens = 8
+    c.rollout.buckets = (8, 16)
+    c.domain.update(n_train=32, n_heldout=8, n_ood=8)
+    c.warmstart.update(steps=4, batch=8, corpus_size=64)
+    c.eval.update(every=2, n=8)
+    c.checkpoint.update(every=2, keep=2)
+    c.train.steps = 4
+    c.loss.mismatch_every = 1
+    c.logging.rollouts_per_step = 2
+    c.logging.progress_bar = False
+
+
+def apply_gpu(c: common.ConfigDict, path: str | bool) -> None:
+    """A real Qwen3 checkpoint, SGLang rollouts and an OpenAI-compatible LLM judge."""
+    ckpt = path if isinstance(path, str) else os.environ.get("QWEN3_4B_PATH", "/ckpt/Qwen3-4B")
+    c.model.update(name=ckpt, tokenizer=ckpt, dtype="bfloat16", max_prompt_len=1024)
+    c.mesh.update(data=1, fsdp=-1, tensor=1)
+    c.optim.update(lr=1e-6, schedule="warmup_cosine", warmup_steps=10, num_micro_batches=8)
+    c.rollout.update(
+        engine="sglang",
+        samples_per_task=8,
+        tasks_per_step=32,
+        temperature=1.0,
+        max_new_tokens=1024,
+        buckets=(256, 512, 1024, 2048),
+    )
+    c.rollout.sglang.update(model_path=ckpt, weight_sync_dir="/tmp/rubric_rl_weights")
+    c.loss.update(kl_beta=0.001, rollout_correction="bypass")
+    c.judge.kind = "llm"
+    c.judge.llm.update(
+        backend="openai",
+        model=os.environ.get("JUDGE_MODEL", "Qwen/Qwen3-4B"),
+        base_url=os.environ.get("JUDGE_URL", "http://127.0.0.1:30001/v1"),
+    )
+    c.warmstart.steps = 0  # a pretrained checkpoint needs no warm start
+    c.eval.update(every=20, n=256)
+    c.checkpoint.update(every=20, keep=3)
+    c.train.steps = 500
+
+
+def get_config(arg: str | None = None) -> common.ConfigDict:
+    variants = common.parse_arg(arg)
+    c = common.get_base_config()
+    c.method = "grpo"
+    c.controllers = dict(sampler="uniform")
+    unknown = set(variants) - {"smoke", "model", "gpu"}
+    if unknown:
+        raise ValueError(
+            f"configs/grpo.py: unknown variant(s) {sorted(unknown)}; known: smoke, model=, gpu"
+        )
+    if "gpu" in variants:
+        apply_gpu(c, variants["gpu"])
+    if "smoke" in variants:
+        apply_smoke(c)
+    if "model" in variants:
+        c.model.name = variants["model"]
+    c.lock()
+    return c

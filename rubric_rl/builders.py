@@ -1,0 +1,315 @@
+"""Build a run's parts from its config: mesh, tokenizer, policy, rollout engine, judge, domain,
+controllers. ``launch.py`` and ``Trainer`` call these; nothing here holds training logic.
+
+The embedded default (DESIGN §7): a word-level tokenizer over ``domain_vocabulary()`` with a
+minimal chat template (built offline, cached in ``<workdir>/tokenizer``), a small Qwen3 preset
+whose vocabulary is resized to that tokenizer, the in-process JAX engine and the programmatic
+judge.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from rubric_rl.controllers.base import Controller, ControllerSet
+from rubric_rl.controllers.sampling import SAMPLERS
+from rubric_rl.core import sharding
+from rubric_rl.core.train_step import TrainConfig
+from rubric_rl.models import PRESETS, Qwen3ForCausalLM, Tokenizer, get_config
+from rubric_rl.registry import Registry
+from rubric_rl.rubrics.types import Task
+
+ConfigDict = ml_collections.ConfigDict
+EMBEDDED_PRESETS = ("tiny", "1m", "5m", "20m")
+SPECIAL_TOKENS = ("<|pad|>", "<|unk|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>")
+# Units as the constraint domain defines them (constraint_lexicon.units).
+_UNIT_PATTERN = r"</?[a-z_]+>|[A-Za-z]+|\d+|[^\sA-Za-z\d]"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+# ------------------------------------------------------------------------------ domains
+
+
+@dataclasses.dataclass(frozen=True)
+class Domain:
+    """Task splits plus the domain's analysis-only functions (never shown to controllers)."""
+
+    name: str
+    train: tuple[Task, ...]
+    heldout: tuple[Task, ...]
+    ood: tuple[Task, ...]
+    verify: Callable[[Task, str], bool] | None = None  # task pass (all stated constraints)
+    oracle: Callable[[Task, str], float] | None = None  # hidden quality in [0, 1]
+    corpus: Callable[[int, int], list[tuple[list[dict], str]]] | None = None  # (n, seed)
+    vocabulary: Sequence[str] | None = None
+
+
+DOMAINS: Registry[Callable[[ConfigDict], Domain]] = Registry("domain")
+
+
+@DOMAINS.register("constraints")
+def constraints_domain(cfg: ConfigDict) -> Domain:
+    from rubric_rl.envs import constraints
+
+    gen = constraints.ConstraintDomain(int(cfg.seed))
+    return Domain(
+        name="constraints",
+        train=tuple(gen.tasks("train", int(cfg.n_train))),
+        heldout=tuple(gen.tasks("heldout", int(cfg.n_heldout))),
+        ood=tuple(gen.tasks("ood", int(cfg.n_ood))),
+        verify=constraints.verify,
+        oracle=constraints.oracle_quality,
+        corpus=lambda n, seed: constraints.warmstart_corpus(n, seed),
+        vocabulary=constraints.domain_vocabulary(),
+    )
+
+
+def build_domain(config: ConfigDict) -> Domain:
+    return DOMAINS.get(config.domain.name)(config.domain)
+
+
+# ------------------------------------------------------------------------------ tokenizer
+
+
+def build_word_tokenizer(vocabulary: Sequence[str], directory: str) -> Tokenizer:
+    """A WordLevel tokenizer over ``vocabulary`` + SPECIAL_TOKENS with CHAT_TEMPLATE, saved to
+    (or, if present, loaded from) ``directory``. Offline; ids are deterministic."""
+    if os.path.isfile(os.path.join(directory, "tokenizer.json")):
+        return Tokenizer(directory)
+    from tokenizers import Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as RawTokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    for w in vocabulary:
+        vocab.setdefault(w, len(vocab))
+    raw = RawTokenizer(models.WordLevel(vocab, unk_token="<|unk|>"))
+    raw.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(Regex(_UNIT_PATTERN), "isolated")]
+    )
+    raw.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # join units with spaces
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        pad_token="<|pad|>",
+        unk_token="<|unk|>",
+        eos_token="<|eos|>",
+        additional_special_tokens=list(SPECIAL_TOKENS[3:]),
+    )
+    hf.chat_template = CHAT_TEMPLATE
+    tmp = directory + ".tmp"
+    hf.save_pretrained(tmp)
+    os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
+    os.replace(tmp, directory)
+    return Tokenizer(directory)
+
+
+def build_tokenizer(config: ConfigDict, domain: Domain, workdir: str) -> Tokenizer:
+    if config.model.tokenizer:
+        return Tokenizer(config.model.tokenizer)
+    if config.model.name not in EMBEDDED_PRESETS:
+        return Tokenizer(config.model.name)  # a HF checkpoint directory carries its tokenizer
+    if domain.vocabulary is None:
+        raise ValueError(
+            f"config.model.tokenizer: domain {domain.name!r} has no vocabulary for the embedded "
+            "tokenizer; give a tokenizer directory"
+        )
+    return build_word_tokenizer(domain.vocabulary, os.path.join(workdir, "tokenizer"))
+
+
+# ------------------------------------------------------------------------------ mesh, model
+
+
+def build_mesh(config: ConfigDict) -> jax.sharding.Mesh:
+    m = config.mesh
+    return sharding.make_mesh(int(m.data), int(m.fsdp), int(m.tensor))
+
+
+def model_config(config: ConfigDict, tokenizer: Tokenizer):
+    """The Qwen3Config: a preset (embedded ones resized to the tokenizer) or a HF directory."""
+    name = config.model.name
+    cfg = get_config(name)
+    if name in EMBEDDED_PRESETS:
+        vocab = -(-tokenizer.vocab_size // 64) * 64  # a multiple of 64 (tensor-axis friendly)
+        cfg = dataclasses.replace(cfg, vocab_size=vocab, eos_token_id=tokenizer.eos_id)
+    elif cfg.vocab_size < tokenizer.vocab_size:
+        raise ValueError(
+            f"config.model.name: vocab {cfg.vocab_size} < tokenizer's {tokenizer.vocab_size}"
+        )
+    return cfg
+
+
+def build_model(config: ConfigDict, tokenizer: Tokenizer, mesh) -> Qwen3ForCausalLM:
+    dtype = jnp.dtype(config.model.dtype)
+    name = config.model.name
+    if name not in PRESETS:
+        from rubric_rl.models import from_pretrained
+
+        return from_pretrained(name, mesh=mesh, dtype=dtype)
+    cfg = model_config(config, tokenizer)
+    param_dtype = jnp.dtype(config.model.param_dtype)
+    return sharding.init_sharded(
+        lambda: Qwen3ForCausalLM(
+            cfg, rngs=nnx.Rngs(int(config.model.init_seed)), dtype=dtype, param_dtype=param_dtype
+        ),
+        mesh,
+    )
+
+
+def train_config(config: ConfigDict) -> TrainConfig:
+    o, lo = config.optim, config.loss
+    return TrainConfig(
+        lr=float(o.lr),
+        schedule=o.schedule,
+        warmup_steps=int(o.warmup_steps),
+        decay_steps=max(int(config.train.steps), 1),
+        end_lr_ratio=float(o.end_lr_ratio),
+        weight_decay=float(o.weight_decay),
+        max_grad_norm=float(o.max_grad_norm) if o.max_grad_norm else None,
+        temperature=float(config.rollout.temperature),  # DESIGN §9: score at T of the engine
+        clip_eps_low=float(lo.clip_eps_low),
+        clip_eps_high=float(lo.clip_eps_high),
+        dual_clip_c=float(lo.dual_clip_c) if lo.dual_clip_c and lo.dual_clip_c > 0 else None,
+        agg_mode=lo.agg_mode,
+        rollout_correction=lo.rollout_correction,
+        kl_beta=float(lo.kl_beta),
+        kl_kind=lo.kl_kind,
+        sd_estimator=lo.sd_estimator,
+        chunk_size=int(lo.chunk_size),
+        num_micro_batches=int(o.num_micro_batches),
+    )
+
+
+# ------------------------------------------------------------------------------ engine, judge
+
+
+def build_engine(config: ConfigDict, model: Qwen3ForCausalLM, tokenizer: Tokenizer, mesh):
+    r = config.rollout
+    if r.engine == "jax":
+        from rubric_rl.rollout.jax_engine import JaxEngine, JaxEngineConfig
+
+        p = int(config.model.max_prompt_len)
+        ecfg = JaxEngineConfig(
+            prompt_buckets=(p,),
+            eos_token_ids=(tokenizer.eos_id,) if tokenizer.eos_id is not None else (),
+            pad_id=int(tokenizer.pad_id or 0),
+        )
+        return JaxEngine(model, ecfg, mesh=mesh)
+    from rubric_rl.rollout.sglang_client import SGLangEngine
+
+    s = r.sglang
+    if s.url:
+        target: Any = s.url
+    else:
+        from rubric_rl.rollout.sglang_server import SGLangServer, SGLangServerConfig
+
+        target = SGLangServer(
+            SGLangServerConfig(
+                model_path=s.model_path,
+                host=s.host,
+                port=int(s.port),
+                device="cuda",
+                mem_fraction_static=float(s.mem_fraction),
+                max_total_tokens=None,
+            )
+        ).start()
+    return SGLangEngine([target], request_timeout_s=float(s.timeout_s))
+
+
+def build_judge(config: ConfigDict, workdir: str):
+    from rubric_rl.rubrics.judges import LLMJudge, ProgrammaticJudge
+
+    j = config.judge
+    if j.kind == "programmatic":
+        import rubric_rl.envs.constraint_checkers  # noqa: F401 (registers the cf_* checkers)
+
+        return ProgrammaticJudge()
+    from rubric_rl.rubrics.judge_cache import JudgeCache
+    from rubric_rl.rubrics.llm import make_client
+
+    llm = j.llm
+    kw: dict[str, Any] = {"model": llm.model}
+    if llm.backend == "openai":
+        kw.update(base_url=llm.base_url, api_key_env=llm.api_key_env, timeout=float(llm.timeout_s))
+    client = make_client(llm.backend, **kw)
+    cache = JudgeCache(j.cache_path or os.path.join(workdir, "judge_cache.sqlite"))
+    # Programmatic rule criteria still go to the checkers; LLM criteria to the client.
+    return ProgrammaticJudge(
+        fallback=LLMJudge(
+            client,
+            max_retries=int(j.retries),
+            temperature=float(llm.temperature),
+            max_tokens=int(llm.max_tokens),
+            concurrency=int(llm.concurrency),
+            cache=cache,
+        )
+    )
+
+
+# ------------------------------------------------------------------------------ controllers
+
+
+# config.method -> fn(config, domain) -> [controllers]; the first one is the sampler.
+CONTROLLER_BUILDERS: Registry[Callable[[ConfigDict, Domain], list[Controller]]] = Registry(
+    "controller builder (config.method)"
+)
+
+
+@CONTROLLER_BUILDERS.register("grpo")
+def grpo_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
+    """Static seed rubrics, a sampler from SAMPLERS (``config.controllers.sampler``)."""
+    sampler_cls = SAMPLERS.get(config.controllers.sampler)
+    return [
+        sampler_cls(domain.train, int(config.rollout.tasks_per_step), seed=int(config.train.seed))
+    ]
+
+
+@CONTROLLER_BUILDERS.register("arise")
+def arise_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
+    from configs.arise import arise_controller_kwargs
+    from rubric_rl.controllers.arise import make_arise_controller
+
+    client = None
+    if config.arise.reflection == "llm":
+        from rubric_rl.rubrics.llm import make_client
+
+        llm = config.arise.llm
+        backend = llm.backend or config.judge.llm.backend
+        kw: dict[str, Any] = {"model": llm.model or config.judge.llm.model}
+        if backend == "openai":
+            kw.update(
+                base_url=llm.base_url or config.judge.llm.base_url,
+                api_key_env=llm.api_key_env or config.judge.llm.api_key_env,
+            )
+        client = make_client(backend, **kw)
+    ctrl = make_arise_controller(
+        domain.train,
+        int(config.rollout.tasks_per_step),
+        seed=int(config.train.seed),
+        llm_client=client,
+        task_verifier=domain.verify,
+        **arise_controller_kwargs(config),
+    )
+    if config.arise.frozen_pool_from:
+        from rubric_rl.analysis import final_pool_state
+
+        ctrl.load_pool(final_pool_state(config.arise.frozen_pool_from))
+    return [ctrl]
+
+
+def build_controllers(
+    config: ConfigDict, domain: Domain, extra: Sequence[Controller] = ()
+) -> ControllerSet:
+    method = config.get("method", "grpo")
+    built = CONTROLLER_BUILDERS.get(method)(config, domain)
+    return ControllerSet(built[0], [*built[1:], *extra])

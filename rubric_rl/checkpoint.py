@@ -1,0 +1,127 @@
+"""Run checkpoints (DESIGN §2, §9): train state + every stateful Python object, in one orbax step.
+
+One orbax step directory holds two items:
+- ``train_state``: the sharded ``TrainState`` (params, optimiser state, step), via
+  ``rubric_rl.core.checkpointing`` (orbax StandardSave; restores onto any mesh);
+- ``run_state``: a JSON document — controller ``state_dict()``s, data cursors, host RNG state,
+  the trainer step, metadata — via orbax JsonSave.
+
+Atomicity: orbax writes a step into a temporary directory and renames it into place only once
+every item is finalised, so a process killed mid-write leaves at most a temporary directory that
+``latest_step()`` ignores (and the next manager cleans up); the last complete step stays
+restorable. ``keep`` bounds the number of complete steps kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from rubric_rl.core import checkpointing
+
+RUN_STATE = "run_state"
+
+
+def key_to_json(key: jax.Array) -> dict[str, Any]:
+    """A JAX PRNG key (typed or raw uint32) as JSON-able data; inverse: ``key_from_json``."""
+    typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    raw = jax.random.key_data(key) if typed else key
+    return {"typed": bool(typed), "data": np.asarray(raw).astype(np.uint32).tolist()}
+
+
+def key_from_json(d: dict[str, Any]) -> jax.Array:
+    raw = jax.numpy.asarray(np.asarray(d["data"], dtype=np.uint32))
+    return jax.random.wrap_key_data(raw) if d["typed"] else raw
+
+
+def _check_jsonable(state: dict[str, Any]) -> None:
+    try:
+        json.dumps(state)
+    except TypeError as e:
+        raise TypeError(
+            f"run state must be JSON-able (state_dict()s of plain Python data): {e}"
+        ) from None
+
+
+class RunCheckpointer:
+    """``save(step, train_state, run_state)`` / ``restore(target)`` over ``<workdir>/checkpoints``.
+
+    ``run_state`` is a JSON-able dict (e.g. ``{"controllers": {...}, "rng": key_to_json(k)}``).
+    Saves are asynchronous unless ``async_save=False``; ``wait()`` blocks until finalised.
+    """
+
+    def __init__(self, directory: str, *, keep: int | None = 3, async_save: bool = True):
+        self.directory = os.path.abspath(directory)
+        self.manager = checkpointing.make_checkpoint_manager(
+            self.directory, max_to_keep=keep, async_save=async_save
+        )
+
+    def latest_step(self) -> int | None:
+        """The newest COMPLETE step (temporary / interrupted writes are never listed)."""
+        return self.manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self.manager.all_steps())
+
+    def save(
+        self,
+        step: int,
+        train_state: Any,
+        run_state: dict[str, Any],
+        *,
+        wait: bool = False,
+    ) -> bool:
+        """Saves both items as step ``step``; a step that already exists is left untouched
+        (returns False) — on resume the first save may hit the restored step."""
+        _check_jsonable(run_state)
+        self.manager.wait_until_finished()
+        if step in self.manager.all_steps():
+            return False
+        saved = checkpointing.save_train_state(
+            self.manager,
+            step,
+            train_state,
+            extra={RUN_STATE: ocp.args.JsonSave(run_state)},
+            wait=wait,
+        )
+        return bool(saved)
+
+    def restore(self, train_state_target: Any, step: int | None = None) -> tuple[Any, dict]:
+        """(train_state, run_state) of ``step`` (default latest). ``train_state_target`` is an
+        abstract tree with shardings (``core.checkpointing.abstract_train_state``) or a concrete
+        state of the right structure."""
+        self.manager.wait_until_finished()
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+        target = jax.tree.map(
+            lambda x: (
+                x
+                if isinstance(x, jax.ShapeDtypeStruct)
+                else jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+            ),
+            train_state_target,
+        )
+        restored = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    checkpointing.ITEM: ocp.args.StandardRestore(target),
+                    RUN_STATE: ocp.args.JsonRestore(),
+                }
+            ),
+        )
+        return restored[checkpointing.ITEM], dict(restored[RUN_STATE])
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()

@@ -1,0 +1,363 @@
+"""ARISE reflection roles: read recent rollout evidence, propose rubric–skill pairs, refine skills.
+
+ARISE (seed 000, "Rubric–Skill Co-Evolution"): "A reflection model uses recent rollout evidence to
+discover emerging gaps and add new pairs"; "persistent failures prompt refinement". Two
+implementations share the ``Reflection`` interface:
+
+- ``ProgrammaticReflection`` (verifiable domains, e.g. the embedded constraint domain): a
+  data-driven miner. Its candidate bank is derived from the window's tasks themselves: every
+  rule-verified criterion of a task, keyed ``<task type>/<capability>/<criterion id>``, whose
+  capability is one the task declares (the pool targets task-type × capability cells, so a
+  criterion without one has nothing to target). Each candidate's checker is run on every rollout
+  of the window and the candidates are ranked by how well their verdict separates failed from
+  successful rollouts:
+  ``separation = P̂(sat | success) − P̂(sat | failure)``, both Laplace-smoothed
+  (``(k + 1) / (n + 2)``), so with no success yet in the window the criteria most often failed by
+  the failures still rank first. "sat" means met (positive weight) or absent (pitfall). A candidate
+  needs ``min_support`` evaluations of which ``min_failures`` on failed rollouts and a separation
+  ≥ ``min_separation``; a candidate whose verdict agrees with the task outcome on at least
+  ``redundant_agreement`` of a window holding both outcomes only restates the verifier (it rewards
+  no partial progress) and is skipped. Ties: more failures explained first, then the key.
+  Refinement makes the skill more specific by citing the criterion the window shows failing on the
+  task itself (the ``{criterion}`` placeholder is filled per task at decoration time).
+- ``LLMReflection`` (``reflection_llm.py``, re-exported here): a versioned prompt through the
+  ``LLMClient``; the reply is validated strictly (like judge output) and a reply with any invalid
+  or duplicate pair is rejected whole — never half-applied.
+
+Rollout evidence reaches a reflection as ``RolloutRecord`` values; proposals come back as
+``Proposal`` values that the pool (``controllers/arise.py``) turns into entries.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from rubric_rl.registry import Registry
+from rubric_rl.rubrics.judges import ProgrammaticJudge
+from rubric_rl.rubrics.types import Criterion, Task, VerifierKind
+
+if TYPE_CHECKING:
+    from rubric_rl.controllers.arise_pool import PoolEntry
+
+CRITERION_SLOT = "{criterion}"  # filled per task with the entry's criterion as guidance states it
+MISSED_PREFIX = "the last answers missed :"  # the domain's critique wording (constraint_corpus)
+REMEMBER_PREFIX = "remember :"
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutRecord:
+    """One rollout of the recent window: its task (with the task's own rubric), the response,
+    the task outcome (None = verifier failed) and the pool criteria's verdicts (None = failed)."""
+
+    step: int
+    task: Task
+    response: str
+    success: bool | None
+    verdicts: Mapping[str, bool | None] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Proposal:
+    """A new rubric–skill pair. ``source_id`` binds the rubric to the task's own criterion of that
+    id (instantiated per task); without it the rubric is ``text``, judged by the LLM judge."""
+
+    key: str
+    text: str
+    skill: str
+    capability: str
+    task_types: tuple[str, ...]
+    weight: float = 1.0
+    source_id: str | None = None
+    evidence: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "task_types", tuple(self.task_types))
+        for name in ("key", "text", "skill", "capability"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"Proposal.{name} must be a non-empty string, got {value!r}")
+        w = float(self.weight)
+        if w == 0.0 or not math.isfinite(w):
+            raise ValueError(f"Proposal {self.key!r}: weight must be finite and non-zero")
+        object.__setattr__(self, "weight", w)
+
+
+def satisfied(met: bool, weight: float) -> bool:
+    """A verdict as progress: a requirement met, or a pitfall (weight < 0) absent."""
+    return met if weight > 0 else not met
+
+
+def guidance_hint(text: str, weight: float) -> str:
+    """How guidance states a criterion (same wording as ``constraint_spec.guidance_hint``)."""
+    return text if weight > 0 else f"avoid : {text}"
+
+
+def fill_skill(skill: str, criterion: Criterion | None) -> str:
+    """The skill as injected for one task: ``{criterion}`` becomes that task's criterion hint."""
+    if CRITERION_SLOT not in skill:
+        return skill
+    hint = guidance_hint(criterion.text, criterion.weight) if criterion is not None else ""
+    return " ".join(skill.replace(CRITERION_SLOT, hint).split())
+
+
+def failing_records(records: Sequence[RolloutRecord], entry: PoolEntry) -> list[RolloutRecord]:
+    """Rollouts of the window on which the entry's own rubric was judged and not satisfied."""
+    return [
+        r
+        for r in records
+        if r.verdicts.get(entry.id) is not None
+        and not satisfied(bool(r.verdicts[entry.id]), entry.weight)
+    ]
+
+
+class Reflection(abc.ABC):
+    """Proposes new pairs from the recent window, and rewrites the skill of a failing pair."""
+
+    name = "reflection"
+
+    @abc.abstractmethod
+    def propose(
+        self,
+        records: Sequence[RolloutRecord],
+        pool: Sequence[PoolEntry],
+        *,
+        max_new: int,
+        step: int,
+        exclude_keys: frozenset[str] = frozenset(),
+    ) -> list[Proposal]:
+        """Up to ``max_new`` proposals, best first; none whose key is in the pool or excluded."""
+
+    @abc.abstractmethod
+    def refine(
+        self, entry: PoolEntry, records: Sequence[RolloutRecord], *, step: int
+    ) -> str | None:
+        """A rewritten, more specific skill for ``entry`` (None = no refinement possible)."""
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        del state
+
+
+REFLECTIONS: Registry[type] = Registry("reflection")
+
+
+# --- programmatic reflection ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CandidateScore:
+    """Separation statistics of one candidate over the window (see module docstring)."""
+
+    key: str
+    n_success: int
+    n_failure: int
+    sat_success: int
+    sat_failure: int
+
+    @property
+    def support(self) -> int:
+        return self.n_success + self.n_failure
+
+    @property
+    def failures_explained(self) -> int:
+        return self.n_failure - self.sat_failure
+
+    @property
+    def separation(self) -> float:
+        # Laplace-smoothed P(sat | success) − P(sat | failure).
+        ps = (self.sat_success + 1.0) / (self.n_success + 2.0)
+        pf = (self.sat_failure + 1.0) / (self.n_failure + 2.0)
+        return ps - pf
+
+    @property
+    def agreement(self) -> float:
+        """Fraction of rollouts where sat == success (1.0 = restates the verifier)."""
+        agree = self.sat_success + (self.n_failure - self.sat_failure)
+        return agree / self.support if self.support else 0.0
+
+    @property
+    def mutual_information(self) -> float:
+        """Plug-in I(sat; success) in bits, reported with the evidence."""
+        n = self.support
+        if not n:
+            return 0.0
+        cells = {
+            (1, 1): self.sat_success,
+            (0, 1): self.n_success - self.sat_success,
+            (1, 0): self.sat_failure,
+            (0, 0): self.n_failure - self.sat_failure,
+        }
+        px = {x: (cells[(x, 1)] + cells[(x, 0)]) / n for x in (0, 1)}
+        py = {1: self.n_success / n, 0: self.n_failure / n}
+        mi = 0.0
+        for (x, y), k in cells.items():
+            if k:
+                pxy = k / n
+                mi += pxy * math.log2(pxy / (px[x] * py[y]))
+        return mi
+
+
+@REFLECTIONS.register("programmatic")
+class ProgrammaticReflection(Reflection):
+    """Mines checker-backed criteria that separate failed from successful rollouts.
+
+    Args:
+      skill_texts: capability -> base skill text (default: the embedded domain's
+        ``constraint_lexicon.SKILL_TEXTS``, the wording its warm-start corpus teaches). A
+        capability without a text gets the criterion itself as its skill.
+      min_support, min_failures, min_separation, redundant_agreement: see the module docstring.
+    """
+
+    name = "programmatic"
+
+    def __init__(
+        self,
+        skill_texts: Mapping[str, str] | None = None,
+        *,
+        min_support: int = 8,
+        min_failures: int = 4,
+        min_separation: float = 0.1,
+        redundant_agreement: float = 0.98,
+    ):
+        if skill_texts is None:
+            from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
+
+            skill_texts = SKILL_TEXTS
+        self.skill_texts = dict(skill_texts)
+        self.min_support = int(min_support)
+        self.min_failures = int(min_failures)
+        self.min_separation = float(min_separation)
+        self.redundant_agreement = float(redundant_agreement)
+        self._judge = ProgrammaticJudge()
+
+    @staticmethod
+    def candidates(task: Task) -> list[tuple[str, Criterion]]:
+        """The task's own checkable criteria that can target one of its capability cells."""
+        out = []
+        for c in task.rubric.criteria:
+            if c.verifier.kind != VerifierKind.RULE or not c.capability:
+                continue
+            if c.capability not in task.capabilities:
+                continue
+            out.append((f"{task.task_type}/{c.capability}/{c.id}", c))
+        return out
+
+    def score_candidates(self, records: Sequence[RolloutRecord]) -> dict[str, CandidateScore]:
+        counts: dict[str, list[int]] = {}
+        for rec in records:
+            if rec.success is None:
+                continue
+            for key, crit in self.candidates(rec.task):
+                met = self._judge.check(rec.task, rec.response, crit).met
+                if met is None:
+                    continue  # a failed check is no evidence either way
+                c = counts.setdefault(key, [0, 0, 0, 0])
+                sat = satisfied(met, crit.weight)
+                if rec.success:
+                    c[0] += 1
+                    c[2] += sat
+                else:
+                    c[1] += 1
+                    c[3] += sat
+        return {k: CandidateScore(k, *v) for k, v in counts.items()}
+
+    def eligible(self, s: CandidateScore) -> bool:
+        if s.support < self.min_support or s.n_failure < self.min_failures:
+            return False
+        if s.separation < self.min_separation:
+            return False
+        both = s.n_success > 0 and s.n_failure > 0
+        return not (both and s.agreement >= self.redundant_agreement)
+
+    def rank(self, records: Sequence[RolloutRecord]) -> list[CandidateScore]:
+        """Eligible candidates, most separating first."""
+        scores = [s for s in self.score_candidates(records).values() if self.eligible(s)]
+        return sorted(scores, key=lambda s: (-s.separation, -s.failures_explained, s.key))
+
+    def base_skill(self, capability: str) -> str:
+        return self.skill_texts.get(capability, CRITERION_SLOT)
+
+    def propose(
+        self,
+        records: Sequence[RolloutRecord],
+        pool: Sequence[PoolEntry],
+        *,
+        max_new: int,
+        step: int,
+        exclude_keys: frozenset[str] = frozenset(),
+    ) -> list[Proposal]:
+        taken = {e.key for e in pool} | set(exclude_keys)
+        example: dict[str, Criterion] = {}
+        for rec in records:
+            for key, crit in self.candidates(rec.task):
+                example.setdefault(key, crit)
+        out: list[Proposal] = []
+        for s in self.rank(records):
+            if len(out) >= max_new:
+                break
+            if s.key in taken:
+                continue
+            crit = example[s.key]
+            task_type = s.key.split("/", 1)[0]
+            out.append(
+                Proposal(
+                    key=s.key,
+                    text=crit.text,
+                    skill=self.base_skill(crit.capability),
+                    capability=crit.capability,
+                    task_types=(task_type,),
+                    weight=crit.weight,
+                    source_id=crit.id,
+                    evidence={
+                        "separation": round(s.separation, 6),
+                        "mutual_information": round(s.mutual_information, 6),
+                        "support": s.support,
+                        "failures": s.n_failure,
+                        "failures_explained": s.failures_explained,
+                    },
+                )
+            )
+        return out
+
+    def refine(
+        self, entry: PoolEntry, records: Sequence[RolloutRecord], *, step: int
+    ) -> str | None:
+        """Level 1 cites the failing criterion after the capability skill ("the last answers
+        missed : <criterion>"); level 2 also leads with it ("remember : <criterion>"). Needs at
+        least one observed failure of the entry's own rubric in the window."""
+        if not failing_records(records, entry):
+            return None
+        base = self.base_skill(entry.capability)
+        if entry.refinements == 0:
+            return f"{base} ; {MISSED_PREFIX} {CRITERION_SLOT}"
+        if entry.refinements == 1:
+            return f"{REMEMBER_PREFIX} {CRITERION_SLOT} ; {base} ; {MISSED_PREFIX} {CRITERION_SLOT}"
+        return None
+
+
+_LLM_NAMES = (
+    "REFLECTION_TEMPLATES",
+    "LLMReflection",
+    "ReflectionTemplate",
+    "parse_proposals",
+    "parse_refinement",
+)
+
+
+def __getattr__(name: str) -> Any:
+    # The LLM reflection lives in reflection_llm.py, which imports this module; its public names
+    # are re-exported lazily (PEP 562) so either module can be imported first.
+    if name in _LLM_NAMES:
+        from rubric_rl.controllers import reflection_llm
+
+        return getattr(reflection_llm, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,238 @@
+"""Run-directory logging (CONVENTIONS.md "Run directory"): metrics, rollouts, controller events.
+
+- ``metrics.jsonl``: one JSON object per logged step, always (the colabs read it).
+- TensorBoard event files under ``<workdir>/tb`` when ``tensorboardX`` is installed.
+- Weights & Biases when installed and enabled in the config.
+- ``rollouts/step_XXXXXX.jsonl.gz``: sampled rollouts with their verdicts.
+- ``controllers/<name>.jsonl``: controller event logs (pool lifecycle, labels, selections).
+
+Secrets never reach these files: keys whose name looks like a credential are dropped from
+anything written (``scrub``), and configs only ever hold the NAME of an env var with a key.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+_SECRET_KEY = re.compile(r"(api[_-]?key|secret|token|password|authorization)$", re.IGNORECASE)
+# Keys that merely mention tokens as units, not credentials.
+_NOT_SECRET = re.compile(r"(tokens?/|num_tokens|max_tokens|_env$|tokenizer)", re.IGNORECASE)
+
+
+def _is_secret(key: str) -> bool:
+    return bool(_SECRET_KEY.search(key)) and not _NOT_SECRET.search(key)
+
+
+def scrub(obj: Any) -> Any:
+    """A copy of ``obj`` with credential-like keys removed (recursively)."""
+    if isinstance(obj, Mapping):
+        return {k: scrub(v) for k, v in obj.items() if not _is_secret(str(k))}
+    if isinstance(obj, list | tuple):
+        return [scrub(v) for v in obj]
+    return obj
+
+
+def to_jsonable(x: Any) -> Any:
+    """numpy / jax scalars and arrays -> Python; non-finite floats stay floats (JSON NaN)."""
+    if isinstance(x, Mapping):
+        return {str(k): to_jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [to_jsonable(v) for v in x]
+    if isinstance(x, bool | int | str) or x is None:
+        return x
+    if isinstance(x, float):
+        return x
+    arr = np.asarray(x)
+    if arr.ndim == 0:
+        v = arr.item()
+        return float(v) if isinstance(v, float) else v
+    return arr.tolist()
+
+
+class MetricsWriter:
+    """``write(step, metrics)`` appends to metrics.jsonl (flushed) and mirrors scalars to
+    TensorBoard / W&B. On resume, ``truncate_after(step)`` drops rows logged after the restored
+    checkpoint so that the file equals the uninterrupted run's."""
+
+    def __init__(
+        self,
+        workdir: str,
+        *,
+        tensorboard: bool = True,
+        wandb_config: Mapping[str, Any] | None = None,
+    ):
+        self.workdir = workdir
+        os.makedirs(workdir, exist_ok=True)
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        self._file = open(self.path, "a")
+        self._tb = None
+        if tensorboard:
+            try:
+                from tensorboardX import SummaryWriter
+            except ImportError:
+                SummaryWriter = None
+            if SummaryWriter is not None:
+                self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+        self._wandb = None
+        if wandb_config is not None and wandb_config.get("enabled"):
+            try:
+                import wandb
+            except ImportError:
+                wandb = None
+            if wandb is not None:
+                self._wandb = wandb.init(
+                    project=wandb_config.get("project", "rubric_rl"),
+                    dir=workdir,
+                    config=scrub(dict(wandb_config.get("config", {}))),
+                    resume="allow",
+                )
+
+    @property
+    def tensorboard_enabled(self) -> bool:
+        return self._tb is not None
+
+    def write(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        row = {"step": int(step)}
+        row.update(scrub(to_jsonable(dict(metrics))))
+        self._file.write(json.dumps(row, sort_keys=True) + "\n")
+        self._file.flush()
+        scalars = {
+            k: v
+            for k, v in row.items()
+            if k != "step" and isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        if self._tb is not None:
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, global_step=int(step))
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=int(step))
+        return row
+
+    def truncate_after(self, step: int) -> None:
+        """Keep only rows with ``step <= step`` (resume after a kill: later rows are replayed)."""
+        self._file.close()
+        rows = read_metrics(self.path) if os.path.exists(self.path) else []
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            for r in rows:
+                if r["step"] <= step:
+                    f.write(json.dumps(r, sort_keys=True) + "\n")
+        os.replace(tmp, self.path)
+        self._file = open(self.path, "a")
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+    """Rows of a metrics.jsonl; a torn last line (killed mid-write) is ignored."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+class RolloutLogger:
+    """Writes sampled rollouts with verdicts to ``<workdir>/rollouts/step_XXXXXX.jsonl.gz``."""
+
+    def __init__(self, workdir: str):
+        self.dir = os.path.join(workdir, "rollouts")
+        os.makedirs(self.dir, exist_ok=True)
+
+    def path(self, step: int) -> str:
+        return os.path.join(self.dir, f"step_{int(step):06d}.jsonl.gz")
+
+    def write(self, step: int, records: Iterable[Mapping[str, Any]]) -> str:
+        path = self.path(step)
+        tmp = path + ".tmp"
+        with gzip.open(tmp, "wt") as f:
+            for r in records:
+                f.write(json.dumps(scrub(to_jsonable(dict(r))), sort_keys=True) + "\n")
+        os.replace(tmp, path)  # readers never see a half-written file
+        return path
+
+
+def read_rollouts(path: str) -> list[dict[str, Any]]:
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class ControllerLog:
+    """Event log of one controller: ``<workdir>/controllers/<name>.jsonl``."""
+
+    def __init__(self, workdir: str, name: str):
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise ValueError(f"controller log name {name!r} must be [A-Za-z0-9_.-]+")
+        d = os.path.join(workdir, "controllers")
+        os.makedirs(d, exist_ok=True)
+        self.path = os.path.join(d, f"{name}.jsonl")
+
+    def log(self, step: int, event: str, **fields: Any) -> None:
+        row = {"step": int(step), "event": event}
+        row.update(scrub(to_jsonable(fields)))
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+
+    def truncate_after(self, step: int) -> None:
+        if not os.path.exists(self.path):
+            return
+        rows = [r for r in read_metrics(self.path) if r["step"] <= step]
+        with open(self.path + ".tmp", "w") as f:
+            for r in rows:
+                f.write(json.dumps(r, sort_keys=True) + "\n")
+        os.replace(self.path + ".tmp", self.path)
+
+
+# Headline keys of the one-line summary and the progress bar, in display order.
+HEADLINE = (
+    ("reward/mean", "r", "{:.3f}"),
+    ("reward/zero_variance_frac", "zv", "{:.2f}"),
+    ("loss", "loss", "{:.4f}"),
+    ("entropy", "H", "{:.3f}"),
+    ("eval/heldout/score", "heldout", "{:.1f}"),
+    ("eval/ood/score", "ood", "{:.1f}"),
+    ("perf/tokens_per_s", "tok/s", "{:.0f}"),
+    ("time/step", "s", "{:.2f}"),
+)
+
+
+def headline(metrics: Mapping[str, Any]) -> dict[str, str]:
+    out = {}
+    for key, short, fmt in HEADLINE:
+        v = metrics.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            out[short] = fmt.format(v) if math.isfinite(v) else str(v)
+    return out
+
+
+def summary_line(step: int, metrics: Mapping[str, Any]) -> str:
+    """``step 12 | r 0.612 | zv 0.25 | loss 0.0123 | ...`` — the per-step log line."""
+    parts = [f"step {int(step)}"] + [f"{k} {v}" for k, v in headline(metrics).items()]
+    return " | ".join(parts)
+
+
+def progress_bar(total: int, initial: int = 0, enabled: bool = True):
+    """A tqdm bar over training steps (``set_postfix(headline(metrics))`` per step)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, disable=not enabled, desc="train", dynamic_ncols=True)

@@ -1,0 +1,87 @@
+"""Rollouts -> TrainBatch (DESIGN §4): host-side packing into bucketed, sharded arrays.
+
+Layout per row: the prompt left-padded to ``prompt_len``, then the completion right-padded to a
+length bucket; ``[B, T]`` arrays are in the prediction layout of ``core/logprobs.py`` (position t is
+about token ``input_ids[:, t + 1]``), so completion token i sits at input position
+``prompt_len + i`` and its log-prob / loss-mask entry at ``prompt_len + i − 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from rubric_rl.core import sharding
+from rubric_rl.core.train_step import TrainBatch
+from rubric_rl.rollout.engine import Generation, GenerationRequest
+from rubric_rl.rollout.jax_engine import round_up_to_bucket
+
+FINISH_CODES = {"stop": 0, "length": 1, "abort": 2}
+
+
+def build_train_batch(
+    requests: Sequence[GenerationRequest],
+    gens: Sequence[Sequence[Generation]],
+    advantages: np.ndarray,
+    task_weights: np.ndarray,
+    defined: np.ndarray,
+    *,
+    prompt_len: int,
+    buckets: Sequence[int],
+    pad_id: int,
+    mesh: jax.sharding.Mesh | None = None,
+) -> TrainBatch:
+    """``gens[g][j]`` is rollout j of request g; ``advantages``/``defined`` are ``[G, J]``;
+    ``task_weights`` [G] are the importance weights u. Rollouts with an undefined reward or an
+    aborted generation get an all-zero loss mask (they carry no signal, and must not dilute a
+    token-mean denominator either)."""
+    g_n, j_n = len(gens), len(gens[0])
+    b = g_n * j_n
+    c_max = max(max((len(x.token_ids) for x in gs), default=0) for gs in gens)
+    c = round_up_to_bucket(max(c_max, 1), tuple(buckets))
+    t = prompt_len + c
+    ids = np.full((b, t), pad_id, np.int32)
+    attn = np.zeros((b, t), np.int32)
+    loss_mask = np.zeros((b, t), np.float32)
+    logps = np.zeros((b, t), np.float32)
+    adv = np.zeros((b,), np.float32)
+    seq_w = np.zeros((b,), np.float32)
+    group = np.zeros((b,), np.int32)
+    version = np.zeros((b,), np.int32)
+    finish = np.zeros((b,), np.int32)
+    for g, (req, gs) in enumerate(zip(requests, gens)):
+        prompt = req.prompt_ids[-prompt_len:]
+        for j, gen in enumerate(gs):
+            r = g * j_n + j
+            n = len(gen.token_ids)
+            ids[r, prompt_len - len(prompt) : prompt_len] = prompt
+            ids[r, prompt_len : prompt_len + n] = gen.token_ids
+            attn[r, prompt_len - len(prompt) : prompt_len + n] = 1
+            trainable = bool(defined[g, j]) and gen.finish_reason != "abort"
+            if trainable and n:
+                loss_mask[r, prompt_len - 1 : prompt_len - 1 + n] = 1.0
+            logps[r, prompt_len - 1 : prompt_len - 1 + n] = gen.logprobs
+            adv[r] = advantages[g, j]
+            seq_w[r] = task_weights[g]
+            group[r] = g
+            version[r] = gen.weight_version
+            finish[r] = FINISH_CODES[gen.finish_reason]
+    positions = np.maximum(np.cumsum(attn, axis=1) - 1, 0).astype(np.int32)
+    arrays = dict(
+        input_ids=ids,
+        positions=positions,
+        attention_mask=attn,
+        loss_mask=loss_mask,
+        rollout_logps=logps,
+        advantages=adv,
+        seq_weights=seq_w,
+        group_id=group,
+        weight_version=version,
+        finish_status=finish,
+    )
+    if mesh is not None:
+        sh = sharding.batch_sharding(mesh)
+        arrays = {k: jax.device_put(v, sh) for k, v in arrays.items()}
+    return TrainBatch(**arrays)

@@ -1,0 +1,133 @@
+"""Supervised warm start on the domain's demonstration corpus (DESIGN §7; notes/jax-on-cpu.md:
+without it the small policy collapses to deterministic output). The corpus is deliberately
+imperfect — demonstrations meet only some constraints — so the RL phase has headroom.
+
+Cached in ``<workdir>/warmstart/``: ``corpus.jsonl`` (the demonstrations), ``log.jsonl`` (loss per
+step) and ``params/`` (orbax); a restarted run reuses the finished parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from absl import logging
+from flax import nnx
+
+from rubric_rl.core import sharding
+from rubric_rl.models import logits_from_hidden
+from rubric_rl.rollout.jax_engine import round_up_to_bucket
+
+
+def load_or_build_corpus(path: str, domain: Any, n: int, seed: int) -> list[tuple[list, str]]:
+    if os.path.exists(path):
+        with open(path) as f:
+            return [(r["messages"], r["completion"]) for r in map(json.loads, f)]
+    if domain.corpus is None:
+        raise ValueError(f"config.warmstart.steps > 0 but domain {domain.name!r} has no corpus")
+    corpus = domain.corpus(n, seed)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        for messages, completion in corpus:
+            f.write(json.dumps({"messages": messages, "completion": completion}) + "\n")
+    os.replace(tmp, path)
+    return [(m, c) for m, c in corpus]
+
+
+def encode_corpus(corpus, tokenizer, prompt_len: int, completion_len: int):
+    """(ids, attention, loss_mask) [N, P + C] in the TrainBatch layout; loss on completion tokens
+    and the closing eos (prediction layout: position t scores token t + 1). Prompts longer than
+    ``prompt_len`` are dropped, completions cut to ``completion_len``."""
+    rows = []
+    for messages, completion in corpus:
+        p = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        if len(p) > prompt_len:
+            continue
+        c = (tokenizer.encode(completion) + [tokenizer.eos_id])[:completion_len]
+        rows.append((p, c))
+    t = prompt_len + completion_len
+    ids = np.full((len(rows), t), tokenizer.pad_id or 0, np.int32)
+    attn = np.zeros((len(rows), t), np.int32)
+    lmask = np.zeros((len(rows), t), np.float32)
+    for i, (p, c) in enumerate(rows):
+        ids[i, prompt_len - len(p) : prompt_len] = p
+        ids[i, prompt_len : prompt_len + len(c)] = c
+        attn[i, prompt_len - len(p) : prompt_len + len(c)] = 1
+        lmask[i, prompt_len - 1 : prompt_len - 1 + len(c)] = 1.0
+    return ids, attn, lmask, len(corpus) - len(rows)
+
+
+def make_sft_step(graphdef, tx):
+    def loss_fn(params, rest, ids, attn, lmask):
+        model = nnx.merge(graphdef, params, rest)
+        pos = jnp.maximum(jnp.cumsum(attn, axis=1) - 1, 0)
+        hidden = model.hidden_states(ids, pos, attn)
+        logits = logits_from_hidden(hidden[:, :-1], model.unembed())
+        lp = jax.nn.log_softmax(logits, axis=-1)
+        tok = jnp.take_along_axis(lp, ids[:, 1:, None], axis=-1)[..., 0]
+        m = lmask[:, :-1]
+        return -jnp.sum(tok * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+    @jax.jit
+    def step(params, opt_state, rest, ids, attn, lmask):
+        loss, grads = jax.value_and_grad(loss_fn)(params, rest, ids, attn, lmask)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+def run_or_load(config, workdir, domain, tokenizer, graphdef, state, mesh) -> Any:
+    """The warm-started parameters (a pytree like ``state.params``)."""
+    ws = config.warmstart
+    d = os.path.join(workdir, "warmstart")
+    os.makedirs(d, exist_ok=True)
+    params_dir = os.path.join(d, "params")
+    ckptr = ocp.StandardCheckpointer()
+    if os.path.isdir(params_dir):  # orbax renames into place only when complete
+        target = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state.params
+        )
+        logging.info("warm start: reusing %s", params_dir)
+        return ckptr.restore(params_dir, target)
+    corpus = load_or_build_corpus(
+        os.path.join(d, "corpus.jsonl"), domain, int(ws.corpus_size), int(config.domain.seed)
+    )
+    # The same completion bucket as the rollouts: the warm start trains the shapes RL samples.
+    c_len = round_up_to_bucket(int(config.rollout.max_new_tokens), tuple(config.rollout.buckets))
+    ids, attn, lmask, dropped = encode_corpus(
+        corpus, tokenizer, int(config.model.max_prompt_len), c_len
+    )
+    if len(ids) < int(ws.batch):
+        raise ValueError(
+            f"config.warmstart: only {len(ids)} demonstrations fit model.max_prompt_len="
+            f"{config.model.max_prompt_len} ({dropped} dropped), fewer than batch {ws.batch}"
+        )
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(float(ws.lr), weight_decay=0.0))
+    params = jax.tree.map(lambda x: x.copy(), state.params)
+    opt_state = jax.jit(tx.init)(params)
+    step = make_sft_step(graphdef, tx)
+    sh = sharding.batch_sharding(mesh)
+    rng = np.random.default_rng(int(config.train.seed))
+    order, pos = rng.permutation(len(ids)), 0
+    bsz = int(ws.batch)
+    with open(os.path.join(d, "log.jsonl"), "w") as log:
+        for s in range(int(ws.steps)):
+            if pos + bsz > len(order):
+                order, pos = rng.permutation(len(ids)), 0
+            idx = order[pos : pos + bsz]
+            pos += bsz
+            batch = [jax.device_put(a[idx], sh) for a in (ids, attn, lmask)]
+            params, opt_state, loss = step(params, opt_state, state.rest, *batch)
+            if s % 25 == 0 or s == int(ws.steps) - 1:
+                log.write(json.dumps({"step": s, "loss": float(loss)}) + "\n")
+                logging.info("warm start step %d: loss %.4f", s, float(loss))
+    ckptr.save(params_dir, params)
+    ckptr.wait_until_finished()
+    return params

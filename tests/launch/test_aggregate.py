@@ -1,0 +1,224 @@
+"""launch/aggregate.py and rubric_rl/analysis.py on synthetic run directories with known numbers."""
+
+import csv
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from launch import aggregate
+from rubric_rl import analysis as an
+
+EVAL_STEPS = (0, 50, 100, 150)
+# group -> seed -> (held-out scores, OOD scores at EVAL_STEPS, all-fail base, pool (added, retired))
+RUNS = {
+    "arise": {
+        0: ([40, 60, 70, 72], [30, 35, 40, 45], 0.2, (3, 1)),
+        1: ([42, 62, 74, 70], [30, 37, 44, 41], 0.3, (4, 2)),
+        2: ([38, 61, 72, 71], [30, 36, 42, 43], 0.4, (2, 0)),
+    },
+    "outcome": {
+        0: ([40, 50, 55, 60], [30, 31, 32, 33], 0.5, None),
+        1: ([40, 52, 57, 62], [30, 33, 34, 35], 0.5, None),
+    },
+}
+
+
+def write_run(d, heldout, ood, fail_base, pool, steps=150):
+    os.makedirs(os.path.join(d, "controllers"), exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({"method": "x", "train": {"steps": steps, "seed": 0}}, f)
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+        for step in range(steps + 1):
+            row = {"step": step}
+            if step >= 1:
+                # all-failure rate: base + 0.3 in the first third (ARISE: largest gap early)
+                row.update(
+                    {"reward/mean": 0.5, an.ALL_FAIL: fail_base + (0.3 if step <= 50 else 0)}
+                )
+            if step in EVAL_STEPS:
+                k = EVAL_STEPS.index(step)
+                row.update({an.HELDOUT_SCORE: heldout[k], "eval/ood/score": ood[k]})
+            f.write(json.dumps(row) + "\n")
+        f.write('{"step": 151, "reward/me')  # a torn last line (killed mid-write) is ignored
+    if pool:
+        added, retired = pool
+        with open(os.path.join(d, "controllers", "arise.jsonl"), "w") as f:
+            for i in range(added):
+                ev = {"step": 10 + i, "entry": f"arise-{i:04d}", "event": "add", "from": None,
+                      "to": "added", "evidence": {}}  # fmt: skip
+                f.write(json.dumps(ev) + "\n")
+            for i in range(retired):
+                ev = {"step": 100 + i, "entry": f"arise-{i:04d}", "event": "retire",
+                      "from": "added", "to": "retired", "evidence": {}}  # fmt: skip
+                f.write(json.dumps(ev) + "\n")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    r = tmp_path_factory.mktemp("sweep")
+    for group, seeds in RUNS.items():
+        for seed, spec in seeds.items():
+            write_run(str(r / group / f"seed{seed}"), *spec)
+    return str(r)
+
+
+def test_summary_uses_best_step_of_the_seed_mean_curve(root):
+    groups = aggregate.load_groups(root)
+    rows = {r["group"]: r for r in aggregate.results_rows(groups, an.HELDOUT_SCORE)}
+    a = rows["arise"]
+    # seed-mean curve 40, 61, 72, 71 -> step 100 (per-seed bests would be 150, 100, 100)
+    assert a["best_step"] == 100 and a["final_step"] == 150 and a["seeds"] == 3
+    assert a[f"{an.HELDOUT_SCORE}@best"] == pytest.approx((72.0, 2.0))
+    assert a[f"{an.HELDOUT_SCORE}@final"] == pytest.approx((71.0, 1.0))
+    assert a["eval/ood/score@best"] == pytest.approx((42.0, 2.0))  # OOD at the held-out best
+    assert a["eval/ood/score@final"] == pytest.approx((43.0, 2.0))
+    o = rows["outcome"]
+    assert o["best_step"] == 150
+    assert o[f"{an.HELDOUT_SCORE}@best"] == pytest.approx((61.0, math.sqrt(2)))
+
+
+def test_report_files_exact(root, tmp_path):
+    groups = aggregate.load_groups(root)
+    text = aggregate.report(groups, str(tmp_path), reference="outcome")
+    assert "| arise | 3 | 100 | 72.00 ± 2.00 | 71.00 ± 1.00 | 42.00 ± 2.00 | 43.00 ± 2.00 |" in text
+    assert (
+        "| outcome | 2 | 150 | 61.00 ± 1.41 | 61.00 ± 1.41 | 34.00 ± 1.41 | 34.00 ± 1.41 |" in text
+    )
+    # first reach of outcome's final 61.0: arise at step 50 (ratio 1/3), outcome at 150
+    assert "| arise | 50 | 150 | 0.333 |" in text and "| outcome | 150 | 150 | 1.000 |" in text
+    # pool: added 3,4,2; retired 1,2,0; active 2,2,2
+    assert "| arise | 3 | 3.0 ± 1.0 | 2.0 ± 0.0 | 1.0 ± 1.0 |" in text
+    # all-failure: bases 0.2/0.3/0.4; + 0.1 overall, + 0.3 early, + 0 later
+    assert "| arise | 3 | 0.400 ± 0.100 | 0.600 ± 0.100 | 0.300 ± 0.100 | 0.300 ± 0.100 |" in text
+    assert "| outcome | 2 | 0.600 ± 0.000 | 0.800 ± 0.000 | 0.500 ± 0.000 | 0.500 ± 0.000 |" in text
+    with open(tmp_path / "results.csv") as f:
+        res = {r["group"]: r for r in csv.DictReader(f)}
+    assert float(res["arise"][f"{an.HELDOUT_SCORE}@best_mean"]) == 72.0
+    assert float(res["arise"][f"{an.HELDOUT_SCORE}@best_std"]) == pytest.approx(2.0)
+    with open(tmp_path / "first_reach.csv") as f:
+        reach = {r["group"]: r for r in csv.DictReader(f)}
+    assert reach["arise"]["first_reach_step"] == "50" and float(reach["arise"]["target"]) == 61.0
+    with open(tmp_path / "pool_dynamics.csv") as f:
+        dyn = [r for r in csv.DictReader(f) if r["group"] == "arise"]
+    at = {int(r["step"]): r for r in dyn}
+    assert float(at[9]["added"]) == 0 and float(at[11]["added"]) == pytest.approx(2.0)  # 2,2,2
+    assert float(at[150]["retired"]) == pytest.approx(1.0)
+
+
+def test_stage_means_are_thirds_of_training():
+    assert an.stage_bounds(150) == [(1, 50), (51, 100), (101, 150)]
+    assert an.stage_bounds(12) == [(1, 4), (5, 8), (9, 12)]
+    with pytest.raises(ValueError):
+        an.stage_bounds(2)
+
+
+def test_reference_must_resolve(root):
+    groups = aggregate.load_groups(root)
+    assert aggregate.resolve_group("outc", list(groups)) == "outcome"
+    with pytest.raises(ValueError, match="matches no group"):
+        aggregate.report(groups, "/tmp/unused-agg", reference="grpo")
+
+
+def test_mean_std_and_first_reach_match_numpy():
+    rng = np.random.default_rng(0)
+    v = rng.normal(size=(4, 7))
+    m, s = an.mean_std(v)
+    np.testing.assert_allclose(m, v.mean(0))
+    np.testing.assert_allclose(s, v.std(0, ddof=1))
+    assert np.isnan(an.mean_std(v[:1])[1]).all()  # one seed: std undefined
+    steps = np.arange(0, 70, 10)
+    for k in range(7):
+        target = v[0, k]
+        hit = np.flatnonzero(v[0] >= target)[0]
+        assert an.first_reach(steps, v[0], target) == steps[hit]
+    assert an.first_reach(steps, v[0], v[0].max() + 1) is None
+    assert an.best_index(np.array([1.0, 3.0, np.nan, 3.0])) == 1  # earliest tie, NaN skipped
+
+
+def test_seed_curves_use_common_steps(tmp_path):
+    for k, n in ((0, 150), (1, 100)):  # seed 1 stopped at step 100
+        write_run(str(tmp_path / f"seed{k}"), *RUNS["arise"][k][:3], None, steps=n)
+    runs = [an.load_run(str(tmp_path / f"seed{k}")) for k in (0, 1)]
+    steps, vals = an.seed_curves(runs, an.HELDOUT_SCORE)
+    assert steps.tolist() == [0, 50, 100]
+    assert vals.tolist() == [[40, 60, 70], [42, 62, 74]]
+
+
+def test_pool_dynamics_replay():
+    ev = [
+        {"step": 2, "entry": "a", "event": "add", "from": None, "to": "added"},
+        {"step": 2, "entry": "b", "event": "add", "from": None, "to": "added"},
+        {"step": 3, "entry": "a", "event": "activate", "from": "added", "to": "active"},
+        {"step": 5, "entry": "a", "event": "refine", "from": "active", "to": "active"},
+        {"step": 6, "entry": "a", "event": "hide", "from": "active", "to": "hidden"},
+        {"step": 8, "entry": "a", "event": "retire", "from": "hidden", "to": "retired"},
+    ]
+    d = an.pool_dynamics(ev, range(1, 10))
+    assert d["added"].tolist() == [0, 2, 2, 2, 2, 2, 2, 2, 2]
+    assert d["active"].tolist() == [0, 2, 2, 2, 2, 2, 2, 1, 1]
+    assert d["retired"].tolist() == [0, 0, 0, 0, 0, 0, 0, 1, 1]
+    assert d["skill_active"].tolist() == [0, 0, 1, 1, 1, 0, 0, 0, 0]
+    assert d["hidden"].tolist() == [0, 0, 0, 0, 0, 1, 1, 0, 0]
+    assert d["refined"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 1]
+
+
+def test_stage_heatmap_blank_and_zero_cells():
+    p = an.SAMPLER_PREFIX
+    rows = [
+        {"step": 1},  # nothing scored yet: not part of the mean
+        {"step": 2, f"{p}list/counting": 1.0},
+        {"step": 3, f"{p}list/counting": 0.5, f"{p}format/ordering": 0.5},
+        {"step": 4, f"{p}format/lexical": 1.0},  # outside the stage
+    ]
+    types, caps, P = an.stage_heatmap(rows, 1, 3)
+    assert types == ["format", "list"] and caps == ["counting", "lexical", "ordering"]
+    expect = np.array([[np.nan, np.nan, 0.25], [0.75, np.nan, np.nan]])
+    np.testing.assert_allclose(P, expect)
+
+
+def test_bad_jsonl_line_names_file_and_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not valid JSON"):
+        an.read_jsonl(str(path))
+
+
+def test_final_pool_state_reads_last_checkpoint(tmp_path):
+    for step, n in ((4, 1), (8, 2)):
+        d = tmp_path / "checkpoints" / str(step) / "run_state"
+        d.mkdir(parents=True)
+        pool = {"entries": [{"id": f"arise-{i:04d}"} for i in range(n)], "next_id": n}
+        (d / "metadata").write_text(json.dumps({"controllers": {"arise": {"pool": pool}}}))
+    (tmp_path / "checkpoints" / "12.orbax-checkpoint-tmp-3").mkdir()  # unfinished: ignored
+    assert an.final_pool_state(str(tmp_path))["next_id"] == 2
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        an.final_pool_state(str(tmp_path / "nowhere"))
+
+
+def test_pool_counts_fall_back_to_metrics(tmp_path):
+    d = tmp_path / "g" / "seed0"
+    d.mkdir(parents=True)
+    keys = an.POOL_METRICS
+    rows = [{"step": 0, an.HELDOUT_SCORE: 1.0}]
+    for step, (added, live, retired) in enumerate([(1, 1, 0), (3, 2, 1), (4, 2, 2)], start=1):
+        rows.append({"step": step, keys["added"]: added, keys["active"]: live,
+                     keys["retired"]: retired, keys["refined"]: 0, keys["skill_active"]: 0,
+                     keys["hidden"]: 0, an.HELDOUT_SCORE: float(step)})  # fmt: skip
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dyn = an.run_pool_dynamics(an.load_run(str(d)))
+    assert dyn["step"].tolist() == [1, 2, 3] and dyn["added"].tolist() == [1, 3, 4]
+    assert dyn["active"].tolist() == [1, 2, 2] and dyn["retired"].tolist() == [0, 1, 2]
+    summary, _ = aggregate.pool_rows(aggregate.load_groups(str(tmp_path)))
+    (row,) = summary
+    assert (row["group"], row["seeds"]) == ("g", 1)
+    assert [row[k][0] for k in ("added", "active", "retired")] == [4.0, 2.0, 2.0]
+    assert all(math.isnan(row[k][1]) for k in ("added", "active", "retired"))  # one seed
+
+
+def test_groups_without_a_pool_are_left_out(root):
+    summary, dynamics = aggregate.pool_rows(aggregate.load_groups(root))
+    assert [r["group"] for r in summary] == ["arise"]
+    assert {r["group"] for r in dynamics} == {"arise"}

@@ -1,0 +1,141 @@
+"""launch/sweep.py: expansion (configs × variants × grid × seeds), --print, skip-finished,
+local runs."""
+
+import json
+import os
+import shlex
+import stat
+
+import pytest
+
+from launch import sweep
+
+
+def _expand(root):
+    return sweep.expand(
+        root,
+        ["configs/arise.py"],
+        ["", "smoke,no_skills"],
+        [0, 1],
+        sweep.parse_grid(["optim.lr=1e-4,3e-4"]),
+        [("train.steps", "10")],
+    )
+
+
+def test_expansion_exact_workdirs_and_commands():
+    runs = _expand("/r")
+    got = [(r.workdir, r.config, r.seed, r.overrides) for r in runs]
+    lr4, lr3, steps = ("optim.lr", "1e-4"), ("optim.lr", "3e-4"), ("train.steps", "10")
+    v, sv = "configs/arise.py", "configs/arise.py:smoke,no_skills"
+    assert got == [
+        ("/r/arise-optim.lr_1e-4/seed0", v, 0, (lr4, steps)),
+        ("/r/arise-optim.lr_1e-4/seed1", v, 1, (lr4, steps)),
+        ("/r/arise-optim.lr_3e-4/seed0", v, 0, (lr3, steps)),
+        ("/r/arise-optim.lr_3e-4/seed1", v, 1, (lr3, steps)),
+        ("/r/arise-smoke+no_skills-optim.lr_1e-4/seed0", sv, 0, (lr4, steps)),
+        ("/r/arise-smoke+no_skills-optim.lr_1e-4/seed1", sv, 1, (lr4, steps)),
+        ("/r/arise-smoke+no_skills-optim.lr_3e-4/seed0", sv, 0, (lr3, steps)),
+        ("/r/arise-smoke+no_skills-optim.lr_3e-4/seed1", sv, 1, (lr3, steps)),
+    ]
+    assert runs[5].command("py") == [
+        "py", "-m", "rubric_rl.launch", "--config=configs/arise.py:smoke,no_skills",
+        "--workdir=/r/arise-smoke+no_skills-optim.lr_1e-4/seed1", "--config.train.seed=1",
+        "--config.optim.lr=1e-4", "--config.train.steps=10",
+    ]  # fmt: skip
+
+
+def test_two_grids_cross_and_config_with_own_variant():
+    runs = sweep.expand(
+        "r",
+        ["configs/grpo.py:smoke", "configs/arise.py"],
+        [],
+        [3],
+        sweep.parse_grid(["optim.lr=1,2", "rollout.temperature=0.7,1.0"]),
+    )
+    assert [r.workdir for r in runs] == [
+        f"r/{c}-{g}/seed3"
+        for c in ("grpo-smoke", "arise")
+        for g in (
+            "optim.lr_1+rollout.temperature_0.7",
+            "optim.lr_1+rollout.temperature_1.0",
+            "optim.lr_2+rollout.temperature_0.7",
+            "optim.lr_2+rollout.temperature_1.0",
+        )
+    ]
+    assert runs[0].config == "configs/grpo.py:smoke" and runs[4].config == "configs/arise.py"
+
+
+def test_bad_inputs_name_the_flag():
+    with pytest.raises(ValueError, match="--grid 'optim.lr': expected key=value"):
+        sweep.parse_grid(["optim.lr"])
+    with pytest.raises(ValueError, match="--seeds"):
+        sweep.parse_seeds("a,b")
+    with pytest.raises(ValueError, match="train.seed"):
+        sweep.expand("r", ["configs/arise.py"], grid=[("train.seed", ["1", "2"])])
+    with pytest.raises(ValueError, match="carries a variant"):
+        sweep.expand("r", ["configs/arise.py:smoke"], ["no_skills"])
+    assert sweep.parse_seeds("0-2") == [0, 1, 2] and sweep.parse_seeds("4,1") == [4, 1]
+
+
+def test_long_variant_slug_is_safe_and_unique():
+    a = sweep.slug("frozen_rubrics=/very/long/path/" + "x" * 80 + "/seed0")
+    b = sweep.slug("frozen_rubrics=/very/long/path/" + "x" * 80 + "/seed1")
+    assert a != b and len(a) == sweep.MAX_SLUG and "/" not in a
+    assert sweep.slug("sampler=uniform") == "sampler_uniform"
+
+
+def _finish(wd, steps=10, ckpts=(), marker=False):
+    os.makedirs(os.path.join(wd, "checkpoints"), exist_ok=True)
+    with open(os.path.join(wd, "config.json"), "w") as f:
+        json.dump({"train": {"steps": steps, "seed": 0}}, f)
+    for s in ckpts:
+        os.makedirs(os.path.join(wd, "checkpoints", s))
+    if marker:
+        open(os.path.join(wd, "SWEEP_DONE.json"), "w").write("{}")
+
+
+def test_print_skips_finished_and_resumes_partial(tmp_path, capsys):
+    root = str(tmp_path)
+    argv = ["--root", root, "--config", "configs/arise.py", "--variant", "smoke"]
+    argv += ["--seeds", "0,1,2,3", "--set", "train.steps=10", "--print"]
+    wd = [f"{root}/arise-smoke/seed{k}" for k in range(4)]
+    _finish(wd[0], marker=True)  # sweep marker
+    _finish(wd[1], ckpts=("5", "10"))  # final checkpoint
+    _finish(wd[2], ckpts=("5", "10.orbax-checkpoint-tmp-1"))  # partial: resume
+    assert sweep.main(argv) == 0
+    lines = capsys.readouterr().out.strip().split("\n")
+    base = "python -m rubric_rl.launch --config=configs/arise.py:smoke"
+    assert lines == [
+        f"{base} --workdir={wd[2]} --config.train.seed=2 --config.train.steps=10 --resume",
+        f"{base} --workdir={wd[3]} --config.train.seed=3 --config.train.steps=10",
+    ]
+    assert sweep.main([*argv, "--force"]) == 0
+    forced = capsys.readouterr().out.strip().split("\n")
+    assert len(forced) == 4
+    assert forced[0] == f"rm -rf {shlex.quote(wd[0])} && {base} --workdir={wd[0]} " + (
+        "--config.train.seed=0 --config.train.steps=10"
+    )
+
+
+def test_run_local_parallel_logs_and_markers(tmp_path):
+    # A stand-in interpreter: records its arguments, fails for seed 1.
+    fake = tmp_path / "fakepy"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do case $a in --workdir=*) wd=${a#--workdir=};; esac; done\n'
+        'echo "$@" > "$wd/args.txt"\n'
+        'case "$*" in *train.seed=1*) echo boom; exit 3;; esac\n'
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    root = str(tmp_path / "runs")
+    runs = sweep.expand(root, ["configs/grpo.py:smoke"], seeds=[0, 1, 2])
+    _finish(runs[2].workdir, marker=True)
+    codes = sweep.run_local(runs, jobs=2, python=str(fake))
+    assert codes == {runs[0].workdir: 0, runs[1].workdir: 3}  # seed 2 skipped
+    assert os.path.exists(os.path.join(runs[0].workdir, "SWEEP_DONE.json"))
+    assert not os.path.exists(os.path.join(runs[1].workdir, "SWEEP_DONE.json"))
+    args = open(os.path.join(runs[0].workdir, "args.txt")).read().split()
+    assert args == runs[0].command("x")[1:]
+    log = open(os.path.join(runs[1].workdir, "launch.log")).read()
+    assert log.startswith(f"$ {fake} -m rubric_rl.launch") and "boom" in log
+    assert not os.path.exists(os.path.join(runs[2].workdir, "args.txt"))

@@ -1,0 +1,64 @@
+"""Configs: variants, locking, start-up validation naming the field."""
+
+import pytest
+
+from configs import common, grpo
+
+
+def test_variants():
+    base = grpo.get_config()
+    assert base.model.name == "1m" and base.rollout.engine == "jax"
+    smoke = grpo.get_config("smoke")
+    assert smoke.model.name == "tiny" and smoke.train.steps < base.train.steps
+    assert grpo.get_config("smoke,model=5m").model.name == "5m"
+    gpu = grpo.get_config("gpu=/ckpt/q")
+    assert (gpu.rollout.engine, gpu.judge.kind, gpu.model.name) == ("sglang", "llm", "/ckpt/q")
+    with pytest.raises(ValueError, match="unknown variant"):
+        grpo.get_config("smok")
+
+
+def test_locked_config_rejects_a_typo():
+    c = grpo.get_config("smoke")
+    with pytest.raises(AttributeError):
+        c.rollout.temprature = 0.5
+    c.rollout.temperature = 0.5  # existing keys stay writable
+    assert c.rollout.temperature == 0.5
+
+
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("rollout.samples_per_task", 1, "config.rollout.samples_per_task"),
+        ("loss.clip_eps_low", -0.1, "config.loss.clip_eps_low"),
+        ("rollout.engine", "vllm", "config.rollout.engine"),
+        ("rollout.buckets", (16, 8), "config.rollout.buckets"),
+        ("model.name", "/no/such/ckpt", "config.model.name"),
+        ("rollout.top_p", 0.9, "config.rollout.top_p"),
+    ],
+)
+def test_validation_names_the_field(field, value, match):
+    c = grpo.get_config("smoke")
+    sect, key = field.split(".")
+    c[sect][key] = value
+    with pytest.raises(ValueError, match=match.replace(".", r"\.")):
+        common.validate_config(c, num_devices=8)
+
+
+def test_batch_must_divide_the_mesh():
+    c = grpo.get_config("smoke")  # 4 tasks x 4 samples = 16 sequences
+    common.validate_config(c, num_devices=8)
+    c.rollout.tasks_per_step = 3  # 12 sequences on 8 data shards
+    with pytest.raises(ValueError, match=r"config\.rollout\.tasks_per_step.*divisible"):
+        common.validate_config(c, num_devices=8)
+    c.rollout.tasks_per_step = 4
+    c.mesh.data = 3
+    with pytest.raises(ValueError, match=r"config\.mesh"):
+        common.validate_config(c, num_devices=8)
+    assert common.mesh_shape(grpo.get_config(), 8) == (8, 1, 1)
+
+
+def test_acceptance_bands_must_be_ordered():
+    c = common.get_base_config()
+    c.critic = dict(rollout_band=(28.0, 10.2))
+    with pytest.raises(ValueError, match=r"config\.critic\.rollout_band"):
+        common.validate_config(c)

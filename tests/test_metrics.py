@@ -1,0 +1,66 @@
+"""Run-directory logging: metrics.jsonl rows, TensorBoard events, rollouts, secrets scrubbed."""
+
+import glob
+import json
+import os
+
+import numpy as np
+
+from rubric_rl import metrics as M
+
+
+def test_metrics_jsonl_rows_tb_and_truncate(tmp_path):
+    w = M.MetricsWriter(str(tmp_path))
+    for s in range(1, 4):
+        w.write(s, {"reward/mean": np.float32(0.5 * s), "n": np.int64(s), "api_key": "sk-x"})
+    rows = M.read_metrics(str(tmp_path / "metrics.jsonl"))
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[1]["reward/mean"] == 1.0 and rows[2]["n"] == 3
+    assert all("api_key" not in r for r in rows)
+    w.truncate_after(2)
+    w.write(3, {"reward/mean": 9.0})
+    w.close()
+    rows = M.read_metrics(str(tmp_path / "metrics.jsonl"))
+    assert [(r["step"], r["reward/mean"]) for r in rows] == [(1, 0.5), (2, 1.0), (3, 9.0)]
+    if w.tensorboard_enabled:
+        assert glob.glob(str(tmp_path / "tb" / "events.out.tfevents.*"))
+
+
+def test_torn_last_line_is_ignored(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    p.write_text(json.dumps({"step": 1, "a": 1}) + "\n" + '{"step": 2, "a"')
+    assert M.read_metrics(str(p)) == [{"step": 1, "a": 1}]
+
+
+def test_scrub_keeps_token_counts_drops_credentials():
+    d = {
+        "tokens/s": 3.0,
+        "max_tokens": 5,
+        "api_key_env": "OPENAI_API_KEY",
+        "nested": {"authorization": "Bearer x", "Token": "t", "ok": 1},
+    }
+    assert M.scrub(d) == {
+        "tokens/s": 3.0,
+        "max_tokens": 5,
+        "api_key_env": "OPENAI_API_KEY",
+        "nested": {"ok": 1},
+    }
+
+
+def test_rollout_and_controller_logs(tmp_path):
+    r = M.RolloutLogger(str(tmp_path))
+    path = r.write(7, [{"task": "t1", "response": "a b", "verdicts": {"c1": True, "c2": None}}])
+    assert os.path.basename(path) == "step_000007.jsonl.gz"
+    assert M.read_rollouts(path) == [
+        {"task": "t1", "response": "a b", "verdicts": {"c1": True, "c2": None}}
+    ]
+    c = M.ControllerLog(str(tmp_path), "pool")
+    c.log(1, "add", rubric="x")
+    c.log(2, "retire", rubric="x")
+    c.truncate_after(1)
+    assert M.read_metrics(c.path) == [{"step": 1, "event": "add", "rubric": "x"}]
+
+
+def test_summary_line_formats_headline_numbers():
+    line = M.summary_line(5, {"reward/mean": 0.61234, "loss": float("nan"), "other": 3})
+    assert line == "step 5 | r 0.612 | loss nan"

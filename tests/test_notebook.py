@@ -1,0 +1,171 @@
+"""colabs/rubric_profiles.ipynb runs top to bottom (nbclient) on a run directory and prints the
+expected summary numbers; its figures are written and non-empty.
+
+The run directory is a synthetic one written here in the documented format (CONVENTIONS.md "Run
+directory", controllers/arise.jsonl events). When ``RUBRIC_RL_SMOKE_RUN_DIR`` names a real ARISE
+smoke run's directory, the notebook is also executed on it and checked against
+``rubric_rl.analysis``'s numbers for that directory.
+"""
+
+import json
+import os
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+from rubric_rl import analysis as an  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOK = os.path.join(REPO, "colabs", "rubric_profiles.ipynb")
+FIGURES = ("pool_dynamics.png", "rewards.png", "criteria.png", "sampling_heatmaps.png")
+P = an.SAMPLER_PREFIX
+EVENTS = [  # (step, entry, event, from, to)
+    (2, "arise-0000", "add", None, "added"),
+    (3, "arise-0001", "add", None, "added"),
+    (4, "arise-0000", "activate", "added", "active"),
+    (6, "arise-0000", "refine", "active", "active"),
+    (7, "arise-0000", "hide", "active", "hidden"),
+    (9, "arise-0000", "retire", "hidden", "retired"),
+    (10, "arise-0002", "add", None, "added"),
+    (11, "arise-0001", "activate", "added", "active"),
+]
+ALL_FAIL = [1, 1, 0.75, 0.75, 0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0, 0]  # mean 0.4792
+SAMPLING = {  # stage_bounds(12) = (1-4), (5-8), (9-12)
+    3: {"list/counting": 1.0},
+    4: {"list/counting": 1.0},
+    **{s: {"list/counting": 0.6, "list/ordering": 0.4} for s in (5, 6, 7, 8)},
+    **{s: {"list/counting": 0.2, "format/formatting": 0.8} for s in (9, 10, 11, 12)},
+}
+
+
+def write_synthetic_run(d: str) -> None:
+    os.makedirs(os.path.join(d, "controllers"))
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({"method": "arise", "train": {"steps": 12, "seed": 0}}, f)
+    live = {}
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+        f.write(json.dumps({"step": 0, "eval/heldout/score": 40.0, "eval/heldout/pass_rate": 0.1}))
+        f.write("\n")
+        for step in range(1, 13):
+            for s, entry, _, _, to in EVENTS:
+                if s == step:
+                    live[entry] = to
+            row = {
+                "step": step,
+                an.RUBRIC_REWARD: 0.3 + step / 40,
+                an.TASK_PASS: step / 20,
+                an.ALL_FAIL: ALL_FAIL[step - 1],
+            }
+            for entry, state in live.items():
+                if state != "retired":
+                    row[f"arise/rubric/{entry}/pass_rate"] = min(1.0, 0.1 * step)
+            states = list(live.values())
+            done = [e for s, _, e, _, _ in EVENTS if s <= step]
+            row.update(  # the controller's own counts, consistent with the events
+                {
+                    "arise/pool/added_total": done.count("add"),
+                    "arise/pool/retired_total": done.count("retire"),
+                    "arise/pool/refined_total": done.count("refine"),
+                    "arise/pool/live": sum(st != "retired" for st in states),
+                    "arise/pool/skill_active": states.count("active"),
+                    "arise/pool/skill_hidden": states.count("hidden"),
+                }
+            )
+            row.update({P + k: v for k, v in SAMPLING.get(step, {}).items()})
+            if step in (6, 12):
+                row.update({"eval/heldout/score": 40.0 + step, "eval/heldout/pass_rate": step / 24})
+            f.write(json.dumps(row) + "\n")
+    with open(os.path.join(d, "controllers", "arise.jsonl"), "w") as f:
+        for step, entry, event, old, new in EVENTS:
+            ev = {"step": step, "entry": entry, "event": event, "from": old, "to": new}
+            f.write(json.dumps({**ev, "evidence": {"pass_rate": 0.5}}) + "\n")
+
+
+def execute(run_dir: str, fig_dir: str) -> str:
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    env = {"RUBRIC_RL_RUN_DIR": run_dir, "RUBRIC_RL_FIG_DIR": fig_dir, "MPLBACKEND": "Agg"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the kernel inherits the environment
+    try:
+        client = nbclient.NotebookClient(
+            nb,
+            timeout=120,
+            kernel_name="python3",
+            resources={"metadata": {"path": os.path.join(REPO, "colabs")}},
+        )
+        client.execute()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    out = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "stream":
+                out.append(o["text"])
+    return "".join(out)
+
+
+def check_figures(fig_dir) -> None:
+    for name in FIGURES:
+        path = os.path.join(fig_dir, name)
+        assert os.path.getsize(path) > 1000, path
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n", path
+
+
+def test_notebook_on_synthetic_run(tmp_path):
+    run_dir, fig_dir = str(tmp_path / "run"), str(tmp_path / "figs")
+    write_synthetic_run(run_dir)
+    text = execute(run_dir, fig_dir)
+    check_figures(fig_dir)
+    lines = set(text.splitlines())
+    expected = {
+        "SUMMARY last_step=12 events=8",
+        "SUMMARY pool added=3 active=2 retired=1 refined=1",
+        "SUMMARY all_fail_mean=0.4792",
+        f"SUMMARY final {an.TASK_PASS}=0.6000",
+        f"SUMMARY final {an.RUBRIC_REWARD}=0.6000",
+        "SUMMARY final eval/heldout/pass_rate=0.5000",
+        "SUMMARY criteria=3",
+        "SUMMARY early top cell list/counting p=1.0000",
+        "SUMMARY middle top cell list/counting p=0.6000",
+        "SUMMARY late top cell format/formatting p=0.8000",
+    }
+    assert expected <= lines, sorted(expected - lines)
+    assert "WARNING pool metrics" not in text
+
+
+def test_notebook_on_a_run_without_arise_logs(tmp_path):
+    """A GRPO run (no pool, no sampler probabilities) still runs top to bottom."""
+    run_dir = tmp_path / "grpo"
+    run_dir.mkdir()
+    rows = [{"step": s, an.RUBRIC_REWARD: 0.1 * s} for s in range(1, 5)]
+    rows[-1][an.HELDOUT_SCORE] = 40.0
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = execute(str(run_dir), str(tmp_path / "figs"))
+    check_figures(str(tmp_path / "figs"))
+    lines = set(text.splitlines())
+    assert {"SUMMARY last_step=4 events=0", "SUMMARY criteria=0"} <= lines
+    assert f"SUMMARY final {an.RUBRIC_REWARD}=0.4000" in lines
+    assert not any(line.startswith("SUMMARY pool") for line in lines)
+
+
+@pytest.mark.skipif(
+    not os.path.isfile(
+        os.path.join(os.environ.get("RUBRIC_RL_SMOKE_RUN_DIR", "-"), "metrics.jsonl")
+    ),
+    reason="RUBRIC_RL_SMOKE_RUN_DIR does not name a run directory (the synthetic one is tested)",
+)
+def test_notebook_on_smoke_run(tmp_path):
+    run_dir = os.environ["RUBRIC_RL_SMOKE_RUN_DIR"]
+    text = execute(run_dir, str(tmp_path / "figs"))
+    check_figures(str(tmp_path / "figs"))
+    run = an.load_run(run_dir)
+    last = max(int(r["step"]) for r in run.metrics)
+    events = an.read_events(run_dir)
+    assert f"SUMMARY last_step={last} events={len(events)}" in text
