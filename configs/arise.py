@@ -17,7 +17,7 @@ Variants (comma-separated, big_vision style):
   hidden ones evaluated only, retired ones neither); no reflection, no transitions;
 - ``sampler=uniform|variance|capability``: alternative task sampling (ARISE's ablation:
   ``uniform`` = the epoch-shuffled uniform sampler; ``variance`` = the reward-variance selector,
-  SAMPLERS name ``reward_variance``);
+  SAMPLERS name ``reward_variance``, options ``arise.variance``, scoring the task reward);
 - ``outcome_only``: task (verifier) reward only: no pool, no skills, uniform sampling — the
   outcome-only RL baseline under the same per-step rollout budget.
 
@@ -48,8 +48,12 @@ def arise_defaults() -> dict[str, Any]:
 
 def get_arise_section() -> common.ConfigDict:
     a = common.ConfigDict(arise_defaults())
-    # The inner task sampler (SAMPLERS name) and its options (capability sampler only).
+    # The inner task sampler (SAMPLERS name) and its options (capability / reward_variance).
     a.sampler = "capability"
+    # Reward-variance selector options (sampling.RewardVarianceSampler; ``sampler=variance``).
+    # It scores the task (verifier) reward: ARISE's Evidence.rewards is the pool's rubric reward,
+    # undefined while the pool is empty.
+    a.variance = dict(explore_share=0.25, ema=0.5, floor=0.01, reward="task_verifier", min_group=2)
     a.capability = dict(
         discovery_share=0.25,
         prior_alpha=1.0,
@@ -174,7 +178,8 @@ def arise_controller_kwargs(config: common.ConfigDict) -> dict[str, Any]:
     a = config.arise
     kw: dict[str, Any] = {k: a[k] for k in arise_defaults()}
     kw["sampler"] = a.sampler
-    kw["sampler_options"] = a.capability.to_dict() if a.sampler == "capability" else {}
+    options = {"capability": a.capability, "reward_variance": a.variance}.get(a.sampler)
+    kw["sampler_options"] = options.to_dict() if options is not None else {}
     kw["reflection"] = a.reflection
     if a.reflection == "programmatic":
         kw["reflection_options"] = a.programmatic.to_dict()
