@@ -72,10 +72,10 @@ def _keys(monkeypatch):
 def client_for(kind, server):
     if kind == "openai":
         return make_client(
-            kind, model="judge", base_url=server.url + "/v1", timeout=2, initial_delay=0.01
+            kind, model="judge", base_url=server.url + "/v1", timeout=10, initial_delay=0.01
         )
     return make_client(
-        kind, model="gem", base_url=server.url, timeout=2, initial_delay=0.01, jitter=0.0
+        kind, model="gem", base_url=server.url, timeout=10, initial_delay=0.01, jitter=0.0
     )
 
 

@@ -51,12 +51,18 @@ def _keys(monkeypatch):
     monkeypatch.setenv("GEMINI_API_KEY", SECRET)
 
 
+# A generous timeout: on a loaded CI machine a first request can take over a second, and a
+# spurious client timeout would be retried into the server's default reply. Tests of the
+# timeout path pass their own short timeout.
+CLIENT_TIMEOUT_S = 10.0
+
+
 def make(kind, server, **kw):
     if kind == "openai":
-        cfg = dict(model="judge-test", base_url=server.url + "/v1", timeout=0.5)
+        cfg = dict(model="judge-test", base_url=server.url + "/v1", timeout=CLIENT_TIMEOUT_S)
         cfg.update(max_attempts=3, initial_delay=0.01, max_delay=0.05)
     else:
-        cfg = dict(model="gemini-test", base_url=server.url, timeout=0.5)
+        cfg = dict(model="gemini-test", base_url=server.url, timeout=CLIENT_TIMEOUT_S)
         cfg.update(attempts=3, initial_delay=0.01, max_delay=0.05, jitter=0.0)
     cfg.update(kw)
     return make_client(kind, **cfg)
@@ -197,8 +203,9 @@ def test_400_is_not_retried(server, kind):
 
 @pytest.mark.parametrize("kind", ["openai", "genai"])
 def test_timeout_is_retried(server, kind):
-    client = make(kind, server, timeout=0.3)
-    server.push(Reply(text='{"a": 0}', delay=1.0), Reply(text='{"a": 6}'))
+    # The first reply comes long after the client's timeout; the retry is answered at once.
+    client = make(kind, server, timeout=1.0)
+    server.push(Reply(text='{"a": 0}', delay=5.0), Reply(text='{"a": 6}'))
     assert client.generate_sync(request()).text == '{"a": 6}'
     assert server.count == 2
 
