@@ -1,9 +1,5 @@
 """GRPO / mean-only / multi-signal advantages and importance weights vs the numpy reference."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,19 +12,7 @@ from rubric_rl.core.advantages import (
     mean_only_advantages,
     multi_signal_advantages,
 )
-
-
-def _load_reference():
-    name = "rubric_rl_tests_core_reference"
-    if name not in sys.modules:
-        path = Path(__file__).with_name("reference.py")
-        spec = importlib.util.spec_from_file_location(name, path)
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-ref = _load_reference()
+from tests.core import reference as ref
 
 
 def _rewards(seed, groups=6, j=8):

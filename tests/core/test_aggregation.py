@@ -1,9 +1,5 @@
 """Aggregation modes vs the numpy reference, exactness under micro-batching, metrics helpers."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,19 +13,8 @@ from rubric_rl.core.aggregation import (
     masked_max_part,
     masked_mean_parts,
 )
+from tests.core import reference as ref
 
-
-def _load_reference():
-    name = "rubric_rl_tests_core_reference"
-    if name not in sys.modules:
-        path = Path(__file__).with_name("reference.py")
-        spec = importlib.util.spec_from_file_location(name, path)
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-ref = _load_reference()
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "dr-grpo"]
 CONSTANT = 16.0
 

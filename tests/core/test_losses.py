@@ -1,10 +1,7 @@
 """PPO loss, KL estimators and self-distillation vs the numpy reference."""
 
 import functools
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -24,19 +21,8 @@ from rubric_rl.core.losses import (
     sd_loss_from_kl,
     topk_tail_reverse_kl,
 )
+from tests.core import reference as ref
 
-
-def _load_reference():
-    name = "rubric_rl_tests_core_reference"
-    if name not in sys.modules:
-        path = Path(__file__).with_name("reference.py")
-        spec = importlib.util.spec_from_file_location(name, path)
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-ref = _load_reference()
 f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
 
 # The tests call jitted versions: it proves the API jit-able (static options keyword-only), and one

@@ -1,10 +1,7 @@
 """Rollout correction (bypass/decoupled, TIS, rejection bands, veto) vs the numpy reference."""
 
 import functools
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -14,19 +11,8 @@ import pytest
 from rubric_rl.core import registry
 from rubric_rl.core.aggregation import finalize_metrics
 from rubric_rl.core.rollout_correction import RolloutCorrection, rollout_correction
+from tests.core import reference as ref
 
-
-def _load_reference():
-    name = "rubric_rl_tests_core_reference"
-    if name not in sys.modules:
-        path = Path(__file__).with_name("reference.py")
-        spec = importlib.util.spec_from_file_location(name, path)
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-ref = _load_reference()
 f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
 # jitted at XLA's lowest optimisation level: compilation dominates these tests on a 2-core machine
 rc = jax.jit(

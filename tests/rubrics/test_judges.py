@@ -1,11 +1,9 @@
 """Judges: programmatic checkers, the LLM judge's strict validation/retries/cache, routing."""
 
 import hashlib
-import importlib.util
 import json
 import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,19 +20,8 @@ from rubric_rl.rubrics.judges import (
 from rubric_rl.rubrics.llm import make_client
 from rubric_rl.rubrics.prompts import TEMPLATES, prompt_hash
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verdict, Verifier
+from tests.rubrics import loopback as lb
 
-
-def _load_loopback():
-    name = "rubric_rl_tests_loopback"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("loopback.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-lb = _load_loopback()
 Reply = lb.Reply
 
 A = Criterion("a", "Names exactly three fruits.", weight=5.0)
@@ -366,7 +353,6 @@ def test_composite_routes_rule_and_llm_criteria(server):
 def test_default_programmatic_judge_knows_builtin_checkers_without_env_imports():
     # A fresh interpreter: only the judge is imported, as when tasks are reloaded from disk.
     import subprocess
-    import sys
 
     code = (
         "from rubric_rl.rubrics.judges import ProgrammaticJudge\n"

@@ -1,11 +1,8 @@
 """LLM client backends against the loopback provider (real google-genai / httpx on the wire)."""
 
 import asyncio
-import importlib.util
 import logging
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -20,19 +17,8 @@ from rubric_rl.rubrics.llm import (
 )
 from rubric_rl.rubrics.llm_backends import GenAIClient, OpenAIClient
 from rubric_rl.rubrics.types import Message
+from tests.rubrics import loopback as lb
 
-
-def _load_loopback():
-    name = "rubric_rl_tests_loopback"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("loopback.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-lb = _load_loopback()
 Reply = lb.Reply
 
 SECRET = "sk-test-SECRET-0123456789abcdef"
