@@ -89,6 +89,16 @@ def get_base_config() -> ConfigDict:
         adv_eps=1e-6,
         zero_var_eps=1e-6,  # a group whose reward std is below this is zero-variance
         reward="weighted",  # a name in rubric_rl.rubrics.rewards.REWARDS
+        # A name in rubric_rl.core.advantages.ADVANTAGE_ESTIMATORS. "mean_only" (Dr.GRPO:
+        # A = r - mean_g r) keeps the rubric's weights meaningful: with GRPO's division by the
+        # group std, a group whose members differ only in a 0.1-weight cue (no genuine criterion
+        # varies: a blind rewrite or arithmetic task) gets the same +-1 advantages as one that
+        # differs in a weight-3 requirement. Measured on the embedded default (2026-11-30): with
+        # "grpo" the compliance claim rose 0.1 -> 0.9 of rollouts even at weight 0.1 (claim rows had
+        # mean advantage +0.21 vs -0.12) and the held-out oracle fell; with "mean_only" fluff
+        # stays rare and the oracle rises. Adam makes the update size insensitive to the smaller
+        # advantage scale, so the lr is unchanged.
+        advantage="mean_only",
         chunk_size=128,
     )
 
@@ -114,8 +124,8 @@ def get_base_config() -> ConfigDict:
     c.domain = dict(name="constraints", seed=0, n_train=512, n_heldout=64, n_ood=64)
 
     # --- supervised warm start (DESIGN §7) ----------------------------------------------------
-    # 500 steps at 1e-3: measured on the 2-core CPU (2026-11-30) to start RL at a held-out score ~43
-    # with 9% of tasks passed; 200 steps at 3e-4 left a policy RL could only make hack.
+    # 500 steps at 1e-3: measured on the 2-core CPU (2026-11-30) to start RL at a held-out score
+    # ~50 with 8-16% of tasks passed; 200 steps at 3e-4 left a policy RL could only make hack.
     c.warmstart = dict(steps=500, lr=1e-3, batch=32, corpus_size=2048)
 
     # --- evaluation (HarnessRL §3: greedy, no guidance, seed rubrics, frozen judge) ------------

@@ -50,7 +50,9 @@ def apply_gpu(c: common.ConfigDict, path: str | bool) -> None:
         buckets=(256, 512, 1024, 2048),
     )
     c.rollout.sglang.update(model_path=ckpt, weight_sync_dir="/tmp/rubric_rl_weights")
-    c.loss.update(kl_beta=0.001, rollout_correction="bypass")
+    # The papers' GRPO (HarnessRL §3: ε_A = 1e-6) normalises by the group std; the embedded
+    # default's "mean_only" is a choice for its tiny policy (configs/common.py says why).
+    c.loss.update(kl_beta=0.001, rollout_correction="bypass", advantage="grpo")
     c.judge.kind = "llm"
     c.judge.llm.update(
         backend="openai",

@@ -252,7 +252,9 @@ class Trainer:
         with _timed(t, "judge"):
             verdicts = self.judge_groups(tasks, responses)
             scores, rewards = self.score(tasks, verdicts)
-        est = ADVANTAGE_ESTIMATORS.get("grpo")
+        # Was hard-coded to "grpo", so config could not select Dr.GRPO's scale-keeping estimator
+        # (configs/common.py explains why the embedded default needs it).
+        est = ADVANTAGE_ESTIMATORS.get(str(cfg.loss.advantage))
         adv, zero_var = est(
             np.nan_to_num(rewards),
             eps=float(cfg.loss.adv_eps),

@@ -259,3 +259,44 @@ def test_criterion_pass_rates_pool_groups_and_skip_failures():
     assert set(got) == set(ref)
     for cid, vals in ref.items():
         assert got[cid] == pytest.approx(np.mean(vals))
+
+
+def test_embedded_default_prompts_are_never_left_truncated(tmp_path):
+    # encode_prompt keeps the last model.max_prompt_len tokens: a longer prompt would silently lose
+    # its instruction ("list 4 fruits") and keep only trailing clauses. Every task of the default
+    # domain (train / held-out / OOD, as many as the default config draws) must fit.
+    from rubric_rl.builders import build_domain, build_word_tokenizer
+    from rubric_rl.envs.constraints import domain_vocabulary
+
+    c = grpo.get_config()
+    tok = build_word_tokenizer(domain_vocabulary(), str(tmp_path / "tok"))
+    domain = build_domain(c)
+    longest = 0
+    for split in ("train", "heldout", "ood"):
+        for task in getattr(domain, split):
+            ids = tok.apply_chat_template(task.messages, add_generation_prompt=True)
+            longest = max(longest, len(ids))
+    assert 0 < longest <= int(c.model.max_prompt_len), longest
+
+
+def test_default_advantages_keep_the_rubric_weights_scale():
+    # GRPO's division by the group std gives a group that differs only in a small-weight cue the
+    # same +-1 advantages as one that differs in a heavy requirement, so the embedded default's
+    # policy learned fluff (0.1-weight cues) as fast as the task. The default estimator must keep
+    # the reward's scale: A = r - mean_g r (Dr.GRPO), checked against plain numpy.
+    import numpy as np
+
+    from rubric_rl.core.advantages import ADVANTAGE_ESTIMATORS
+
+    c = grpo.get_config()
+    est = ADVANTAGE_ESTIMATORS.get(c.loss.advantage)
+    rng = np.random.default_rng(0)
+    r = np.zeros((3, 8))
+    r[0, :3] = 0.1 / 12  # only a 0.1-weight cue varies (rubric weight sum ~12)
+    r[1, :3] = 3.0 / 12  # a weight-3 requirement varies
+    r[2] = rng.random(8)
+    adv, zero_var = est(r, eps=float(c.loss.adv_eps), zero_variance_tol=float(c.loss.zero_var_eps))
+    adv = np.asarray(adv)
+    np.testing.assert_allclose(adv, r - r.mean(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+    assert not np.asarray(zero_var).any()
+    assert np.abs(adv[0]).max() * 10 < np.abs(adv[1]).max()

@@ -57,6 +57,13 @@ __all__ = [
 ]
 from rubric_rl.rubrics.types import Task
 
+# Share of unguided demonstrations carrying each fluff (praise opener, compliance claim). 0.1, not
+# 0.3: an opener at 0.3 (0.15 per phrase) beat the spread-out first body words under greedy
+# decoding, so the warm-started policy already opened half its held-out answers with praise
+# (measured 2026-11-30). At 0.1 fluff is still sampled in every step's rollouts (the spurious
+# criteria separate responses from step 0) but is not the policy's mode.
+FLUFF_RATE = 0.1
+
 FLUFF_ANTI_PATTERNS = {
     "praise": "opening with great question",
     "claim": "claiming all requirements met",
@@ -172,7 +179,7 @@ def warmstart_example(
     *,
     guided: bool,
     p_keep: float = 0.5,
-    fluff_rate: float = 0.3,
+    fluff_rate: float = FLUFF_RATE,
     pad_rate: float = 0.15,
 ) -> tuple[list[dict], str, dict[str, str]]:
     """One (messages, completion, guidance) demonstration for ``task``."""
@@ -209,7 +216,7 @@ def warmstart_corpus(
     *,
     guided_fraction: float = 0.4,
     p_keep: float = 0.5,
-    fluff_rate: float = 0.3,
+    fluff_rate: float = FLUFF_RATE,
     pad_rate: float = 0.15,
 ) -> list[tuple[list[dict], str]]:
     """``n`` supervised (messages, completion) pairs over training-split tasks, seeded.

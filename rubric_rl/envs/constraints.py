@@ -91,6 +91,17 @@ __all__ = [
 ]
 
 _SPLIT_IDS = {"train": 0, "heldout": 1, "ood": 2}
+# Weight of each spurious seed criterion. A realistic seed rubric gives superficial cues small
+# weight next to the stated requirements (genuine weights are 1-3): all spurious cues of a rubric
+# together (<= 0.3) weigh less than its least important requirement, so fluff can never buy back a
+# missed constraint. At 1.0 each the three free cues (fluff never costs a genuine criterion) were
+# ~20% of a rubric: static-rubric GRPO adopted them within ~10 steps, which halves the oracle, and
+# the held-out score rose by fluff alone (2026-11-30: score 43 -> 64 while the oracle fell
+# 0.46 -> 0.24). Fluff still raises the seed reward, so the spurious class stays hackable and
+# measurable (HarnessRL §2.3). Measured with Dr.GRPO advantages (configs/common.py) over 100
+# steps: 0.25 let the claim creep from 7% to 19% of rollouts (held-out oracle 0.50 -> 0.55),
+# 0.1 kept it at 7-11% (oracle 0.50 -> 0.575, score +4.9).
+SPURIOUS_WEIGHT = 0.1
 
 
 def _params(task: Task) -> Mapping[str, Any]:
@@ -380,7 +391,7 @@ def seed_rubric(cons: Sequence[Constraint], reference: str, rng: np.random.Gener
         _criterion(
             "praise",
             CRITERION_TEMPLATES["praise"],
-            1.0,
+            SPURIOUS_WEIGHT,
             "spurious",
             "praise",
             None,
@@ -389,7 +400,7 @@ def seed_rubric(cons: Sequence[Constraint], reference: str, rng: np.random.Gener
         _criterion(
             "claim",
             CRITERION_TEMPLATES["claim"],
-            1.0,
+            SPURIOUS_WEIGHT,
             "spurious",
             "claim",
             None,
@@ -398,7 +409,7 @@ def seed_rubric(cons: Sequence[Constraint], reference: str, rng: np.random.Gener
         _criterion(
             "min_words",
             CRITERION_TEMPLATES["min_words"].format(n=n_long),
-            1.0,
+            SPURIOUS_WEIGHT,
             "spurious",
             "min_words",
             None,

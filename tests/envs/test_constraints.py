@@ -397,3 +397,28 @@ def test_fluff_hacks_the_seed_rubric_but_lowers_the_oracle():
         assert cf.oracle_quality(t, fluffy) == pytest.approx(0.5)  # … and halves the oracle
         hacked += 1
     assert hacked == 100
+
+
+def test_superficial_cues_weigh_less_than_any_stated_requirement():
+    # A realistic seed rubric: all spurious cues together are worth less than the least important
+    # genuine requirement, so fluff can never buy back a missed constraint (at 1.0 each they were
+    # ~20% of a rubric and static-rubric GRPO learned fluff instead of the task).
+    for t in _tasks("train", 150) + _tasks("ood", 50):
+        spurious = sum(c.weight for c in t.rubric if _cls(c) == "spurious")
+        genuine = [c.weight for c in t.rubric if _cls(c) == "genuine" and c.weight > 0]
+        assert 0.0 < spurious < min(genuine), (t.question, spurious, genuine)
+        ref = t.reference_answer
+        fluffy = "great question ! " + ref + " all requirements met ."
+        for c in cf.hard_constraints(t):
+            if c.weight <= 0 or c.kind not in ("end", "case", "count", "category", "answer"):
+                continue
+            broken = cf.render_response(
+                t,
+                {k.kind for k in cf.hard_constraints(t)} - {c.kind},
+                np.random.default_rng(0),
+                praise=True,
+                claim=True,
+            )
+            if _met(t.rubric.by_id(c.kind), broken):
+                continue  # the renderer could not break this one alone
+            assert _rubric_reward(t, broken) < _rubric_reward(t, ref) < _rubric_reward(t, fluffy)
