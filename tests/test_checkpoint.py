@@ -81,15 +81,22 @@ def test_keep_n_and_non_json_state_rejected(tmp_path, state):
 
 _KILLED_WRITER = textwrap.dedent(
     """
-    import os, sys
+    import os, sys, time
     import jax, jax.numpy as jnp
     from rubric_rl.checkpoint import RunCheckpointer
     d = sys.argv[1]
     ckpt = RunCheckpointer(d, keep=3)
     small = {"w": jnp.arange(8.0)}
     ckpt.save(1, small, {"step": 1}, wait=True)
-    big = {"w": jnp.ones((64, 1024, 1024), jnp.float32)}  # 256 MB: the write is still running
+    big = {"w": jnp.ones((64, 1024, 1024), jnp.float32)}  # 256 MB: the write takes a while
     ckpt.save(2, big, {"step": 2})
+    # The async write creates its temporary directory in a background thread: wait until it
+    # exists, so the kill below lands mid-write (not before the write began).
+    deadline = time.time() + 60
+    while not any(e.startswith("2.") and "tmp" in e for e in os.listdir(d)):
+        if time.time() > deadline:
+            sys.exit("the step-2 write never started")
+        time.sleep(0.001)
     os._exit(0)  # killed mid-write: no finalisation
     """
 )
