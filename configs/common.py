@@ -121,7 +121,20 @@ def get_base_config() -> ConfigDict:
     )
 
     # --- task domain --------------------------------------------------------------------------
-    c.domain = dict(name="constraints", seed=0, n_train=512, n_heldout=64, n_ood=64)
+    # ``name``: "constraints" (the embedded synthetic domain; n_* tasks generated per split) or
+    # "dataset" (rubric datasets on disk, the papers' setting: see ``dataset`` below).
+    c.domain = dict(
+        name="constraints",
+        seed=0,
+        n_train=512,
+        n_heldout=64,
+        n_ood=64,
+        # For name="dataset": files or directories in a rubric_rl.rubrics.datasets format
+        # (healthbench, rar, rubrichub, openrubrics, jsonl). No programmatic verifier, oracle or
+        # warm-start corpus: judge with judge.kind="llm" (or rule criteria) and train a
+        # pretrained checkpoint (warmstart.steps=0). ``limit`` caps each split (0 = all).
+        dataset=dict(format="", train="", heldout="", ood="", ood_format="", limit=0),
+    )
 
     # --- supervised warm start (DESIGN §7) ----------------------------------------------------
     # 500 steps at 1e-3: measured on the 2-core CPU (2026-11-30) to start RL at a held-out score
@@ -256,6 +269,8 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
     for split in ("n_train", "n_heldout", "n_ood"):
         if int(config.domain[split]) < 1:
             _fail(f"domain.{split}", f"must be >= 1, got {config.domain[split]}")
+    if config.domain.name == "dataset":
+        _validate_dataset_domain(config)
     # Paths that must exist (a HF checkpoint, a tokenizer directory).
     name = config.model.name
     if ("/" in name or name.startswith(".")) and not os.path.isdir(name):
@@ -288,3 +303,26 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
                 f"{seqs} sequences do not split into {o.num_micro_batches} micro-batches of "
                 f"{data * fsdp} shards",
             )
+
+
+def _validate_dataset_domain(config: ConfigDict) -> None:
+    from rubric_rl.rubrics.datasets import FORMATS
+
+    ds = config.domain.dataset
+    for field, fmt in (("format", ds.format), ("ood_format", ds.ood_format or ds.format)):
+        if fmt not in FORMATS:
+            _fail(f"domain.dataset.{field}", f"must be one of {FORMATS.names()}, got {fmt!r}")
+    if not ds.train:
+        _fail("domain.dataset.train", "the dataset domain needs a training file or directory")
+    for split in ("train", "heldout", "ood"):
+        path = ds[split]
+        if path and not os.path.exists(path):
+            _fail(f"domain.dataset.{split}", f"{path!r} does not exist")
+    if int(ds.limit) < 0:
+        _fail("domain.dataset.limit", f"must be >= 0 (0 = all), got {ds.limit}")
+    if int(config.warmstart.steps) > 0:
+        _fail(
+            "warmstart.steps",
+            "the dataset domain has no warm-start corpus; train a pretrained checkpoint with "
+            "warmstart.steps=0",
+        )

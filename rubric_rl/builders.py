@@ -75,6 +75,32 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
     )
 
 
+@DOMAINS.register("dataset")
+def dataset_domain(cfg: ConfigDict) -> Domain:
+    """Tasks from rubric datasets on disk (config.domain.dataset): the papers' setting.
+
+    Rubrics keep the source's signed points; there is no programmatic task verifier, hidden
+    oracle or warm-start corpus, so evaluation reports the seed-rubric score only.
+    """
+    from rubric_rl.rubrics.datasets import load_tasks
+
+    ds = cfg.dataset
+    limit = int(ds.limit) or None
+
+    def load(path: str, fmt: str) -> tuple[Task, ...]:
+        return tuple(load_tasks(path, format=fmt, limit=limit)) if path else ()
+
+    train = load(ds.train, ds.format)
+    if not train:
+        raise ValueError(f"config.domain.dataset.train: {ds.train!r} holds no tasks")
+    return Domain(
+        name="dataset",
+        train=train,
+        heldout=load(ds.heldout, ds.format),
+        ood=load(ds.ood, ds.ood_format or ds.format),
+    )
+
+
 def build_domain(config: ConfigDict) -> Domain:
     return DOMAINS.get(config.domain.name)(config.domain)
 
