@@ -17,23 +17,11 @@ from configs import grpo
 from rubric_rl.metrics import read_metrics
 from rubric_rl.rubrics.judges import Judge
 from rubric_rl.rubrics.types import verdict_failed
+from tests.launch_env import launch_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 5
 VOLATILE = ("time/", "perf/")  # wall-clock figures differ between any two runs
-
-
-def _env(cache_dir):
-    env = dict(os.environ)
-    env.update(
-        XLA_FLAGS="",  # one CPU device: fastest on the 2-core machine
-        JAX_PLATFORMS="cpu",
-        # Reuse compilations across the three processes (same executables => same numbers).
-        JAX_COMPILATION_CACHE_DIR=str(cache_dir),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
-    return env
 
 
 def _cmd(workdir, *extra):
@@ -50,7 +38,7 @@ def _stable(rows):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("runs")
-    env = _env(base / "jax_cache")
+    env = launch_env(base / "jax_cache")
     full, killed = base / "full", base / "killed"
     subprocess.run(_cmd(full), cwd=REPO, env=env, check=True, timeout=600, capture_output=True)
     # Killed run: SIGKILL once step 3 is logged (checkpoints exist at 2; 3 must be replayed).

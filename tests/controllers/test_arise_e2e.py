@@ -22,6 +22,7 @@ import pytest
 from launch import aggregate
 from rubric_rl import analysis as an
 from rubric_rl.controllers.arise_pool import STATES
+from tests.launch_env import launch_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 4  # configs/grpo.py apply_smoke: train.steps; checkpoints every 2 (kept: 2, 4)
@@ -30,19 +31,6 @@ VOLATILE = ("time/", "perf/")  # wall-clock figures differ between any two runs
 EVENT_KEYS = {"step", "entry", "event", "from", "to", "evidence"}
 POOL_KEYS = ("live", "dormant", "skill_active", "skill_hidden", "added_total", "retired_total",
              "refined_total")  # fmt: skip
-
-
-def _env(cache_dir):
-    env = dict(os.environ)
-    env.update(
-        XLA_FLAGS="",  # one CPU device: fastest on the 2-core machine
-        JAX_PLATFORMS="cpu",
-        # Same executables in both processes (=> same numbers), and no recompilation on resume.
-        JAX_COMPILATION_CACHE_DIR=str(cache_dir),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
-    return env
 
 
 def _launch(workdir, env, *extra):
@@ -55,7 +43,7 @@ def _launch(workdir, env, *extra):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     base = tmp_path_factory.mktemp("arise_e2e")
-    env = _env(base / "jax_cache")
+    env = launch_env(base / "jax_cache")
     run_dir = base / "sweep" / GROUP / "seed0"  # aggregate.py's <root>/<group>/seed<k> layout
     _launch(run_dir, env)
     return {"base": base, "dir": str(run_dir), "root": str(base / "sweep"), "env": env}
