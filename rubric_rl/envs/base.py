@@ -34,6 +34,7 @@ import abc
 import dataclasses
 import hashlib
 import logging
+import random
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -219,10 +220,31 @@ class Env(abc.ABC):
 
     # -- task bank ----------------------------------------------------------------------------
 
+    # Generated tasks share one generated world (a database, a catalog) in consecutive blocks of
+    # TASKS_PER_WORLD; WORLD_KIND names the world in the seed derivation.
+    TASKS_PER_WORLD: ClassVar[int] = 8
+    WORLD_KIND: ClassVar[str] = "world"
+
     @classmethod
-    @abc.abstractmethod
     def task_bank(cls, split: str = "train", n: int = 100, seed: int = 0) -> list[Task]:
-        """``n`` tasks of ``split`` (train / heldout / ood), reproducible from ``seed``."""
+        """``n`` tasks of ``split`` (train / heldout / ood), reproducible from ``seed``: task i
+        is of type ``task_types(split)[i % k]`` over world ``i // TASKS_PER_WORLD``."""
+        check_split(split)
+        types = cls.task_types(split)
+        out = []
+        for i in range(n):
+            world = derive_seed(
+                f"{cls.name}-{cls.WORLD_KIND}", split, seed, i // cls.TASKS_PER_WORLD
+            )
+            rng = random.Random(derive_seed(f"{cls.name}-task", split, seed, i))
+            task_id = f"{cls.name}-{split}-{seed}-{i:05d}"
+            out.append(cls.make_task(task_id, types[i % len(types)], world, rng))
+        return out
+
+    @classmethod
+    def make_task(cls, task_id: str, task_type: str, world_seed: int, rng: random.Random) -> Task:
+        """One task of ``task_type`` over the world generated from ``world_seed``."""
+        raise NotImplementedError(f"{cls.__name__} generates no tasks: define make_task")
 
     @classmethod
     @abc.abstractmethod

@@ -18,7 +18,7 @@ import random
 import re
 from typing import Any
 
-from rubric_rl.envs.base import Env, ToolOutput, check_split, derive_seed, tool_error
+from rubric_rl.envs.base import Env, ToolOutput, tool_error
 from rubric_rl.envs.inventory_data import (
     MAX_SEARCH_RESULTS,
     SYSTEM_PROMPT,
@@ -94,7 +94,8 @@ class InventoryEnv(Env):
         "budget_max": ("search", "comparison", "arithmetic"),
     }
     OOD_TASK_TYPES = ("budget_max",)
-    TASKS_PER_CATALOG = 8
+    TASKS_PER_WORLD = 8  # tasks per generated catalog
+    WORLD_KIND = "catalog"
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -219,21 +220,6 @@ class InventoryEnv(Env):
         )
 
     # -- task bank ----------------------------------------------------------------------------
-
-    @classmethod
-    def task_bank(cls, split: str = "train", n: int = 100, seed: int = 0) -> list[Task]:
-        check_split(split)
-        types = cls.task_types(split)
-        out = []
-        for i in range(n):
-            cat_seed = derive_seed("inventory-catalog", split, seed, i // cls.TASKS_PER_CATALOG)
-            rng = random.Random(derive_seed("inventory-task", split, seed, i))
-            out.append(
-                cls.make_task(
-                    f"inventory-{split}-{seed}-{i:05d}", types[i % len(types)], cat_seed, rng
-                )
-            )
-        return out
 
     @classmethod
     def make_task(cls, task_id: str, task_type: str, catalog_seed: int, rng: random.Random) -> Task:

@@ -22,7 +22,7 @@ import sqlite3
 import time
 from typing import Any
 
-from rubric_rl.envs.base import Env, ToolOutput, check_split, derive_seed, tool_error
+from rubric_rl.envs.base import Env, ToolOutput, tool_error
 from rubric_rl.envs.sql_data import GENERATORS, SYSTEM_PROMPT, database_rows, open_database
 from rubric_rl.envs.tool_calls import Param, ToolSpec, render_tool_call
 from rubric_rl.envs.trajectory import (
@@ -78,7 +78,8 @@ class SqlEnv(Env):
         "group": ("aggregation", "grouping", "ordering"),
     }
     OOD_TASK_TYPES = ("group",)
-    TASKS_PER_DATABASE = 8
+    TASKS_PER_WORLD = 8  # questions per generated database
+    WORLD_KIND = "db"
 
     def __init__(
         self,
@@ -237,19 +238,6 @@ class SqlEnv(Env):
         return tool_error(f"sqlite error: {e}", reason="sql_error", tables=tables)
 
     # -- task bank ----------------------------------------------------------------------------
-
-    @classmethod
-    def task_bank(cls, split: str = "train", n: int = 100, seed: int = 0) -> list[Task]:
-        check_split(split)
-        types = cls.task_types(split)
-        out = []
-        for i in range(n):
-            db_seed = derive_seed("sql-db", split, seed, i // cls.TASKS_PER_DATABASE)
-            rng = random.Random(derive_seed("sql-task", split, seed, i))
-            out.append(
-                cls.make_task(f"sql-{split}-{seed}-{i:05d}", types[i % len(types)], db_seed, rng)
-            )
-        return out
 
     @classmethod
     def make_task(cls, task_id: str, task_type: str, db_seed: int, rng: random.Random) -> Task:
