@@ -19,6 +19,7 @@ ENGINES = ("jax", "sglang")
 JUDGES = ("programmatic", "llm")
 LLM_BACKENDS = ("openai", "genai", "local")
 SCHEDULES = ("constant", "warmup_cosine")
+SD_ESTIMATORS = ("none", "full", "topk", "sampled")
 
 
 def get_base_config() -> ConfigDict:
@@ -33,6 +34,9 @@ def get_base_config() -> ConfigDict:
         param_dtype="float32",
         tokenizer="",  # "" = build the embedded word-level tokenizer (cached in the workdir)
         max_prompt_len=40,  # prompts are left-padded (and left-truncated) to this
+        # Self-distillation teachers see the prompt plus privileged context (controllers'
+        # ``teacher_context``): their prompts are left-padded (and left-truncated) to this.
+        max_teacher_prompt_len=96,
         init_seed=0,
     )
 
@@ -81,8 +85,13 @@ def get_base_config() -> ConfigDict:
         rollout_correction="bypass",
         kl_beta=0.0,
         kl_kind="k3",
+        # Self-distillation (DESIGN §5): "none" | "full" | "topk" | "sampled". The teacher is the
+        # policy on the prompt plus the controllers' ``teacher_context``; λ = sd_coef × the
+        # controllers' ``sd_gate``. A group without context contributes exactly 0.
         sd_estimator="none",
         sd_coef=0.0,
+        sd_topk=20,
+        sd_clamp=10.0,  # "sampled": clamp of lp_θ − lp_T
         # Every N steps, recompute π_old at step start to log the engine/trainer mismatch (an
         # extra forward; 0 = never). In bypass mode it only feeds diagnostics.
         mismatch_every=10,
@@ -139,7 +148,17 @@ def get_base_config() -> ConfigDict:
     # --- supervised warm start (DESIGN §7) ----------------------------------------------------
     # 500 steps at 1e-3: measured on the 2-core CPU (2026-11-30) to start RL at a held-out score
     # ~50 with 8-16% of tasks passed; 200 steps at 3e-4 left a policy RL could only make hack.
-    c.warmstart = dict(steps=500, lr=1e-3, batch=32, corpus_size=2048)
+    c.warmstart = dict(
+        steps=500,
+        lr=1e-3,
+        schedule="constant",  # or "cosine": warm-up over warmup_steps, then decay to 0
+        warmup_steps=0,
+        batch=32,
+        corpus_size=2048,
+        # "" = off. A directory shared by runs (a sweep's variants of one seed): finished warm
+        # starts are kept there under a hash of what they depend on and reused (warmstart.py).
+        cache_dir="",
+    )
 
     # --- evaluation (HarnessRL §3: greedy, no guidance, seed rubrics, frozen judge) ------------
     c.eval = dict(every=25, n=64, greedy=True, at_start=True)
@@ -240,6 +259,18 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
     for f in ("clip_eps_low", "clip_eps_high"):
         if float(lo[f]) < 0:
             _fail(f"loss.{f}", f"must be >= 0, got {lo[f]}")
+    if lo.sd_estimator not in SD_ESTIMATORS:
+        _fail("loss.sd_estimator", f"must be one of {SD_ESTIMATORS}, got {lo.sd_estimator!r}")
+    if float(lo.sd_coef) < 0:
+        _fail("loss.sd_coef", f"must be >= 0, got {lo.sd_coef}")
+    if lo.sd_estimator != "none" and int(config.model.max_teacher_prompt_len) < int(
+        config.model.max_prompt_len
+    ):
+        _fail(
+            "model.max_teacher_prompt_len",
+            f"{config.model.max_teacher_prompt_len} < model.max_prompt_len "
+            f"{config.model.max_prompt_len}: the teacher sees the prompt plus its context",
+        )
     if float(lo.kl_beta) < 0:
         _fail("loss.kl_beta", f"must be >= 0, got {lo.kl_beta}")
     if float(o.lr) <= 0:

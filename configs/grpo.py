@@ -39,6 +39,7 @@ def apply_gpu(c: common.ConfigDict, path: str | bool) -> None:
     """A real Qwen3 checkpoint, SGLang rollouts and an OpenAI-compatible LLM judge."""
     ckpt = path if isinstance(path, str) else os.environ.get("QWEN3_4B_PATH", "/ckpt/Qwen3-4B")
     c.model.update(name=ckpt, tokenizer=ckpt, dtype="bfloat16", max_prompt_len=1024)
+    c.model.max_teacher_prompt_len = 2048
     c.mesh.update(data=1, fsdp=-1, tensor=1)
     c.optim.update(lr=1e-6, schedule="warmup_cosine", warmup_steps=10, num_micro_batches=8)
     c.rollout.update(

@@ -211,8 +211,11 @@ def train_config(config: ConfigDict) -> TrainConfig:
         kl_beta=float(lo.kl_beta),
         kl_kind=lo.kl_kind,
         sd_estimator=lo.sd_estimator,
+        sd_topk=int(lo.sd_topk),
+        sd_clamp=float(lo.sd_clamp),
         chunk_size=int(lo.chunk_size),
         num_micro_batches=int(o.num_micro_batches),
+        skip_nonfinite=int(config.train.max_nonfinite_skips) > 0,
     )
 
 

@@ -79,7 +79,8 @@ def main(argv):
     from configs.common import validate_config
 
     validate_config(config, num_devices=jax.device_count())
-    write_config(config, workdir)
+    if jax.process_index() == 0:  # one copy of the run directory's files (multi-host)
+        write_config(config, workdir)
     logging.info("workdir %s", os.path.abspath(workdir))
     from rubric_rl.trainer import Trainer
 

@@ -6,6 +6,9 @@
 - ``rollouts/step_XXXXXX.jsonl.gz``: sampled rollouts with their verdicts.
 - ``controllers/<name>.jsonl``: controller event logs (pool lifecycle, labels, selections).
 
+Multi-host: every writer takes ``primary``; only process 0 passes True, the others compute the
+same rows but write nothing (one copy of each file, no two hosts appending to one file).
+
 Secrets never reach these files: keys whose name looks like a credential are dropped from
 anything written (``scrub``), and configs only ever hold the NAME of an env var with a key.
 """
@@ -68,12 +71,18 @@ class MetricsWriter:
         *,
         tensorboard: bool = True,
         wandb_config: Mapping[str, Any] | None = None,
+        primary: bool = True,
     ):
         self.workdir = workdir
-        os.makedirs(workdir, exist_ok=True)
+        self.primary = primary
         self.path = os.path.join(workdir, "metrics.jsonl")
-        self._file = open(self.path, "a")
+        self._file = None
         self._tb = None
+        self._wandb = None
+        if not primary:
+            return
+        os.makedirs(workdir, exist_ok=True)
+        self._file = open(self.path, "a")
         if tensorboard:
             try:
                 from tensorboardX import SummaryWriter
@@ -81,7 +90,6 @@ class MetricsWriter:
                 SummaryWriter = None
             if SummaryWriter is not None:
                 self._tb = SummaryWriter(os.path.join(workdir, "tb"))
-        self._wandb = None
         if wandb_config is not None and wandb_config.get("enabled"):
             try:
                 import wandb
@@ -102,6 +110,8 @@ class MetricsWriter:
     def write(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
         row = {"step": int(step)}
         row.update(scrub(to_jsonable(dict(metrics))))
+        if self._file is None:  # not the primary process
+            return row
         self._file.write(json.dumps(row, sort_keys=True) + "\n")
         self._file.flush()
         scalars = {
@@ -119,6 +129,8 @@ class MetricsWriter:
 
     def truncate_after(self, step: int) -> None:
         """Keep only rows with ``step <= step`` (resume after a kill: later rows are replayed)."""
+        if self._file is None:
+            return
         self._file.close()
         rows = read_metrics(self.path) if os.path.exists(self.path) else []
         tmp = self.path + ".tmp"
@@ -130,7 +142,8 @@ class MetricsWriter:
         self._file = open(self.path, "a")
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
@@ -155,15 +168,19 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
 class RolloutLogger:
     """Writes sampled rollouts with verdicts to ``<workdir>/rollouts/step_XXXXXX.jsonl.gz``."""
 
-    def __init__(self, workdir: str):
+    def __init__(self, workdir: str, *, primary: bool = True):
         self.dir = os.path.join(workdir, "rollouts")
-        os.makedirs(self.dir, exist_ok=True)
+        self.primary = primary
+        if primary:
+            os.makedirs(self.dir, exist_ok=True)
 
     def path(self, step: int) -> str:
         return os.path.join(self.dir, f"step_{int(step):06d}.jsonl.gz")
 
     def write(self, step: int, records: Iterable[Mapping[str, Any]]) -> str:
         path = self.path(step)
+        if not self.primary:
+            return path
         tmp = path + ".tmp"
         with gzip.open(tmp, "wt") as f:
             for r in records:
@@ -180,21 +197,25 @@ def read_rollouts(path: str) -> list[dict[str, Any]]:
 class ControllerLog:
     """Event log of one controller: ``<workdir>/controllers/<name>.jsonl``."""
 
-    def __init__(self, workdir: str, name: str):
+    def __init__(self, workdir: str, name: str, *, primary: bool = True):
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise ValueError(f"controller log name {name!r} must be [A-Za-z0-9_.-]+")
         d = os.path.join(workdir, "controllers")
-        os.makedirs(d, exist_ok=True)
+        self.primary = primary
+        if primary:
+            os.makedirs(d, exist_ok=True)
         self.path = os.path.join(d, f"{name}.jsonl")
 
     def log(self, step: int, event: str, **fields: Any) -> None:
         row = {"step": int(step), "event": event}
         row.update(scrub(to_jsonable(fields)))
+        if not self.primary:
+            return
         with open(self.path, "a") as f:
             f.write(json.dumps(row, sort_keys=True) + "\n")
 
     def truncate_after(self, step: int) -> None:
-        if not os.path.exists(self.path):
+        if not self.primary or not os.path.exists(self.path):
             return
         rows = [r for r in read_metrics(self.path) if r["step"] <= step]
         with open(self.path + ".tmp", "w") as f:

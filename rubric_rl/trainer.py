@@ -13,7 +13,6 @@ Exact resume: every source of randomness is either a pure function of (seed, ste
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Sequence
@@ -90,6 +89,9 @@ class Trainer:
             os.path.join(self.workdir, "checkpoints"), keep=int(config.checkpoint.keep)
         )
         lg = config.logging
+        # Multi-host: every process runs the same loop; only process 0 writes the run directory's
+        # logs (orbax coordinates the checkpoint writes itself).
+        self.primary = jax.process_index() == 0
         self.metrics = MetricsWriter(
             self.workdir,
             tensorboard=bool(lg.tensorboard),
@@ -98,10 +100,12 @@ class Trainer:
                 "project": lg.wandb_project,
                 "config": config.to_dict(),
             },
+            primary=self.primary,
         )
-        self.rollout_log = RolloutLogger(self.workdir)
+        self.rollout_log = RolloutLogger(self.workdir, primary=self.primary)
         self.controller_logs = [
-            ControllerLog(self.workdir, c.name) for c in self.controllers.controllers
+            ControllerLog(self.workdir, c.name, primary=self.primary)
+            for c in self.controllers.controllers
         ]
         self._nonfinite_streak = 0
         self.weight_sync = None
@@ -225,6 +229,26 @@ class Trainer:
         rewards = batch_rewards(self.config.loss.reward, scores).values.astype(np.float64)
         return scores, rewards
 
+    def teacher_inputs(self, tasks, prompts, evidence: Evidence) -> dict[str, Any]:
+        """Self-distillation inputs from the controllers (DESIGN §3–5): per group the teacher
+        prompt's token ids (the decorated prompt with the controllers' privileged context appended
+        to its last user message; None = no context, so no SD term) and λ = ``loss.sd_coef`` ×
+        the controllers' gate."""
+        contexts = [self.controllers.teacher_context(t_, evidence) for t_ in tasks]
+        teacher_prompts = []
+        for msgs, ctx in zip(prompts, contexts):
+            if not ctx or not ctx.strip():
+                teacher_prompts.append(None)
+                continue
+            msgs = [dict(m) for m in msgs]
+            last = max(i for i, m in enumerate(msgs) if m["role"] == "user")
+            msgs[last]["content"] = f"{msgs[last]['content']} {ctx.strip()}"
+            ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+            teacher_prompts.append(tuple(ids[-int(self.config.model.max_teacher_prompt_len) :]))
+        gate = self.controllers.sd_gate(evidence)
+        coef = float(self.config.loss.sd_coef) * (np.ones(len(tasks)) if gate is None else gate)
+        return {"teacher_prompts": teacher_prompts, "sd_coef": coef, "contexts": contexts}
+
     # ------------------------------------------------------------------ one step
 
     def train_one_step(self) -> dict[str, Any]:
@@ -278,6 +302,12 @@ class Trainer:
             advantages=adv,
         )
         ctrl_metrics = self.controllers.observe(evidence)
+        teacher = self.teacher_inputs(tasks, prompts, evidence) if self.tcfg.needs_teacher else {}
+        if teacher:
+            ctrl_metrics["sd/context_frac"] = float(
+                np.mean([p is not None for p in teacher["teacher_prompts"]])
+            )
+            ctrl_metrics["sd/coef_mean"] = float(np.mean(teacher["sd_coef"]))
         tb = build_train_batch(
             requests,
             gens,
@@ -288,6 +318,9 @@ class Trainer:
             buckets=tuple(cfg.rollout.buckets),
             pad_id=int(self.tokenizer.pad_id or 0),
             mesh=self.mesh,
+            teacher_prompts=teacher.get("teacher_prompts"),
+            sd_coef=teacher.get("sd_coef"),
+            teacher_prompt_len=int(cfg.model.max_teacher_prompt_len),
         )
         with _timed(t, "train"):
             every = int(cfg.loss.mismatch_every)
@@ -297,17 +330,20 @@ class Trainer:
                 # it for diagnostics only; elsewhere the same array keeps the jitted shapes.
                 old = self.train_step.compute_logps(self.state, tb) if measured else None
                 tb = tb.replace(old_logps=tb.rollout_logps if old is None else old)
-            guard = int(cfg.train.max_nonfinite_skips) > 0
-            backup = jax.tree.map(lambda x: x.copy(), self.state) if guard else None
-            new_state, train_m = self.train_step(self.state, tb)
+            # With train.max_nonfinite_skips > 0 the jitted step itself keeps the old state on
+            # a NaN/inf loss (TrainConfig.skip_nonfinite): no copy of the state is held here.
+            self.state, train_m = self.train_step(self.state, tb)
             train_m = jax.device_get(train_m)
             loss = float(train_m["loss"])
-            if math.isfinite(loss) or not guard:
-                self.state, self._nonfinite_streak = new_state, 0
-            else:
-                self.state = backup  # the step is skipped; the donated buffers are gone
+            if float(train_m.get("train/skipped", 0.0)) > 0:
                 self._nonfinite_streak += 1
+            else:
+                self._nonfinite_streak = 0
         self.step = step
+        # Sync first, even on a skipped step: the train step donated the state the engine was
+        # serving, so the engine must get the live one before anything else (an error included).
+        with _timed(t, "sync"):
+            self._sync_weights()
         skipped = self._nonfinite_streak > 0
         if skipped:
             logging.warning(
@@ -321,8 +357,6 @@ class Trainer:
                     f"{self._nonfinite_streak} consecutive steps with a non-finite loss (last: "
                     f"step {step}, loss {loss}); stopping (train.max_nonfinite_skips)"
                 )
-        with _timed(t, "sync"):
-            self._sync_weights()
         t["controllers"] = self.controllers.pop_seconds()
         t["step"] = time.perf_counter() - t_start
         m = self._step_metrics(scores, rewards, zero_var, gens, train_m, t, measured)
@@ -403,7 +437,9 @@ class Trainer:
             _, gens = self.generate([t_.messages for t_ in tasks], sp, self.step)
             responses = [[self.tokenizer.decode(gs[0].token_ids)] for gs in gens]
             verdicts = self.judge_groups(tasks, responses)
-            _, rewards = self.score(tasks, verdicts)
+            scores, rewards = self.score(tasks, verdicts)
+            for cid, rate in criterion_pass_rates(scores).items():
+                out[f"eval/{split}/criteria/{cid}"] = rate
             r = rewards[:, 0]
             out[f"eval/{split}/score"] = (
                 float(POINTS_SCALE * np.nanmean(r)) if np.any(~np.isnan(r)) else float("nan")
@@ -432,7 +468,9 @@ class Trainer:
             m["time/eval"] = time.perf_counter() - t0
             rows.append(self.metrics.write(0, m))
             logging.info(format_summary(0, m))
-        bar = progress_bar(total, self.step, enabled=bool(cfg.logging.progress_bar))
+        bar = progress_bar(
+            total, self.step, enabled=bool(cfg.logging.progress_bar) and self.primary
+        )
         try:
             while self.step < total:
                 m = self.train_one_step()

@@ -32,11 +32,21 @@ def build_train_batch(
     buckets: Sequence[int],
     pad_id: int,
     mesh: jax.sharding.Mesh | None = None,
+    teacher_prompts: Sequence[Sequence[int] | None] | None = None,
+    sd_coef: np.ndarray | None = None,
+    teacher_prompt_len: int = 0,
 ) -> TrainBatch:
     """``gens[g][j]`` is rollout j of request g; ``advantages``/``defined`` are ``[G, J]``;
     ``task_weights`` [G] are the importance weights u. Rollouts with an undefined reward or an
     aborted generation get an all-zero loss mask (they carry no signal, and must not dilute a
-    token-mean denominator either)."""
+    token-mean denominator either).
+
+    Self-distillation (DESIGN §4–5): with ``teacher_prompts`` (per group, the token ids of the
+    prompt with the privileged context, or None for a group without one) the teacher rows are
+    that prompt left-padded to ``teacher_prompt_len`` followed by the student's own completion,
+    so ``teacher_offset = teacher_prompt_len − prompt_len`` for every row. A group without
+    context gets the student's prompt and ``sd_mask`` 0 (its SD term is exactly 0, RISED E.6);
+    ``sd_coef`` [G] is λ per group."""
     g_n, j_n = len(gens), len(gens[0])
     b = g_n * j_n
     c_max = max(max((len(x.token_ids) for x in gs), default=0) for gs in gens)
@@ -69,6 +79,12 @@ def build_train_batch(
             version[r] = gen.weight_version
             finish[r] = FINISH_CODES[gen.finish_reason]
     positions = np.maximum(np.cumsum(attn, axis=1) - 1, 0).astype(np.int32)
+    teacher = {}
+    if teacher_prompts is not None:
+        teacher = _teacher_arrays(
+            requests, gens, ids, attn, teacher_prompts, sd_coef, prompt_len, teacher_prompt_len,
+            pad_id,
+        )  # fmt: skip
     arrays = dict(
         input_ids=ids,
         positions=positions,
@@ -80,8 +96,47 @@ def build_train_batch(
         group_id=group,
         weight_version=version,
         finish_status=finish,
+        **teacher,
     )
     if mesh is not None:
         sh = sharding.batch_sharding(mesh)
         arrays = {k: jax.device_put(v, sh) for k, v in arrays.items()}
     return TrainBatch(**arrays)
+
+
+def _teacher_arrays(
+    requests, gens, ids, attn, teacher_prompts, sd_coef, prompt_len: int, tp_len: int, pad_id: int
+) -> dict[str, np.ndarray]:
+    g_n, j_n = len(gens), len(gens[0])
+    if len(teacher_prompts) != g_n:
+        raise ValueError(f"teacher_prompts has {len(teacher_prompts)} entries for {g_n} groups")
+    if tp_len < prompt_len:
+        raise ValueError(f"teacher_prompt_len {tp_len} < the student's prompt_len {prompt_len}")
+    coef = np.zeros(g_n) if sd_coef is None else np.asarray(sd_coef, np.float64)
+    if coef.shape != (g_n,):
+        raise ValueError(f"sd_coef must be [{g_n}], got {coef.shape}")
+    b, t = ids.shape
+    c = t - prompt_len
+    t_ids = np.full((b, tp_len + c), pad_id, np.int32)
+    t_attn = np.zeros((b, tp_len + c), np.int32)
+    mask = np.zeros((b,), np.float32)
+    lam = np.zeros((b,), np.float32)
+    for g, (req, tp) in enumerate(zip(requests, teacher_prompts)):
+        has = tp is not None
+        prompt = list(tp if has else req.prompt_ids)[-tp_len:]
+        for j in range(j_n):
+            r = g * j_n + j
+            t_ids[r, tp_len - len(prompt) : tp_len] = prompt
+            t_attn[r, tp_len - len(prompt) : tp_len] = 1
+            t_ids[r, tp_len:] = ids[r, prompt_len:]  # the student's own completion (and padding)
+            t_attn[r, tp_len:] = attn[r, prompt_len:]
+            mask[r] = float(has)
+            lam[r] = float(coef[g]) if has else 0.0
+    return dict(
+        teacher_input_ids=t_ids,
+        teacher_positions=np.maximum(np.cumsum(t_attn, axis=1) - 1, 0).astype(np.int32),
+        teacher_attention_mask=t_attn,
+        teacher_offset=np.full((b,), tp_len - prompt_len, np.int32),
+        sd_mask=mask,
+        sd_coef=lam,
+    )

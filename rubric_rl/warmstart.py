@@ -4,12 +4,20 @@ imperfect — demonstrations meet only some constraints — so the RL phase has 
 
 Cached in ``<workdir>/warmstart/``: ``corpus.jsonl`` (the demonstrations), ``log.jsonl`` (loss per
 step) and ``params/`` (orbax); a restarted run reuses the finished parameters.
+
+Across runs: with ``warmstart.cache_dir`` set, finished parameters are also kept under
+``<cache_dir>/<key>/params``, where ``key`` hashes everything the warm start depends on (model,
+domain, warm-start settings, completion buckets, ``train.seed``, mesh and device count). A run whose
+key is there copies them instead of training: the variants of one seed in a sweep (ARISE and its
+ablations differ only after the warm start) share one warm start, bit for bit.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 from typing import Any
 
 import jax
@@ -32,6 +40,8 @@ def load_or_build_corpus(path: str, domain: Any, n: int, seed: int) -> list[tupl
     if domain.corpus is None:
         raise ValueError(f"config.warmstart.steps > 0 but domain {domain.name!r} has no corpus")
     corpus = domain.corpus(n, seed)
+    if jax.process_index() != 0:  # multi-host: the corpus is deterministic; process 0 writes it
+        return [(m, c) for m, c in corpus]
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         for messages, completion in corpus:
@@ -83,6 +93,49 @@ def make_sft_step(graphdef, tx):
     return step
 
 
+def schedule(ws) -> optax.Schedule:
+    """``warmstart.schedule``: "constant" at ``lr``, or "cosine": linear warm-up over
+    ``warmup_steps`` to ``lr``, then cosine decay to 0 at ``steps``."""
+    if ws.schedule == "constant":
+        return optax.constant_schedule(float(ws.lr))
+    if ws.schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(
+            0.0, float(ws.lr), int(ws.warmup_steps), max(int(ws.steps), int(ws.warmup_steps) + 1)
+        )
+    raise ValueError(f"config.warmstart.schedule: {ws.schedule!r} not in ('constant', 'cosine')")
+
+
+def cache_key(config) -> str:
+    """Hash of every config field the warm-started parameters depend on."""
+    ws = {k: v for k, v in config.warmstart.to_dict().items() if k != "cache_dir"}
+    model = {k: v for k, v in config.model.to_dict().items() if k != "max_teacher_prompt_len"}
+    relevant = {
+        "model": model,
+        "domain": config.domain.to_dict(),
+        "warmstart": ws,
+        "completion": [int(config.rollout.max_new_tokens), list(config.rollout.buckets)],
+        "train_seed": int(config.train.seed),
+        "mesh": config.mesh.to_dict(),
+        "devices": jax.device_count(),
+    }
+    blob = json.dumps(relevant, sort_keys=True, default=list).encode()
+    return hashlib.sha256(blob).hexdigest()[:20]
+
+
+def _copy_atomic(src: str, dst: str) -> None:
+    """Copy a directory so that ``dst`` appears complete or not at all (another run may have
+    put it there first: then it is kept)."""
+    if os.path.isdir(dst):
+        return
+    tmp = f"{dst}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    try:
+        os.rename(tmp, dst)
+    except OSError:  # lost a race: the other copy is identical
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def run_or_load(config, workdir, domain, tokenizer, graphdef, state, mesh) -> Any:
     """The warm-started parameters (a pytree like ``state.params``)."""
     ws = config.warmstart
@@ -90,6 +143,12 @@ def run_or_load(config, workdir, domain, tokenizer, graphdef, state, mesh) -> An
     os.makedirs(d, exist_ok=True)
     params_dir = os.path.join(d, "params")
     ckptr = ocp.StandardCheckpointer()
+    cached = ""
+    if ws.get("cache_dir"):
+        cached = os.path.join(os.path.abspath(ws.cache_dir), cache_key(config), "params")
+        if os.path.isdir(cached) and not os.path.isdir(params_dir):
+            logging.info("warm start: copying cached parameters from %s", cached)
+            _copy_atomic(cached, params_dir)
     if os.path.isdir(params_dir):  # orbax renames into place only when complete
         target = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state.params
@@ -109,7 +168,7 @@ def run_or_load(config, workdir, domain, tokenizer, graphdef, state, mesh) -> An
             f"config.warmstart: only {len(ids)} demonstrations fit model.max_prompt_len="
             f"{config.model.max_prompt_len} ({dropped} dropped), fewer than batch {ws.batch}"
         )
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(float(ws.lr), weight_decay=0.0))
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule(ws), weight_decay=0.0))
     params = jax.tree.map(lambda x: x.copy(), state.params)
     opt_state = jax.jit(tx.init)(params)
     step = make_sft_step(graphdef, tx)
@@ -117,7 +176,8 @@ def run_or_load(config, workdir, domain, tokenizer, graphdef, state, mesh) -> An
     rng = np.random.default_rng(int(config.train.seed))
     order, pos = rng.permutation(len(ids)), 0
     bsz = int(ws.batch)
-    with open(os.path.join(d, "log.jsonl"), "w") as log:
+    log_path = os.path.join(d, "log.jsonl") if jax.process_index() == 0 else os.devnull
+    with open(log_path, "w") as log:
         for s in range(int(ws.steps)):
             if pos + bsz > len(order):
                 order, pos = rng.permutation(len(ids)), 0
@@ -130,4 +190,7 @@ def run_or_load(config, workdir, domain, tokenizer, graphdef, state, mesh) -> An
                 logging.info("warm start step %d: loss %.4f", s, float(loss))
     ckptr.save(params_dir, params)
     ckptr.wait_until_finished()
+    if cached and jax.process_index() == 0:
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        _copy_atomic(params_dir, cached)
     return params

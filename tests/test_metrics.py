@@ -64,3 +64,21 @@ def test_rollout_and_controller_logs(tmp_path):
 def test_summary_line_formats_headline_numbers():
     line = M.summary_line(5, {"reward/mean": 0.61234, "loss": float("nan"), "other": 3})
     assert line == "step 5 | r 0.612 | loss nan"
+
+
+def test_non_primary_processes_write_nothing(tmp_path):
+    """Multi-host: processes other than 0 compute the same rows but leave the run dir alone."""
+    w = M.MetricsWriter(str(tmp_path / "run"), tensorboard=True, primary=False)
+    row = w.write(3, {"reward/mean": 0.5})
+    assert row == {"step": 3, "reward/mean": 0.5}
+    w.truncate_after(1)
+    w.close()
+    M.RolloutLogger(str(tmp_path / "run"), primary=False).write(3, [{"response": "a"}])
+    c = M.ControllerLog(str(tmp_path / "run"), "pool", primary=False)
+    c.log(3, "add", rubric="x")
+    c.truncate_after(1)
+    assert not (tmp_path / "run").exists()
+    # The primary writes all three where the others did not.
+    M.MetricsWriter(str(tmp_path / "run"), tensorboard=False).write(3, {"reward/mean": 0.5})
+    M.ControllerLog(str(tmp_path / "run"), "pool").log(3, "add")
+    assert sorted(os.listdir(tmp_path / "run")) == ["controllers", "metrics.jsonl"]

@@ -157,13 +157,15 @@ def test_nonfinite_loss_skips_the_update_then_stops(trainer):
     before = jax.tree.map(np.asarray, trainer.state.params)
 
     def nan_step(state, batch, ref_params=None):
-        return jax.tree.map(lambda x: x + 1.0, state), {"loss": np.float32("nan")}
+        # The real jitted step on a poisoned batch: the skip happens inside it (no state copy).
+        return real_step(state, batch.replace(advantages=batch.advantages * np.nan), ref_params)
 
     nan_step.compute_logps = real_step.compute_logps
     trainer.train_step = nan_step
     try:
         m = trainer.train_one_step()
         assert m["train/skipped"] == 1.0 and trainer.step == 1
+        assert not np.isfinite(m["loss"])
         after = jax.tree.map(np.asarray, trainer.state.params)
         assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before),
                                                         jax.tree.leaves(after)))  # fmt: skip

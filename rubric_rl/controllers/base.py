@@ -4,7 +4,8 @@ A training step calls, in order:
 ``sample_tasks(step, rng)`` -> ``TaskBatch`` (tasks + importance weights u);
 ``decorate(tasks, prompts)`` -> prompts (guidance fields, skills, anti-patterns appended);
 ``observe(evidence)`` after judging -> metrics (pool / harness / selection updates);
-``teacher_context(task, evidence)`` -> privileged context for self-distillation, or None.
+``teacher_context(task, evidence)`` -> privileged context for self-distillation, or None;
+``sd_gate(evidence)`` -> per-group multipliers of the SD coefficient, or None.
 Every controller is checkpointed through ``state_dict()`` / ``load_state_dict()`` (JSON-able).
 
 Controllers never touch JAX internals; the core never knows which controller runs.
@@ -81,7 +82,18 @@ class Controller:
         return {}
 
     def teacher_context(self, task: Task, evidence: Evidence) -> str | None:
-        """Privileged context for the self-distillation teacher (None = no teacher)."""
+        """Privileged context for the self-distillation teacher (None = no teacher).
+
+        Called after ``observe`` for every task of the step when ``loss.sd_estimator`` is not
+        "none". The text is appended (after a space) to the last user message of the task's
+        decorated prompt; the teacher is the same parameters on that prompt followed by the
+        student's own completion (DESIGN §4–5). Return it already rendered (e.g. a
+        ``<coach> … </coach>`` block for the embedded domain)."""
+        return None
+
+    def sd_gate(self, evidence: Evidence) -> np.ndarray | None:
+        """``[G]`` multipliers of ``loss.sd_coef`` per group (RG-SED's gate × schedule), or
+        None = 1 for every group."""
         return None
 
     def advantages(
@@ -146,6 +158,22 @@ class ControllerSet:
         parts = [self._timed(c.teacher_context, task, evidence) for c in self.controllers]
         parts = [p for p in parts if p]
         return "\n".join(parts) if parts else None
+
+    def sd_gate(self, evidence: Evidence) -> np.ndarray | None:
+        """The product of the controllers' gates (None when no controller gates)."""
+        out = None
+        for c in self.controllers:
+            g = self._timed(c.sd_gate, evidence)
+            if g is None:
+                continue
+            g = np.asarray(g, dtype=np.float64)
+            if g.shape != (len(evidence.tasks),) or not np.all(np.isfinite(g)) or np.any(g < 0):
+                raise ValueError(
+                    f"controller {c.name!r}: sd_gate must be [{len(evidence.tasks)}] finite and "
+                    f">= 0, got shape {g.shape}"
+                )
+            out = g if out is None else out * g
+        return out
 
     def advantages(
         self, tasks: Sequence[Task], responses: Sequence[Sequence[str]], scores: ScoreMatrices

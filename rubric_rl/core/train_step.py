@@ -114,6 +114,10 @@ class TrainConfig:
     sd_clamp: float = 10.0  # sampled estimator: clamp of lp_θ − lp_T (ARISE-RL code)
     chunk_size: int = 128
     num_micro_batches: int = 1
+    # A step whose loss or gradient norm is NaN/inf returns the input state unchanged (selected
+    # inside the jitted step, so no copy of the state is kept outside it) and reports
+    # ``train/skipped`` = 1. Off: the update is applied whatever it is.
+    skip_nonfinite: bool = False
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -239,6 +243,10 @@ def make_train_step(
         metrics["grad_norm"] = optax.global_norm(grads)
         metrics["lr"] = schedule(state.step)
         new = TrainState(step=state.step + 1, params=params, opt_state=opt_state, rest=state.rest)
+        if config.skip_nonfinite:
+            ok = jnp.isfinite(loss) & jnp.isfinite(metrics["grad_norm"])
+            new = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, state)
+            metrics["train/skipped"] = 1.0 - ok.astype(jnp.float32)
         return new, metrics
 
     jitted: dict[bool, Any] = {}

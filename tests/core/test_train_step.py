@@ -150,6 +150,25 @@ def test_jitted_step_matches_manual_update_on_a_mesh(tiny_state):
     )
 
 
+def test_nonfinite_step_is_skipped_inside_the_jitted_step(tiny_state):
+    """skip_nonfinite: a NaN loss returns the input state bit for bit (params, Adam moments,
+    step count) and reports train/skipped = 1; a finite batch updates and reports 0."""
+    graphdef, state, _ = tiny_state
+    config = dataclasses.replace(BASE, skip_nonfinite=True)
+    mesh = sharding.make_mesh(2, 2, 2)
+    sh = ts.train_state_shardings(state, mesh)
+    step = ts.make_train_step(config, graphdef, mesh, compiler_options=FAST)
+    want = jax.tree.map(np.asarray, state)
+    poisoned = make_batch(advantages=np.full(B, np.nan, np.float32))
+    same, m = step(jax.device_put(want, sh), sharding.shard_batch(poisoned, mesh))
+    assert not np.isfinite(float(m["loss"])) and float(m["train/skipped"]) == 1.0
+    got = jax.tree.map(np.asarray, same)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)))
+    moved, m = step(jax.device_put(want, sh), sharding.shard_batch(make_batch(), mesh))
+    assert float(m["train/skipped"]) == 0.0 and int(moved.step) == int(state.step) + 1
+    assert max_abs_diff(moved.params, state.params) > 1e-4
+
+
 def _sd_only(batch):
     """Advantages 0 → the PPO term and its gradient vanish; what is left is λ·SD."""
     return batch.replace(advantages=np.zeros(B, np.float32))
