@@ -33,10 +33,15 @@ def get_base_config() -> ConfigDict:
         dtype="float32",
         param_dtype="float32",
         tokenizer="",  # "" = build the embedded word-level tokenizer (cached in the workdir)
-        max_prompt_len=40,  # prompts are left-padded (and left-truncated) to this
+        # A prompt (guidance, skills and chat template included) longer than this is an error
+        # naming the task, never truncated: a left-truncated prompt loses its instruction.
+        max_prompt_len=128,
+        # Each batch's prompts are left-padded to the smallest bucket that fits its longest one
+        # (the jitted shapes; max_prompt_len is added as the last bucket).
+        prompt_buckets=(24, 32, 48, 64, 96),
         # Self-distillation teachers see the prompt plus privileged context (controllers'
-        # ``teacher_context``): their prompts are left-padded (and left-truncated) to this.
-        max_teacher_prompt_len=96,
+        # ``teacher_context``): the same buckets, capped at this.
+        max_teacher_prompt_len=192,
         init_seed=0,
     )
 
@@ -149,6 +154,9 @@ def get_base_config() -> ConfigDict:
     # 500 steps at 1e-3: measured on the 2-core CPU (2026-11-30) to start RL at a held-out score
     # ~50 with 8-16% of tasks passed; 200 steps at 3e-4 left a policy RL could only make hack.
     c.warmstart = dict(
+        # Demonstrations whose prompt is longer than this are left out of the warm start (a few
+        # guided ones): it bounds the warm start's sequence length and so its cost.
+        max_prompt_len=40,
         steps=500,
         lr=1e-3,
         schedule="constant",  # or "cosine": warm-up over warmup_steps, then decay to 0
@@ -251,6 +259,11 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         _fail("rollout.temperature", f"must be > 0, got {r.temperature}")
     if int(r.max_new_tokens) < 1:
         _fail("rollout.max_new_tokens", f"must be >= 1, got {r.max_new_tokens}")
+    pb = [int(x) for x in config.model.prompt_buckets]
+    if pb != sorted(set(pb)) or (pb and pb[0] < 1):
+        _fail("model.prompt_buckets", f"must be strictly increasing positive ints, got {pb}")
+    if int(config.model.max_prompt_len) < 1:
+        _fail("model.max_prompt_len", f"must be >= 1, got {config.model.max_prompt_len}")
     buckets = list(r.buckets)
     if not buckets or buckets != sorted(buckets) or len(set(buckets)) != len(buckets):
         _fail("rollout.buckets", f"must be strictly increasing and non-empty, got {buckets}")

@@ -20,7 +20,8 @@ from configs import common
 def apply_smoke(c: common.ConfigDict) -> None:
     """Seconds on a 2-core CPU: a tiny model, a handful of steps, every mechanism exercised."""
     c.model.name = "tiny"
-    c.model.max_prompt_len = 32
+    c.model.update(max_prompt_len=96, prompt_buckets=(32, 64))
+    c.warmstart.max_prompt_len = 32
     c.rollout.samples_per_task = 4
     c.rollout.tasks_per_step = 4
     c.rollout.max_new_tokens = 8
@@ -38,8 +39,15 @@ def apply_smoke(c: common.ConfigDict) -> None:
 def apply_gpu(c: common.ConfigDict, path: str | bool) -> None:
     """A real Qwen3 checkpoint, SGLang rollouts and an OpenAI-compatible LLM judge."""
     ckpt = path if isinstance(path, str) else os.environ.get("QWEN3_4B_PATH", "/ckpt/Qwen3-4B")
-    c.model.update(name=ckpt, tokenizer=ckpt, dtype="bfloat16", max_prompt_len=1024)
-    c.model.max_teacher_prompt_len = 2048
+    c.model.update(
+        name=ckpt,
+        tokenizer=ckpt,
+        dtype="bfloat16",
+        max_prompt_len=1024,
+        prompt_buckets=(128, 256, 512),
+        max_teacher_prompt_len=2048,
+    )
+    c.warmstart.max_prompt_len = 1024
     c.mesh.update(data=1, fsdp=-1, tensor=1)
     c.optim.update(lr=1e-6, schedule="warmup_cosine", warmup_steps=10, num_micro_batches=8)
     c.rollout.update(

@@ -222,14 +222,19 @@ def train_config(config: ConfigDict) -> TrainConfig:
 # ------------------------------------------------------------------------------ engine, judge
 
 
+def prompt_buckets(config: ConfigDict, cap: int | None = None) -> tuple[int, ...]:
+    """``model.prompt_buckets`` below the cap, then the cap (``model.max_prompt_len``)."""
+    cap = int(config.model.max_prompt_len) if cap is None else int(cap)
+    return tuple(int(b) for b in config.model.prompt_buckets if int(b) < cap) + (cap,)
+
+
 def build_engine(config: ConfigDict, model: Qwen3ForCausalLM, tokenizer: Tokenizer, mesh):
     r = config.rollout
     if r.engine == "jax":
         from rubric_rl.rollout.jax_engine import JaxEngine, JaxEngineConfig
 
-        p = int(config.model.max_prompt_len)
         ecfg = JaxEngineConfig(
-            prompt_buckets=(p,),
+            prompt_buckets=prompt_buckets(config),
             eos_token_ids=(tokenizer.eos_id,) if tokenizer.eos_id is not None else (),
             pad_id=int(tokenizer.pad_id or 0),
         )

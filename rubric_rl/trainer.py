@@ -32,6 +32,7 @@ from rubric_rl.core.train_step import init_train_state, make_train_step
 from rubric_rl.metrics import ControllerLog, MetricsWriter, RolloutLogger, progress_bar
 from rubric_rl.metrics import summary_line as format_summary
 from rubric_rl.rollout.engine import GenerationRequest, SamplingParams
+from rubric_rl.rollout.jax_engine import round_up_to_bucket
 from rubric_rl.rubrics.judges import JudgeItem
 from rubric_rl.rubrics.rewards import POINTS_SCALE, batch_rewards
 from rubric_rl.rubrics.scores import failure_counts, pack_verdicts
@@ -171,15 +172,38 @@ class Trainer:
 
     # ------------------------------------------------------------------ components
 
-    def encode_prompt(self, messages: list[dict]) -> tuple[int, ...]:
+    def encode_prompt(
+        self, messages: list[dict], what: str = "prompt", field: str = "max_prompt_len"
+    ) -> tuple[int, ...]:
+        """Chat-template token ids; longer than ``model.<field>`` is an error, never a silent
+        truncation (cutting the start of a prompt drops its instruction)."""
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        p = int(self.config.model.max_prompt_len)
-        return tuple(ids[-p:])  # keep the end: the generation prompt must survive
+        cap = int(self.config.model[field])
+        if len(ids) > cap:
+            raise ValueError(
+                f"{what}: {len(ids)} tokens (chat template and guidance included) > "
+                f"config.model.{field}={cap}; raise it (the prompt would lose its start)"
+            )
+        return tuple(ids)
 
-    def generate(self, prompts: Sequence[list[dict]], params: SamplingParams, step: int):
+    def prompt_len(self, lengths: Sequence[int], field: str = "max_prompt_len") -> int:
+        """The padded prompt length of a batch: the smallest bucket that fits its longest."""
+        buckets = builders.prompt_buckets(self.config, int(self.config.model[field]))
+        return round_up_to_bucket(max(lengths), buckets)
+
+    def generate(
+        self,
+        prompts: Sequence[list[dict]],
+        params: SamplingParams,
+        step: int,
+        task_ids: Sequence[str] | None = None,
+    ):
         requests = [
             GenerationRequest(
-                self.encode_prompt(m), request_id=f"s{step}-t{g}", step=step, task_index=g
+                self.encode_prompt(m, f"task {task_ids[g] if task_ids else g} at step {step}"),
+                request_id=f"s{step}-t{g}",
+                step=step,
+                task_index=g,
             )
             for g, m in enumerate(prompts)
         ]
@@ -236,18 +260,30 @@ class Trainer:
         the controllers' gate."""
         contexts = [self.controllers.teacher_context(t_, evidence) for t_ in tasks]
         teacher_prompts = []
-        for msgs, ctx in zip(prompts, contexts):
+        for t_, msgs, ctx in zip(tasks, prompts, contexts):
             if not ctx or not ctx.strip():
                 teacher_prompts.append(None)
                 continue
             msgs = [dict(m) for m in msgs]
             last = max(i for i, m in enumerate(msgs) if m["role"] == "user")
             msgs[last]["content"] = f"{msgs[last]['content']} {ctx.strip()}"
-            ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
-            teacher_prompts.append(tuple(ids[-int(self.config.model.max_teacher_prompt_len) :]))
+            teacher_prompts.append(
+                self.encode_prompt(
+                    msgs, f"teacher prompt of task {t_.id}", "max_teacher_prompt_len"
+                )
+            )
         gate = self.controllers.sd_gate(evidence)
         coef = float(self.config.loss.sd_coef) * (np.ones(len(tasks)) if gate is None else gate)
-        return {"teacher_prompts": teacher_prompts, "sd_coef": coef, "contexts": contexts}
+        # Teacher rows are at least as long as the student's (a group without context uses the
+        # student's prompt), in the same buckets up to model.max_teacher_prompt_len.
+        lengths = [len(p) for p in teacher_prompts if p is not None]
+        lengths += [len(self.encode_prompt(m)) for m in prompts]
+        return {
+            "teacher_prompts": teacher_prompts,
+            "sd_coef": coef,
+            "contexts": contexts,
+            "teacher_prompt_len": self.prompt_len(lengths, "max_teacher_prompt_len"),
+        }
 
     # ------------------------------------------------------------------ one step
 
@@ -271,7 +307,7 @@ class Trainer:
             n=j,
         )
         with _timed(t, "rollout"):
-            requests, gens = self.generate(prompts, sp, step)
+            requests, gens = self.generate(prompts, sp, step, [t_.id for t_ in tasks])
         responses = [[self.tokenizer.decode(g.token_ids) for g in gs] for gs in gens]
         with _timed(t, "judge"):
             verdicts = self.judge_groups(tasks, responses)
@@ -314,13 +350,13 @@ class Trainer:
             adv,
             batch.weights,
             trainable,
-            prompt_len=int(cfg.model.max_prompt_len),
+            prompt_len=self.prompt_len([len(r.prompt_ids) for r in requests]),
             buckets=tuple(cfg.rollout.buckets),
             pad_id=int(self.tokenizer.pad_id or 0),
             mesh=self.mesh,
             teacher_prompts=teacher.get("teacher_prompts"),
             sd_coef=teacher.get("sd_coef"),
-            teacher_prompt_len=int(cfg.model.max_teacher_prompt_len),
+            teacher_prompt_len=teacher.get("teacher_prompt_len", 0),
         )
         with _timed(t, "train"):
             every = int(cfg.loss.mismatch_every)
@@ -434,7 +470,9 @@ class Trainer:
             tasks = list(getattr(self.domain, split))[:n]
             if not tasks:
                 continue
-            _, gens = self.generate([t_.messages for t_ in tasks], sp, self.step)
+            _, gens = self.generate(
+                [t_.messages for t_ in tasks], sp, self.step, [t_.id for t_ in tasks]
+            )
             responses = [[self.tokenizer.decode(gs[0].token_ids)] for gs in gens]
             verdicts = self.judge_groups(tasks, responses)
             scores, rewards = self.score(tasks, verdicts)

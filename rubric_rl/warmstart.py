@@ -160,13 +160,11 @@ def run_or_load(config, workdir, domain, tokenizer, graphdef, state, mesh) -> An
     )
     # The same completion bucket as the rollouts: the warm start trains the shapes RL samples.
     c_len = round_up_to_bucket(int(config.rollout.max_new_tokens), tuple(config.rollout.buckets))
-    ids, attn, lmask, dropped = encode_corpus(
-        corpus, tokenizer, int(config.model.max_prompt_len), c_len
-    )
+    ids, attn, lmask, dropped = encode_corpus(corpus, tokenizer, int(ws.max_prompt_len), c_len)
     if len(ids) < int(ws.batch):
         raise ValueError(
-            f"config.warmstart: only {len(ids)} demonstrations fit model.max_prompt_len="
-            f"{config.model.max_prompt_len} ({dropped} dropped), fewer than batch {ws.batch}"
+            f"config.warmstart: only {len(ids)} demonstrations fit warmstart.max_prompt_len="
+            f"{ws.max_prompt_len} ({dropped} dropped), fewer than batch {ws.batch}"
         )
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule(ws), weight_decay=0.0))
     params = jax.tree.map(lambda x: x.copy(), state.params)

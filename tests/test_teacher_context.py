@@ -96,9 +96,15 @@ def test_controller_context_reaches_the_train_step(sd_trainer):
     np.testing.assert_array_equal(np.asarray(tb.sd_mask), has.astype(np.float32))
     gate = np.repeat(np.linspace(0.5, 1.0, g_n), j_n)
     np.testing.assert_allclose(np.asarray(tb.sd_coef), np.where(has, 0.5 * gate, 0.0), rtol=1e-6)
-    p, tp = int(t.config.model.max_prompt_len), int(t.config.model.max_teacher_prompt_len)
     ids, tids = np.asarray(tb.input_ids), np.asarray(tb.teacher_input_ids)
     tattn = np.asarray(tb.teacher_attention_mask)
+    # The student's prompt bucket: the loss mask of a row starts at prompt_len - 1.
+    lm = np.asarray(tb.loss_mask)
+    p = int(np.argmax(lm[lm.sum(1) > 0][0] > 0)) + 1
+    assert p in (32, 64)
+    offset = int(np.asarray(tb.teacher_offset)[0])
+    tp = p + offset
+    assert tp in (32, 64, int(t.config.model.max_teacher_prompt_len))  # a teacher bucket
     assert tids.shape[1] == tp + ids.shape[1] - p
     np.testing.assert_array_equal(tids[:, tp:], ids[:, p:])  # the student's own completion
     ctx_ids = t.tokenizer.encode(CONTEXT)

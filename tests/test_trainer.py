@@ -251,11 +251,14 @@ def test_criterion_pass_rates_pool_groups_and_skip_failures():
         assert got[cid] == pytest.approx(np.mean(vals))
 
 
-def test_embedded_default_prompts_are_never_left_truncated(tmp_path):
-    # encode_prompt keeps the last model.max_prompt_len tokens: a longer prompt would silently lose
-    # its instruction ("list 4 fruits") and keep only trailing clauses. Every task of the default
-    # domain (train / held-out / OOD, as many as the default config draws) must fit.
+def test_embedded_default_prompts_fit_with_every_skill_injected(tmp_path):
+    # A prompt longer than model.max_prompt_len is an error (a left-truncated prompt loses its
+    # instruction: ARISE's skill blocks once pushed 36 % of its prompts past the old cap of 40 and
+    # cut "list 4 fruits" off). Every task of the default domain must fit even with every skill
+    # text of the domain injected at once (ARISE's worst case).
     from rubric_rl.builders import build_domain, build_word_tokenizer
+    from rubric_rl.envs.constraint_corpus import decorate_prompt
+    from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
     from rubric_rl.envs.constraints import domain_vocabulary
 
     c = grpo.get_config()
@@ -264,9 +267,18 @@ def test_embedded_default_prompts_are_never_left_truncated(tmp_path):
     longest = 0
     for split in ("train", "heldout", "ood"):
         for task in getattr(domain, split):
-            ids = tok.apply_chat_template(task.messages, add_generation_prompt=True)
+            msgs = decorate_prompt(task, {"skills": list(SKILL_TEXTS.values())})
+            ids = tok.apply_chat_template(msgs, add_generation_prompt=True)
             longest = max(longest, len(ids))
-    assert 0 < longest <= int(c.model.max_prompt_len), longest
+    assert 40 < longest <= int(c.model.max_prompt_len), longest
+
+
+def test_an_overlong_prompt_is_an_error_naming_the_task_and_field(trainer):
+    msgs = [{"role": "user", "content": " ".join(["apple"] * 200)}]
+    with pytest.raises(ValueError, match=r"task t-long.*> config.model.max_prompt_len=96"):
+        trainer.encode_prompt(msgs, "task t-long")
+    # Batches are padded to the smallest prompt bucket that fits (smoke: 32, 64, then the cap).
+    assert [trainer.prompt_len([n]) for n in (5, 32, 33, 64, 65, 96)] == [32, 32, 64, 64, 96, 96]
 
 
 def test_default_advantages_keep_the_rubric_weights_scale():
