@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -133,10 +134,17 @@ def build_word_tokenizer(vocabulary: Sequence[str], directory: str) -> Tokenizer
         additional_special_tokens=list(SPECIAL_TOKENS[3:]),
     )
     hf.chat_template = CHAT_TEMPLATE
-    tmp = directory + ".tmp"
+    # A per-process temporary name: on several hosts sharing the workdir every process builds
+    # the same (deterministic) tokenizer; the first rename wins and the others are dropped.
+    tmp = f"{directory}.tmp-{os.getpid()}-{jax.process_index()}"
     hf.save_pretrained(tmp)
     os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
-    os.replace(tmp, directory)
+    try:
+        os.rename(tmp, directory)
+    except OSError:
+        if not os.path.isdir(directory):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return Tokenizer(directory)
 
 

@@ -33,14 +33,27 @@ _RESUME = flags.DEFINE_bool("resume", False, "Continue from the workdir's latest
 
 def maybe_initialize_distributed() -> bool:
     """``jax.distributed.initialize()`` when a multi-host launcher set its variables (explicit
-    coordinator, or SLURM with several tasks); a single host does nothing."""
+    coordinator: ``JAX_COORDINATOR_ADDRESS`` + ``JAX_NUM_PROCESSES`` + ``JAX_PROCESS_ID``, or SLURM
+    with several tasks); a single host does nothing."""
     multi = bool(os.environ.get("JAX_COORDINATOR_ADDRESS")) or (
         int(os.environ.get("SLURM_NTASKS", "1")) > 1
     )
     if multi:
         import jax
 
-        jax.distributed.initialize()
+        # jax reads only the coordinator address from the environment; with an explicit
+        # coordinator the process count and index must be passed too (SLURM is auto-detected).
+        kwargs = {}
+        if os.environ.get("JAX_COORDINATOR_ADDRESS"):
+            for env, key in (
+                ("JAX_NUM_PROCESSES", "num_processes"),
+                ("JAX_PROCESS_ID", "process_id"),
+            ):
+                if env not in os.environ:
+                    raise ValueError(f"JAX_COORDINATOR_ADDRESS is set but {env} is not")
+                kwargs[key] = int(os.environ[env])
+            kwargs["coordinator_address"] = os.environ["JAX_COORDINATOR_ADDRESS"]
+        jax.distributed.initialize(**kwargs)
     return multi
 
 

@@ -62,3 +62,20 @@ def test_acceptance_bands_must_be_ordered():
     c.critic = dict(rollout_band=(28.0, 10.2))
     with pytest.raises(ValueError, match=r"config\.critic\.rollout_band"):
         common.validate_config(c)
+
+
+def test_explicit_coordinator_needs_the_process_count_and_index(monkeypatch):
+    # jax reads only the coordinator address from the environment; without these two the run
+    # would fail deep inside jax ("Number of processes must be defined").
+    import pytest
+
+    from rubric_rl.launch import maybe_initialize_distributed
+
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "127.0.0.1:1")
+    monkeypatch.delenv("JAX_NUM_PROCESSES", raising=False)
+    monkeypatch.setenv("JAX_PROCESS_ID", "0")
+    with pytest.raises(ValueError, match="JAX_NUM_PROCESSES is not"):
+        maybe_initialize_distributed()
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS")
+    monkeypatch.delenv("SLURM_NTASKS", raising=False)
+    assert maybe_initialize_distributed() is False  # one host: nothing to initialise

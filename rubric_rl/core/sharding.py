@@ -181,6 +181,17 @@ def shard_batch(batch: Any, mesh: Mesh) -> Any:
     return jax.tree_util.tree_map_with_path(put, batch)
 
 
+def to_host(x: Any) -> np.ndarray:
+    """A jax.Array as one numpy array on every process. Several processes: an array spanning
+    other hosts' devices cannot be read locally, so it is all-gathered (every process runs the
+    same rollouts, so each gets the whole result)."""
+    if not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
 def kv_cache_shardings(cache: Any, mesh: Mesh) -> Any:
     """Shardings for a KV cache pytree of [B, S, KV, hd] arrays (`Qwen3ForCausalLM.init_cache`):
     batch over ("data", "fsdp") like the batch, kv heads over "tensor" (divisibility fallback)."""

@@ -321,7 +321,7 @@ class JaxEngine(RolloutEngine):
                 max_new_tokens=params.max_new_tokens,
                 filtering=filtering,
             )
-            tokens, logps, lengths = np.asarray(tokens), np.asarray(logps), np.asarray(lengths)
+            tokens, logps, lengths = (sharding_lib.to_host(x) for x in (tokens, logps, lengths))
             stop_set = set(int(t) for t in stop_ids if t >= 0)
             for k, (ri, j, seed) in enumerate(chunk):
                 n = int(lengths[k])
@@ -362,7 +362,7 @@ class JaxEngine(RolloutEngine):
             for k, (pr, co) in enumerate(chunk):  # right padding, as a TrainBatch row
                 ids[k, : len(pr) + len(co)] = pr + co
                 mask[k, : len(pr) + len(co)] = 1
-            logps = np.asarray(
+            logps = sharding_lib.to_host(
                 self._score_jit(
                     self._params, self._rest, *self._put(ids, mask), temperature=temperature
                 )
