@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,6 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from rubric_rl.checkpoint import publish_dir
 from rubric_rl.controllers.base import Controller, ControllerSet
 from rubric_rl.controllers.sampling import SAMPLERS
 from rubric_rl.core import sharding
@@ -138,13 +138,7 @@ def build_word_tokenizer(vocabulary: Sequence[str], directory: str) -> Tokenizer
     # the same (deterministic) tokenizer; the first rename wins and the others are dropped.
     tmp = f"{directory}.tmp-{os.getpid()}-{jax.process_index()}"
     hf.save_pretrained(tmp)
-    os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
-    try:
-        os.rename(tmp, directory)
-    except OSError:
-        if not os.path.isdir(directory):
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)
+    publish_dir(tmp, directory)
     return Tokenizer(directory)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Any
 
 import jax
@@ -25,6 +26,19 @@ import orbax.checkpoint as ocp
 from rubric_rl.core import checkpointing
 
 RUN_STATE = "run_state"
+
+
+def publish_dir(tmp: str, dst: str) -> None:
+    """Moves the finished directory ``tmp`` to ``dst`` in one rename, so ``dst`` appears complete
+    or not at all. When another process or run got there first (the same, deterministic content)
+    its copy is kept and ``tmp`` dropped; any other failure is raised."""
+    os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
+    try:
+        os.rename(tmp, dst)
+    except OSError:
+        if not os.path.isdir(dst):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def key_to_json(key: jax.Array) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from rubric_rl.rollout.jax_engine import round_up_to_bucket
 from rubric_rl.rubrics.judges import JudgeItem
 from rubric_rl.rubrics.rewards import POINTS_SCALE, batch_rewards
 from rubric_rl.rubrics.scores import failure_counts, pack_verdicts
+from rubric_rl.rubrics.types import append_to_last_user
 from rubric_rl.trainer_batch import build_train_batch
 
 
@@ -253,7 +254,7 @@ class Trainer:
         rewards = batch_rewards(self.config.loss.reward, scores).values.astype(np.float64)
         return scores, rewards
 
-    def teacher_inputs(self, tasks, prompts, evidence: Evidence) -> dict[str, Any]:
+    def teacher_inputs(self, tasks, prompts, requests, evidence: Evidence) -> dict[str, Any]:
         """Self-distillation inputs from the controllers (DESIGN §3–5): per group the teacher
         prompt's token ids (the decorated prompt with the controllers' privileged context appended
         to its last user message; None = no context, so no SD term) and λ = ``loss.sd_coef`` ×
@@ -264,24 +265,18 @@ class Trainer:
             if not ctx or not ctx.strip():
                 teacher_prompts.append(None)
                 continue
-            msgs = [dict(m) for m in msgs]
-            last = max(i for i, m in enumerate(msgs) if m["role"] == "user")
-            msgs[last]["content"] = f"{msgs[last]['content']} {ctx.strip()}"
-            teacher_prompts.append(
-                self.encode_prompt(
-                    msgs, f"teacher prompt of task {t_.id}", "max_teacher_prompt_len"
-                )
-            )
+            what = f"teacher prompt of task {t_.id}"
+            msgs = append_to_last_user(msgs, ctx.strip(), what=what)
+            teacher_prompts.append(self.encode_prompt(msgs, what, "max_teacher_prompt_len"))
         gate = self.controllers.sd_gate(evidence)
         coef = float(self.config.loss.sd_coef) * (np.ones(len(tasks)) if gate is None else gate)
         # Teacher rows are at least as long as the student's (a group without context uses the
         # student's prompt), in the same buckets up to model.max_teacher_prompt_len.
         lengths = [len(p) for p in teacher_prompts if p is not None]
-        lengths += [len(self.encode_prompt(m)) for m in prompts]
+        lengths += [len(r.prompt_ids) for r in requests]
         return {
             "teacher_prompts": teacher_prompts,
             "sd_coef": coef,
-            "contexts": contexts,
             "teacher_prompt_len": self.prompt_len(lengths, "max_teacher_prompt_len"),
         }
 
@@ -338,7 +333,11 @@ class Trainer:
             advantages=adv,
         )
         ctrl_metrics = self.controllers.observe(evidence)
-        teacher = self.teacher_inputs(tasks, prompts, evidence) if self.tcfg.needs_teacher else {}
+        teacher = (
+            self.teacher_inputs(tasks, prompts, requests, evidence)
+            if self.tcfg.needs_teacher
+            else {}
+        )
         if teacher:
             ctrl_metrics["sd/context_frac"] = float(
                 np.mean([p is not None for p in teacher["teacher_prompts"]])

@@ -78,7 +78,7 @@ def build_train_batch(
             group[r] = g
             version[r] = gen.weight_version
             finish[r] = FINISH_CODES[gen.finish_reason]
-    positions = np.maximum(np.cumsum(attn, axis=1) - 1, 0).astype(np.int32)
+    positions = _positions(attn)
     teacher = {}
     if teacher_prompts is not None:
         teacher = _teacher_arrays(
@@ -102,6 +102,11 @@ def build_train_batch(
         sh = sharding.batch_sharding(mesh)
         arrays = {k: jax.device_put(v, sh) for k, v in arrays.items()}
     return TrainBatch(**arrays)
+
+
+def _positions(attn: np.ndarray) -> np.ndarray:
+    """Host-side ``models.qwen3.default_positions``: cumsum(mask) - 1, clipped at 0."""
+    return np.maximum(np.cumsum(attn, axis=1) - 1, 0).astype(np.int32)
 
 
 def _teacher_arrays(
@@ -134,7 +139,7 @@ def _teacher_arrays(
             lam[r] = float(coef[g]) if has else 0.0
     return dict(
         teacher_input_ids=t_ids,
-        teacher_positions=np.maximum(np.cumsum(t_attn, axis=1) - 1, 0).astype(np.int32),
+        teacher_positions=_positions(t_attn),
         teacher_attention_mask=t_attn,
         teacher_offset=np.full((b,), tp_len - prompt_len, np.int32),
         sd_mask=mask,

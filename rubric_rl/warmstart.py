@@ -28,8 +28,9 @@ import orbax.checkpoint as ocp
 from absl import logging
 from flax import nnx
 
+from rubric_rl.checkpoint import publish_dir
 from rubric_rl.core import sharding
-from rubric_rl.models import logits_from_hidden
+from rubric_rl.models import default_positions, logits_from_hidden
 from rubric_rl.rollout.jax_engine import round_up_to_bucket
 
 
@@ -76,7 +77,7 @@ def encode_corpus(corpus, tokenizer, prompt_len: int, completion_len: int):
 def make_sft_step(graphdef, tx):
     def loss_fn(params, rest, ids, attn, lmask):
         model = nnx.merge(graphdef, params, rest)
-        pos = jnp.maximum(jnp.cumsum(attn, axis=1) - 1, 0)
+        pos = default_positions(ids, attn)
         hidden = model.hidden_states(ids, pos, attn)
         logits = logits_from_hidden(hidden[:, :-1], model.unembed())
         lp = jax.nn.log_softmax(logits, axis=-1)
@@ -130,10 +131,7 @@ def _copy_atomic(src: str, dst: str) -> None:
     tmp = f"{dst}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)
-    try:
-        os.rename(tmp, dst)
-    except OSError:  # lost a race: the other copy is identical
-        shutil.rmtree(tmp, ignore_errors=True)
+    publish_dir(tmp, dst)
 
 
 def run_or_load(config, workdir, domain, tokenizer, graphdef, state, mesh) -> Any:

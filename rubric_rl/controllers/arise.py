@@ -41,7 +41,7 @@ from rubric_rl.controllers.reflection import Reflection, RolloutRecord, satisfie
 from rubric_rl.core.advantages import multi_signal_advantages
 from rubric_rl.rubrics.rewards import batch_rewards
 from rubric_rl.rubrics.scores import ScoreMatrices
-from rubric_rl.rubrics.types import Rubric, Task
+from rubric_rl.rubrics.types import Rubric, Task, append_to_last_user
 
 __all__ = [
     "ACTIVE",
@@ -179,16 +179,14 @@ class AriseController(Controller):
         out = [[dict(m) for m in p] for p in prompts]
         if not self.config.inject_skills:
             return out
-        for task, messages in zip(tasks, out):
+        for g, task in enumerate(tasks):
             skills = self.pool.skills_for(self.base_task(task))
-            if not skills:
-                continue
-            users = [i for i, m in enumerate(messages) if m["role"] == "user"]
-            if not users:
-                raise ValueError(f"AriseController.decorate: task {task.id!r} has no user message")
-            last_user = users[-1]
-            block = _skills_block(task, skills)
-            messages[last_user]["content"] = f"{messages[last_user]['content']} {block}"
+            if skills:
+                out[g] = append_to_last_user(
+                    out[g],
+                    _skills_block(task, skills),
+                    what=f"AriseController.decorate: task {task.id!r}",
+                )
         return out
 
     def task_rewards(self, tasks: Sequence[Task], responses: Sequence[Sequence[str]]) -> np.ndarray:

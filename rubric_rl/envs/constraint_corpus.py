@@ -55,7 +55,7 @@ __all__ = [
     "warmstart_corpus",
     "warmstart_example",
 ]
-from rubric_rl.rubrics.types import Task
+from rubric_rl.rubrics.types import Task, append_to_last_user
 
 # Share of unguided demonstrations carrying each fluff (praise opener, compliance claim). 0.1, not
 # 0.3: an opener at 0.3 (0.15 per phrase) beat the spread-out first body words under greedy
@@ -103,15 +103,9 @@ def decorate_prompt(task: Task, guidance: Mapping[str, str | Sequence[str] | Non
         if isinstance(value, str) and not value.strip():
             continue
         blocks.append(render_guidance(kind, value))
-    messages = task.messages
     if not blocks:
-        return messages
-    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
-    messages[last_user] = {
-        "role": "user",
-        "content": " ".join([messages[last_user]["content"], *blocks]),
-    }
-    return messages
+        return task.messages
+    return append_to_last_user(task.messages, " ".join(blocks), what=f"task {task.id!r}")
 
 
 def format_reference(good: str | None = None, bad: str | None = None) -> str:

@@ -230,6 +230,19 @@ def verdict_failed(criterion_id: str, error: str, **kwargs: Any) -> Verdict:
     return Verdict(criterion_id=criterion_id, met=None, error=error, **kwargs)
 
 
+def append_to_last_user(
+    messages: Sequence[Mapping[str, str]], text: str, *, what: str = "prompt"
+) -> list[dict[str, str]]:
+    """A copy of chat ``messages`` with ``text`` appended (after a space) to the last user message:
+    how guidance blocks, ARISE skills and self-distillation contexts are mounted on a prompt."""
+    out = [dict(m) for m in messages]
+    users = [i for i, m in enumerate(out) if m["role"] == "user"]
+    if not users:
+        raise ValueError(f"{what} has no user message")
+    out[users[-1]]["content"] = f"{out[users[-1]]['content']} {text}"
+    return out
+
+
 def messages_from(obj: Sequence[Mapping[str, str]] | str) -> tuple[Message, ...]:
     """A chat prompt from a list of {role, content} dicts, or a single user string."""
     if isinstance(obj, str):

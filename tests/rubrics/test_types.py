@@ -99,3 +99,15 @@ def test_verdict_failure_is_none_never_false():
     with pytest.raises(ValueError, match="bool or None"):
         Verdict("a", 0)
     assert Verdict("a", True, usage={"out": 2, "in": 5}).usage == (("in", 5), ("out", 2))
+
+
+def test_append_to_last_user_copies_and_names_the_prompt_without_a_user_message():
+    from rubric_rl.rubrics.types import append_to_last_user
+
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"}, {"role": "tool", "content": "d"}]  # fmt: skip
+    out = append_to_last_user(msgs, "<skills> x </skills>", what="task t1")
+    assert [m["content"] for m in out] == ["a", "b", "c <skills> x </skills>", "d"]
+    assert msgs[2]["content"] == "c"  # the input is not modified
+    with pytest.raises(ValueError, match="task t1 has no user message"):
+        append_to_last_user([{"role": "system", "content": "s"}], "x", what="task t1")
