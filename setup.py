@@ -16,6 +16,9 @@ CORE = [
     "safetensors==0.8.0",
     "tokenizers==0.23.3",
     "transformers==5.24.0",
+    # transformers renders chat templates with jinja2 but does not depend on it; without it the
+    # README's first command (no extras, so no torch to bring it) fails in the warm start.
+    "jinja2==3.1.6",
     "pyarrow>=15",
     "httpx>=0.27",
     "tqdm>=4.66",
