@@ -52,7 +52,8 @@ class Domain:
     ood: tuple[Task, ...]
     verify: Callable[[Task, str], bool] | None = None  # task pass (all stated constraints)
     oracle: Callable[[Task, str], float] | None = None  # hidden quality in [0, 1]
-    corpus: Callable[[int, int], list[tuple[list[dict], str]]] | None = None  # (n, seed)
+    # (n, seed, p_keep): n demonstrations, each stated constraint met with probability p_keep.
+    corpus: Callable[[int, int, float], list[tuple[list[dict], str]]] | None = None
     vocabulary: Sequence[str] | None = None
 
 
@@ -71,7 +72,7 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
         ood=tuple(gen.tasks("ood", int(cfg.n_ood))),
         verify=constraints.verify,
         oracle=constraints.oracle_quality,
-        corpus=lambda n, seed: constraints.warmstart_corpus(n, seed),
+        corpus=lambda n, seed, p_keep: constraints.warmstart_corpus(n, seed, p_keep=p_keep),
         vocabulary=constraints.domain_vocabulary(),
     )
 

@@ -34,13 +34,15 @@ from rubric_rl.models import default_positions, logits_from_hidden
 from rubric_rl.rollout.jax_engine import round_up_to_bucket
 
 
-def load_or_build_corpus(path: str, domain: Any, n: int, seed: int) -> list[tuple[list, str]]:
+def load_or_build_corpus(
+    path: str, domain: Any, n: int, seed: int, p_keep: float
+) -> list[tuple[list, str]]:
     if os.path.exists(path):
         with open(path) as f:
             return [(r["messages"], r["completion"]) for r in map(json.loads, f)]
     if domain.corpus is None:
         raise ValueError(f"config.warmstart.steps > 0 but domain {domain.name!r} has no corpus")
-    corpus = domain.corpus(n, seed)
+    corpus = domain.corpus(n, seed, p_keep)
     if jax.process_index() != 0:  # multi-host: the corpus is deterministic; process 0 writes it
         return [(m, c) for m, c in corpus]
     tmp = path + ".tmp"
@@ -154,7 +156,11 @@ def run_or_load(config, workdir, domain, tokenizer, graphdef, state, mesh) -> An
         logging.info("warm start: reusing %s", params_dir)
         return ckptr.restore(params_dir, target)
     corpus = load_or_build_corpus(
-        os.path.join(d, "corpus.jsonl"), domain, int(ws.corpus_size), int(config.domain.seed)
+        os.path.join(d, "corpus.jsonl"),
+        domain,
+        int(ws.corpus_size),
+        int(config.domain.seed),
+        float(ws.p_keep),
     )
     # The same completion bucket as the rollouts: the warm start trains the shapes RL samples.
     c_len = round_up_to_bucket(int(config.rollout.max_new_tokens), tuple(config.rollout.buckets))

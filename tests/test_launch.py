@@ -79,3 +79,20 @@ def test_explicit_coordinator_needs_the_process_count_and_index(monkeypatch):
     monkeypatch.delenv("JAX_COORDINATOR_ADDRESS")
     monkeypatch.delenv("SLURM_NTASKS", raising=False)
     assert maybe_initialize_distributed() is False  # one host: nothing to initialise
+
+
+def test_tcmalloc_reexec_preloads_once_and_can_be_turned_off():
+    import sys
+
+    from rubric_rl.launch import TCMALLOC, tcmalloc_reexec
+
+    argv = ["/x/rubric_rl/launch.py", "--config=configs/grpo.py", "--workdir=w"]
+    there = {TCMALLOC}.__contains__
+    args, env = tcmalloc_reexec(argv, {"LD_PRELOAD": "/lib/other.so", "A": "1"}, exists=there)
+    assert args == [sys.executable, "-m", "rubric_rl.launch", *argv[1:]]
+    assert env["LD_PRELOAD"] == f"{TCMALLOC}:/lib/other.so" and env["A"] == "1"
+    # The re-executed process sees it preloaded and runs: no loop.
+    assert tcmalloc_reexec(argv, env, exists=there) is None
+    assert tcmalloc_reexec(argv, {"RUBRIC_RL_TCMALLOC": "0"}, exists=there) is None
+    assert tcmalloc_reexec(argv, {}, exists=lambda p: False) is None
+    assert tcmalloc_reexec(argv, {}, exists=there)[1]["LD_PRELOAD"] == TCMALLOC

@@ -120,17 +120,36 @@ def hard_constraints(task: Task) -> tuple[Constraint, ...]:
 # --- rendering responses -------------------------------------------------------------------------
 
 
+# The format a response has when its task states none: lowercase, ending ".", items joined ",".
+# A demonstration that ignores a stated format falls back to this habit (as a writer who skips the
+# instruction would), and only when the task asks for the habit itself does it pick another option
+# at random. Why not always at random: the evaluation is greedy, so it shows the policy's mode.
+# With random violations the asked format stayed the demonstrations' mode (p_keep against
+# (1 - p_keep) / 2 for each other option), the warm-started policy already decoded it wherever it
+# had picked up the instruction, and RL's gains in sampled pass rates (end 0.53 -> 0.91, count
+# 0.43 -> 0.76 over 200 steps) moved the greedy held-out score by only +2.8 (measured
+# 2026-11-30). With the habit, an instruction followed less than half the time is not the mode,
+# and RL that makes the policy follow it shows in the greedy score (+11.7 over 200 steps at
+# warmstart.p_keep=0.4, held-out oracle 0.44 -> 0.57).
+HABITS = {"case": "lower", "end": ".", "sep": ","}
+
+
+def _violate(rng: np.random.Generator, kind: str, options: Sequence[str], asked: str) -> str:
+    habit = HABITS[kind]
+    return habit if asked != habit else other(rng, options, asked)
+
+
 def _case_mode(p: Mapping[str, Any], keep: set[str], rng: np.random.Generator) -> str:
-    mode = p.get("case") or "lower"
+    mode = p.get("case") or HABITS["case"]
     if p.get("case") and "case" not in keep:
-        mode = other(rng, CASES, mode)
+        mode = _violate(rng, "case", CASES, mode)
     return mode
 
 
 def _end_mark(p: Mapping[str, Any], keep: set[str], rng: np.random.Generator) -> str:
-    mark = p.get("end") or "."
+    mark = p.get("end") or HABITS["end"]
     if p.get("end") and "end" not in keep:
-        mark = other(rng, PUNCTUATION, mark)
+        mark = _violate(rng, "end", PUNCTUATION, mark)
     return mark
 
 
@@ -170,9 +189,9 @@ def _render_list(p, keep, rng) -> list[str]:
         for i, w in enumerate(items):
             out += [str(i + 1), NUMBER_MARK, w]
     else:
-        sep = p.get("sep") or ","
+        sep = p.get("sep") or HABITS["sep"]
         if p.get("sep") and "sep" not in keep:
-            sep = other(rng, SEPARATORS, sep)
+            sep = _violate(rng, "sep", SEPARATORS, sep)
         for i, w in enumerate(items):
             out += ([sep] if i else []) + [w]
     return out + [_end_mark(p, keep, rng)]

@@ -317,7 +317,10 @@ def test_guided_completion_meets_what_the_guidance_names():
     hits = total = fluff_left = 0
     for i, task in enumerate(tasks):
         rng = np.random.default_rng(i)
-        _, completion, guidance = warmstart_example(task, rng, guided=True, fluff_rate=0.6)
+        # No padding: filler words inside the body can break a word count or the category.
+        _, completion, guidance = warmstart_example(
+            task, rng, guided=True, fluff_rate=0.6, pad_rate=0.0
+        )
         for kind in ("criterion", "critique", "coach"):
             if kind in guidance:
                 for c in cf.hard_constraints(task):
@@ -422,3 +425,35 @@ def test_superficial_cues_weigh_less_than_any_stated_requirement():
             if _met(t.rubric.by_id(c.kind), broken):
                 continue  # the renderer could not break this one alone
             assert _rubric_reward(t, broken) < _rubric_reward(t, ref) < _rubric_reward(t, fluffy)
+
+
+def test_ignored_format_falls_back_to_the_habit():
+    # Greedy evaluation shows the policy's mode: below p_keep = 0.5 the demonstrations' mode for a
+    # stated non-habit format must be the habit (so RL that teaches the instruction shows), and a
+    # violation is never the third option.
+    n = 1500
+    tasks = cf.ConstraintDomain(3).tasks("train", n)
+    corpus = warmstart_corpus(
+        n, seed=3, guided_fraction=0.0, p_keep=0.4, fluff_rate=0.0, pad_rate=0.0
+    )
+    asked_end = habit_end = asked_habit = 0
+    for (_, completion), task in zip(corpus, tasks, strict=True):
+        p = task.raw["params"]
+        mark = units(completion)[-1]
+        if not p.get("end"):
+            assert mark == cf.HABITS["end"]
+        elif p["end"] != cf.HABITS["end"]:
+            assert mark in (p["end"], cf.HABITS["end"]), (p["end"], completion)
+            asked_end += mark == p["end"]
+            habit_end += mark == cf.HABITS["end"]
+        else:
+            asked_habit += 1
+    assert asked_end + habit_end > 150 and asked_habit > 30
+    assert 0.3 < asked_end / (asked_end + habit_end) < 0.5  # p_keep = 0.4: the habit is the mode
+    kept = warmstart_corpus(200, seed=3, guided_fraction=0.0, p_keep=1.0, fluff_rate=0.0)
+    for (_, completion), task in zip(kept, tasks, strict=False):
+        for c in cf.hard_constraints(task):
+            if c.kind in ("end", "case", "sep"):
+                assert c.met(completion), (c.kind, completion)
+    with pytest.raises(ValueError, match="p_keep"):
+        warmstart_corpus(4, seed=0, p_keep=1.5)
