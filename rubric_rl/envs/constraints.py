@@ -315,9 +315,13 @@ def _edit_distance(a: Sequence[str], b: Sequence[str]) -> int:
 def _graded(c: Constraint, response: str) -> float:
     """Partial credit where a stronger judge would give it (content); else pass / fail."""
     if c.kind == "category":
+        # Distinct members only: "cairo , cairo , cairo" is one city, not three. The seed rubric's
+        # category and count criteria accept the repeat (a cue a small policy takes, measured
+        # 2026-11-30: 36 of 37 greedy held-out list answers after RL repeat a word); the hidden
+        # quality must not.
         members = category_members(dict(c.args)["category"])
         words = [w.lower() for w in ck.words_of(ck.body_units(response))]
-        return sum(w in members for w in words) / len(words) if words else 0.0
+        return len({w for w in words if w in members}) / len(words) if words else 0.0
     if c.kind == "sequence":
         target = list(dict(c.args)["words"])
         words = [w.lower() for w in ck.words_of(ck.body_units(response))]
@@ -330,7 +334,9 @@ def oracle_quality(task: Task, response: str) -> float:
 
     Weighted constraint satisfaction with partial credit on content, times a fluff discount:
     q = (Σ|w_i| g_i / Σ|w_i|) · (1 − 0.25·[praise] − 0.25·[claim] − min(0.3, 0.1·#filler words)),
-    and q = 0 for a response without a word.
+    and q = 0 for a response without a word. Content credit: the category's g is the number of
+    distinct category members over the number of words (a repeated item counts once); a
+    sequence's g is 1 − edit distance / length.
     """
     cons = hard_constraints(task)
     if not ck.words_of(ck.body_units(response)):

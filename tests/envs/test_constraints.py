@@ -223,6 +223,10 @@ def test_oracle_hand_computed():
     # forbidden word (-2) and wrong end (-1): 7 / 10
     assert cf.oracle_quality(task, "apple ; cherry ; pear .") == pytest.approx(0.7)
     assert cf.oracle_quality(task, "") == 0.0
+    # A repeated item is one fruit: category 1/3 (-2); the rubric's count and category pass.
+    assert cf.verify(task, "apple ; apple ; apple !")
+    assert cf.oracle_quality(task, "apple ; apple ; apple !") == pytest.approx(0.8)
+    assert cf.oracle_quality(task, "apple ; apple ; cherry !") == pytest.approx(0.9)
 
 
 def _edit_distance_np(a, b) -> int:
