@@ -17,7 +17,7 @@ sequence, ×3 for the student's backward); ``ratio_with_attention`` uses it. The
 recomputation in the backward pass (remat) is real work not counted as model FLOPs.
 
 Uses tcmalloc when ``libtcmalloc_minimal.so.4`` is present (glibc malloc costs ≈ 1.6× on XLA:CPU,
-notes/jax-on-cpu.md): the script re-executes itself with ``LD_PRELOAD``.
+notes/jax-on-cpu.md): the script re-executes itself with ``LD_PRELOAD`` (``rubric_rl.tcmalloc``).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ import os
 import sys
 import time
 
-TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+from rubric_rl.tcmalloc import preload_env  # stdlib only: runs before jax is imported
 
-if os.path.exists(TCMALLOC) and "tcmalloc" not in os.environ.get("LD_PRELOAD", ""):
-    env = dict(os.environ, LD_PRELOAD=TCMALLOC)
-    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+_env = preload_env(os.environ)
+if _env is not None:
+    os.execve(sys.executable, [sys.executable, *sys.argv], _env)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

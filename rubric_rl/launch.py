@@ -19,6 +19,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from rubric_rl.tcmalloc import preload_env
+
 # configs/ lives at the repository root, next to the package.
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
@@ -57,26 +59,13 @@ def maybe_initialize_distributed() -> bool:
     return multi
 
 
-TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
-
-
 def tcmalloc_reexec(
     argv: list[str], environ: dict[str, str], exists=os.path.exists
 ) -> tuple[list[str], dict[str, str]] | None:
-    """(argv, env) to re-execute this entry point with tcmalloc preloaded, or None.
-
-    XLA:CPU allocates and frees many small buffers every step; glibc's malloc makes the embedded
-    default ≈ 1.5× slower (measured 2026-11-30 on the 2-core CPU: 0.75 -> 0.51 s per RL step,
-    notes/jax-on-cpu.md). Only when the library is installed (Debian/Ubuntu:
-    ``libtcmalloc-minimal4``), not already preloaded, and ``RUBRIC_RL_TCMALLOC`` is not "0".
-    """
-    if environ.get("RUBRIC_RL_TCMALLOC", "1") == "0" or not exists(TCMALLOC):
-        return None
-    preload = environ.get("LD_PRELOAD", "")
-    if "tcmalloc" in preload:
-        return None
-    env = dict(environ, LD_PRELOAD=f"{TCMALLOC}:{preload}" if preload else TCMALLOC)
-    return [sys.executable, "-m", "rubric_rl.launch", *argv[1:]], env
+    """(argv, env) to re-execute this entry point with tcmalloc preloaded (``rubric_rl.tcmalloc``:
+    when installed, not yet preloaded, and ``RUBRIC_RL_TCMALLOC`` is not "0"), or None."""
+    env = preload_env(environ, exists)
+    return None if env is None else ([sys.executable, "-m", "rubric_rl.launch", *argv[1:]], env)
 
 
 def default_workdir(config_path: str) -> str:
@@ -128,6 +117,6 @@ def main(argv):
 
 if __name__ == "__main__":
     _reexec = tcmalloc_reexec(sys.argv, dict(os.environ))
-    if _reexec is not None:
+    if _reexec is not None:  # execve keeps the pid: whoever signals this process still reaches it
         os.execve(sys.executable, *_reexec)
     app.run(main)

@@ -84,7 +84,8 @@ def test_explicit_coordinator_needs_the_process_count_and_index(monkeypatch):
 def test_tcmalloc_reexec_preloads_once_and_can_be_turned_off():
     import sys
 
-    from rubric_rl.launch import TCMALLOC, tcmalloc_reexec
+    from rubric_rl.launch import tcmalloc_reexec
+    from rubric_rl.tcmalloc import TCMALLOC
 
     argv = ["/x/rubric_rl/launch.py", "--config=configs/grpo.py", "--workdir=w"]
     there = {TCMALLOC}.__contains__

@@ -132,25 +132,21 @@ def hard_constraints(task: Task) -> tuple[Constraint, ...]:
 # and RL that makes the policy follow it shows in the greedy score (+11.7 over 200 steps at
 # warmstart.p_keep=0.4, held-out oracle 0.44 -> 0.57).
 HABITS = {"case": "lower", "end": ".", "sep": ","}
+_FORMAT_OPTIONS = {"case": CASES, "end": PUNCTUATION, "sep": SEPARATORS}
 
 
-def _violate(rng: np.random.Generator, kind: str, options: Sequence[str], asked: str) -> str:
-    habit = HABITS[kind]
-    return habit if asked != habit else other(rng, options, asked)
-
-
-def _case_mode(p: Mapping[str, Any], keep: set[str], rng: np.random.Generator) -> str:
-    mode = p.get("case") or HABITS["case"]
-    if p.get("case") and "case" not in keep:
-        mode = _violate(rng, "case", CASES, mode)
-    return mode
-
-
-def _end_mark(p: Mapping[str, Any], keep: set[str], rng: np.random.Generator) -> str:
-    mark = p.get("end") or HABITS["end"]
-    if p.get("end") and "end" not in keep:
-        mark = _violate(rng, "end", PUNCTUATION, mark)
-    return mark
+def _stated_or_habit(
+    p: Mapping[str, Any], keep: set[str], rng: np.random.Generator, kind: str
+) -> str:
+    """The case mode / end mark / separator of a response: the stated one when kept (or the
+    habit when none is stated), else the habit, or a random other option when the habit is what
+    was asked."""
+    asked, habit = p.get(kind), HABITS[kind]
+    if not asked:
+        return habit
+    if kind in keep:
+        return asked
+    return habit if asked != habit else other(rng, _FORMAT_OPTIONS[kind], asked)
 
 
 def _bad_count(n: int, rng: np.random.Generator) -> int:
@@ -182,19 +178,17 @@ def _render_list(p, keep, rng) -> list[str]:
             items = sorted(items, reverse=desc)
         elif items == sorted(items, reverse=desc):
             items = sorted(items, reverse=not desc)
-    mode = _case_mode(p, keep, rng)
+    mode = _stated_or_habit(p, keep, rng, "case")
     items = [apply_case(w, mode) for w in items]
     out: list[str] = []
     if p.get("numbered") and "numbered" in keep:
         for i, w in enumerate(items):
             out += [str(i + 1), NUMBER_MARK, w]
     else:
-        sep = p.get("sep") or HABITS["sep"]
-        if p.get("sep") and "sep" not in keep:
-            sep = _violate(rng, "sep", SEPARATORS, sep)
+        sep = _stated_or_habit(p, keep, rng, "sep")
         for i, w in enumerate(items):
             out += ([sep] if i else []) + [w]
-    return out + [_end_mark(p, keep, rng)]
+    return out + [_stated_or_habit(p, keep, rng, "end")]
 
 
 def _render_format(p, keep, rng) -> list[str]:
@@ -215,8 +209,8 @@ def _render_format(p, keep, rng) -> list[str]:
         else:
             rest.append(intruder(rng, cat))
     words = lead + [str(w) for w in rng.permutation(rest)]
-    mode = _case_mode(p, keep, rng)
-    return [apply_case(w, mode) for w in words] + [_end_mark(p, keep, rng)]
+    mode = _stated_or_habit(p, keep, rng, "case")
+    return [apply_case(w, mode) for w in words] + [_stated_or_habit(p, keep, rng, "end")]
 
 
 def _render_short_answer(p, keep, rng) -> list[str]:
@@ -235,8 +229,8 @@ def _render_short_answer(p, keep, rng) -> list[str]:
             words = [other(rng, FRAMING_WORDS, p["start"]), answer]
     elif p.get("one_word") and "one_word" not in keep:
         words = [pick(rng, FRAMING_WORDS), answer]
-    mode = _case_mode(p, keep, rng)
-    return [apply_case(w, mode) for w in words] + [_end_mark(p, keep, rng)]
+    mode = _stated_or_habit(p, keep, rng, "case")
+    return [apply_case(w, mode) for w in words] + [_stated_or_habit(p, keep, rng, "end")]
 
 
 def _render_sequence(p, keep, rng) -> list[str]:
@@ -253,8 +247,8 @@ def _render_sequence(p, keep, rng) -> list[str]:
         extra = [w for w in p["words"] if w not in words] or [intruder(rng, "fruit")]
         wrong.append(words + [extra[0]])
         words = pick(rng, [w for w in wrong if w != list(p["expected"])])
-    mode = _case_mode(p, keep, rng)
-    return [apply_case(w, mode) for w in words] + [_end_mark(p, keep, rng)]
+    mode = _stated_or_habit(p, keep, rng, "case")
+    return [apply_case(w, mode) for w in words] + [_stated_or_habit(p, keep, rng, "end")]
 
 
 _RENDERERS = {
@@ -286,7 +280,7 @@ def render_response(
     keep = set(kinds if keep is None else keep)
     body = _RENDERERS[p["type"]](p, keep, rng)
     if pad:
-        mode = _case_mode(p, keep | {"case"}, rng)
+        mode = _stated_or_habit(p, keep | {"case"}, rng, "case")
         filler = [apply_case(w, mode) for w in units(pick(rng, PADDING))]
         body = filler + body if rng.random() < 0.5 else body[:-1] + filler + body[-1:]
     out = (units(pick(rng, OPENERS)) if praise else []) + body
