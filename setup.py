@@ -19,7 +19,9 @@ CORE = [
     # transformers renders chat templates with jinja2 but does not depend on it; without it the
     # README's first command (no extras, so no torch to bring it) fails in the warm start.
     "jinja2==3.1.6",
-    "pyarrow>=15",
+    # 25.0.1 is the release on the CI machines' local package mirror; 26 is a 55 MB download from
+    # PyPI that CI once failed to finish (the sglang venv pins the same release).
+    "pyarrow==25.0.1",
     "httpx>=0.27",
     "tqdm>=4.66",
     "tensorboardX==2.6.5",

@@ -28,8 +28,8 @@ DEPS=(
   prometheus-client psutil pybase64 pydantic "python-dateutil<3" python-multipart pyzmq regex requests
   scipy sentencepiece==0.2.1 setproctitle soundfile==0.13.1 tiktoken tokenizers==0.23.2
   transformers==5.19.0 tqdm "uvicorn>=0.51" uvloop watchfiles xxhash zstandard safetensors
-  huggingface_hub dill datasets compressed-tensors==0.18.0 xgrammar==0.2.7 numba==0.65.1
-  apache-tvm-ffi==0.1.11 timm==1.0.25 modelscope
+  huggingface_hub dill datasets compressed-tensors==0.18.0 xgrammar==0.2.7 numba==0.68.0
+  apache-tvm-ffi==0.1.11 timm==1.0.25 modelscope pyarrow==25.0.1
 )
 
 STAMP="$VENV/.rubric_rl_sglang_cpu_stamp"
@@ -56,24 +56,39 @@ fi
 
 echo "[sglang_cpu] installing into $VENV"
 [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install --quiet)
-"$VENV/bin/python" -m pip install --quiet --upgrade pip
+# A download from PyPI that breaks off (seen in CI: pyarrow stopped at 22 of 55 MB, six times) is
+# retried from scratch; pip's own resume did not get further. Where a release lies in the machine's
+# local mirror, the pins take that one (pyarrow 25.0.1; numba 0.68.0, whose llvmlite 0.50 is local
+# where 0.65.1's llvmlite 0.47 was a 56 MB download. sglang's metadata asks for numba 0.65.1, so pip
+# prints a conflict warning; only a multimodal image processor imports numba, and the real-server
+# tests pass with 0.68.0).
+pip_install() {
+  local attempt
+  for attempt in 1 2 3; do
+    "$VENV/bin/python" -m pip install --quiet "$@" && return 0
+    echo "[sglang_cpu] pip install failed (attempt $attempt of 3); retrying in 15 s" >&2
+    sleep 15
+  done
+  echo "[sglang_cpu] pip install $* failed three times" >&2
+  return 1
+}
+pip_install --upgrade pip
 
 CONSTRAINTS="$VENV/constraints-sglang-cpu.txt"
 echo "torch==$TORCH_VERSION" >"$CONSTRAINTS"
 
 # 1. torch first (the CPU wheel on this machine), then held fixed for every later step.
-"${PIP[@]}" -c "$CONSTRAINTS" "torch==$TORCH_VERSION"
+pip_install -c "$CONSTRAINTS" "torch==$TORCH_VERSION"
 # 2. sglang and torchvision without their dependency pins (CUDA torch, flashinfer, ...).
-"${PIP[@]}" --no-deps "sglang==$SGLANG_VERSION" "torchvision==$TORCHVISION_VERSION"
+pip_install --no-deps "sglang==$SGLANG_VERSION" "torchvision==$TORCHVISION_VERSION"
 # 3. their plain dependencies, torch still pinned.
-"${PIP[@]}" -c "$CONSTRAINTS" "${DEPS[@]}"
+pip_install -c "$CONSTRAINTS" "${DEPS[@]}"
 # 4. the stand-in sgl_kernel (one CPU op in plain torch) and the torchvision schema shim.
 #    Built from a temporary copy so no build/ or egg-info lands in the repository.
 STUB_TMP="$(mktemp -d)"
 trap 'rm -rf "$STUB_TMP"' EXIT
 cp -r "$HERE/sgl_kernel_stub" "$STUB_TMP/"
-"${PIP[@]}" --no-deps --force-reinstall "$STUB_TMP/sgl_kernel_stub"
+pip_install --no-deps --force-reinstall "$STUB_TMP/sgl_kernel_stub"
 
 check
 echo "$RECIPE_HASH" >"$STAMP"
