@@ -66,8 +66,9 @@ pip_install() {
   local attempt
   for attempt in 1 2 3; do
     "$VENV/bin/python" -m pip install --quiet "$@" && return 0
-    echo "[sglang_cpu] pip install failed (attempt $attempt of 3); retrying in 15 s" >&2
-    sleep 15
+    [[ $attempt == 3 ]] && break
+    echo "[sglang_cpu] pip install failed (attempt $attempt of 3); retrying in $((30 * attempt)) s" >&2
+    sleep $((30 * attempt))
   done
   echo "[sglang_cpu] pip install $* failed three times" >&2
   return 1
