@@ -59,6 +59,16 @@ def get_base_config() -> ConfigDict:
         end_lr_ratio=0.0,
         weight_decay=0.0,
         max_grad_norm=1.0,
+        # Optimizer updates per RL step = mini_batches x epochs (verl's PPO mini-batches and
+        # epochs, GRPO's inner iterations): each epoch deals the step's rollouts into
+        # ``mini_batches`` disjoint mini-batches, one update each, all against the same π_old.
+        # The lr schedule counts updates. num_micro_batches splits each update further
+        # (gradient accumulation, same update). On the embedded default more updates did not
+        # beat one beyond seed noise: held-out gains over 150 steps were +13.2 / +10.0 / +13.5
+        # (seeds 0-2) with 1, +14.3 / +12.9 / +13.2 and +11.7 (seed 0, another dealing) with 2
+        # at the same step time, +13.6 / +11.8 (seeds 0-1) with 4 (measured 2026-11-30).
+        mini_batches=1,
+        epochs=1,
         num_micro_batches=1,
     )
 
@@ -300,6 +310,9 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         _fail("loss.kl_beta", f"must be >= 0, got {lo.kl_beta}")
     if float(o.lr) <= 0:
         _fail("optim.lr", f"must be > 0, got {o.lr}")
+    for f in ("mini_batches", "epochs", "num_micro_batches"):
+        if int(o[f]) < 1:
+            _fail(f"optim.{f}", f"must be >= 1, got {o[f]}")
     if o.schedule not in SCHEDULES:
         _fail("optim.schedule", f"must be one of {SCHEDULES}, got {o.schedule!r}")
     if config.judge.kind not in JUDGES:
@@ -353,11 +366,17 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
                 f"{config.warmstart.batch} must be divisible by the mesh's data*fsdp = "
                 f"{data * fsdp}",
             )
-        if seqs % (data * fsdp * int(o.num_micro_batches)):
+        if seqs % (data * fsdp * int(o.mini_batches)):
+            _fail(
+                "optim.mini_batches",
+                f"{seqs} sequences do not split into {o.mini_batches} mini-batches of "
+                f"{data * fsdp} shards",
+            )
+        if seqs % (data * fsdp * int(o.mini_batches) * int(o.num_micro_batches)):
             _fail(
                 "optim.num_micro_batches",
-                f"{seqs} sequences do not split into {o.num_micro_batches} micro-batches of "
-                f"{data * fsdp} shards",
+                f"{seqs // int(o.mini_batches)} sequences per mini-batch do not split into "
+                f"{o.num_micro_batches} micro-batches of {data * fsdp} shards",
             )
 
 

@@ -31,6 +31,7 @@ def apply_smoke(c: common.ConfigDict) -> None:
     c.eval.update(every=2, n=8)
     c.checkpoint.update(every=2, keep=2)
     c.train.steps = 4
+    c.optim.mini_batches = 2  # two updates per step, so the resume tests cover the dealing
     c.loss.mismatch_every = 1
     c.logging.rollouts_per_step = 2
     c.logging.progress_bar = False

@@ -201,7 +201,8 @@ def train_config(config: ConfigDict) -> TrainConfig:
         lr=float(o.lr),
         schedule=o.schedule,
         warmup_steps=int(o.warmup_steps),
-        decay_steps=max(int(config.train.steps), 1),
+        # The schedule counts optimizer updates: mini_batches x epochs per RL step.
+        decay_steps=max(int(config.train.steps) * int(o.mini_batches) * int(o.epochs), 1),
         end_lr_ratio=float(o.end_lr_ratio),
         weight_decay=float(o.weight_decay),
         max_grad_norm=float(o.max_grad_norm) if o.max_grad_norm else None,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -28,7 +28,7 @@ from rubric_rl import builders, warmstart
 from rubric_rl.checkpoint import RunCheckpointer, key_from_json, key_to_json
 from rubric_rl.controllers.base import Controller, Evidence
 from rubric_rl.core.advantages import ADVANTAGE_ESTIMATORS
-from rubric_rl.core.train_step import init_train_state, make_train_step
+from rubric_rl.core.train_step import TrainBatch, init_train_state, make_train_step
 from rubric_rl.metrics import ControllerLog, MetricsWriter, RolloutLogger, progress_bar
 from rubric_rl.metrics import summary_line as format_summary
 from rubric_rl.rollout.engine import GenerationRequest, SamplingParams
@@ -37,7 +37,7 @@ from rubric_rl.rubrics.judges import JudgeItem
 from rubric_rl.rubrics.rewards import POINTS_SCALE, batch_rewards
 from rubric_rl.rubrics.scores import failure_counts, pack_verdicts
 from rubric_rl.rubrics.types import append_to_last_user
-from rubric_rl.trainer_batch import build_train_batch
+from rubric_rl.trainer_batch import build_train_batch, mini_batches
 
 
 class ComponentError(RuntimeError):
@@ -365,10 +365,20 @@ class Trainer:
                 # it for diagnostics only; elsewhere the same array keeps the jitted shapes.
                 old = self.train_step.compute_logps(self.state, tb) if measured else None
                 tb = tb.replace(old_logps=tb.rollout_logps if old is None else old)
+            elif self.updates_per_step > 1 and tb.old_logps is None:
+                # π_old is the step-start policy for every update, not the one the previous
+                # mini-batch left behind (the step would compute it from the live state).
+                tb = tb.replace(old_logps=self.train_step.compute_logps(self.state, tb))
             # With train.max_nonfinite_skips > 0 the jitted step itself keeps the old state on
             # a NaN/inf loss (TrainConfig.skip_nonfinite): no copy of the state is held here.
-            self.state, train_m = self.train_step(self.state, tb)
-            train_m = jax.device_get(train_m)
+            per_update = []
+            for sub in self.update_batches(tb, step):
+                self.state, m_ = self.train_step(self.state, sub)
+                per_update.append(m_)
+            per_update = jax.device_get(per_update)
+            # Means over the step's updates; train/skipped is the share of updates skipped.
+            train_m = {k: float(np.mean([u[k] for u in per_update])) for k in per_update[0]}
+            train_m["train/updates"] = float(len(per_update))
             loss = float(train_m["loss"])
             if float(train_m.get("train/skipped", 0.0)) > 0:
                 self._nonfinite_streak += 1
@@ -404,6 +414,20 @@ class Trainer:
         m["train/skipped"] = float(skipped)
         self._log_rollouts(step, tasks, prompts, responses, verdicts, rewards, adv, gens)
         return m
+
+    @property
+    def updates_per_step(self) -> int:
+        o = self.config.optim
+        return int(o.mini_batches) * int(o.epochs)
+
+    def update_batches(self, tb: TrainBatch, step: int) -> Iterator[TrainBatch]:
+        """The optimizer updates of one RL step: ``optim.epochs`` passes over the batch, each
+        dealt into ``optim.mini_batches`` mini-batches by a permutation seeded with (train.seed,
+        step, epoch), so a resumed run replays the same updates."""
+        o = self.config.optim
+        for epoch in range(int(o.epochs)):
+            rng = np.random.default_rng([int(self.config.train.seed), step, epoch])
+            yield from mini_batches(tb, int(o.mini_batches), rng, self.mesh)
 
     def _step_metrics(
         self, scores, rewards, zero_var, gens, train_m, t, measured: bool

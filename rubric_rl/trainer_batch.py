@@ -8,10 +8,12 @@ about token ``input_ids[:, t + 1]``), so completion token i sits at input positi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from rubric_rl.core import sharding
 from rubric_rl.core.train_step import TrainBatch
@@ -102,6 +104,40 @@ def build_train_batch(
         sh = sharding.batch_sharding(mesh)
         arrays = {k: jax.device_put(v, sh) for k, v in arrays.items()}
     return TrainBatch(**arrays)
+
+
+def mini_batches(
+    batch: TrainBatch, n: int, rng: np.random.Generator, mesh: jax.sharding.Mesh
+) -> Iterator[TrainBatch]:
+    """``n`` disjoint mini-batches of ``batch`` that together hold every row once (verl's PPO
+    mini-batches, GRPO's inner updates): a permutation from ``rng`` deals the rows out, each
+    mini-batch keeps its rows in batch order. Yielded one at a time (one copy alive, not ``n``);
+    the gather runs jitted on the global arrays, so it works on several hosts, and the result is
+    sharded like a batch."""
+    rows = batch.input_ids.shape[0]
+    if n < 1 or rows % n:
+        raise ValueError(f"mini_batches: {rows} rows do not split into {n} mini-batches")
+    if n == 1:
+        yield batch
+        return
+    parts = np.sort(rng.permutation(rows).reshape(n, rows // n), axis=1)
+    take = _take(mesh)
+    replicated = NamedSharding(mesh, P())
+    for idx in parts:
+        # Host data to device_put: every process holds the same indices (same rng).
+        yield take(batch, jax.device_put(idx.astype(np.int32), replicated))
+
+
+_TAKE: dict[jax.sharding.Mesh, object] = {}
+
+
+def _take(mesh: jax.sharding.Mesh):
+    if mesh not in _TAKE:
+        _TAKE[mesh] = jax.jit(
+            lambda b, idx: jax.tree.map(lambda x: x[idx], b),
+            out_shardings=sharding.batch_sharding(mesh),
+        )
+    return _TAKE[mesh]
 
 
 def _positions(attn: np.ndarray) -> np.ndarray:

@@ -34,6 +34,8 @@ def test_locked_config_rejects_a_typo():
         ("rollout.buckets", (16, 8), "config.rollout.buckets"),
         ("model.name", "/no/such/ckpt", "config.model.name"),
         ("rollout.top_p", 0.9, "config.rollout.top_p"),
+        ("optim.epochs", 0, "config.optim.epochs"),
+        ("optim.mini_batches", 3, "config.optim.mini_batches"),
     ],
 )
 def test_validation_names_the_field(field, value, match):

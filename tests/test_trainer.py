@@ -193,6 +193,117 @@ def test_a_failing_judge_stops_the_run_and_logs_no_reward(trainer):
     assert m["judge/failed"] == 0 and m["reward/undefined"] == 0
 
 
+def _spy(trainer, record):
+    """Wraps the trainer's jitted step: ``record(state, batch)`` sees every update's input."""
+    real = trainer.train_step
+
+    def spy(state, batch, ref_params=None):
+        record(state, batch)
+        return real(state, batch, ref_params)
+
+    spy.compute_logps = real.compute_logps
+    return real, spy
+
+
+def test_mini_batches_and_epochs_are_separate_updates_over_every_rollout(trainer):
+    import numpy as np
+
+    seen = []
+
+    def rows(b):
+        return list(zip(map(bytes, np.asarray(b.input_ids)), np.asarray(b.advantages).tolist()))
+
+    real, spy = _spy(trainer, lambda st, b: seen.append((int(st.step), rows(b))))
+    o = trainer.config.optim
+    saved = (o.mini_batches, o.epochs)
+    trainer.train_step, o.mini_batches, o.epochs = spy, 2, 2
+    try:
+        m = trainer.train_one_step()
+    finally:
+        trainer.train_step, (o.mini_batches, o.epochs) = real, saved
+    assert m["train/updates"] == 4 and len(seen) == 4
+    first = seen[0][0]
+    assert [s for s, _ in seen] == [first, first + 1, first + 2, first + 3]  # 4 optimizer steps
+    seqs = trainer.config.rollout.tasks_per_step * trainer.config.rollout.samples_per_task
+    assert all(len(r) == seqs // 2 for _, r in seen)
+    epoch = [sorted(seen[0][1] + seen[1][1]), sorted(seen[2][1] + seen[3][1])]
+    assert epoch[0] == epoch[1] and len(set(epoch[0])) == seqs  # each epoch: every rollout once
+    assert sorted(seen[0][1]) != sorted(seen[2][1])  # dealt anew each epoch
+
+
+def test_decoupled_mini_batches_share_the_step_start_old_logps(trainer):
+    """π_old of every mini-batch is the policy at the start of the step; the step itself would
+    compute it from the live state, which the first mini-batch has already moved."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from rubric_rl.core.train_step import make_train_step
+
+    # A constant lr: the fixture's cosine schedule has decayed to 0 after the earlier tests' steps.
+    cfg = dataclasses.replace(
+        trainer.tcfg, rollout_correction="decoupled_token_tis", schedule="constant"
+    )
+    decoupled = make_train_step(cfg, trainer.graphdef, trainer.mesh)
+    seen = []
+
+    def record(state, batch):
+        seen.append((jax.tree.map(jnp.copy, state), batch))
+
+    real, tcfg = trainer.train_step, trainer.tcfg
+    trainer.tcfg, trainer.train_step = cfg, decoupled
+    _, spy = _spy(trainer, record)
+    o = trainer.config.optim
+    saved = (o.mini_batches, o.epochs)
+    trainer.train_step, o.mini_batches, o.epochs = spy, 2, 1
+    try:
+        trainer.train_one_step()
+    finally:
+        trainer.train_step, trainer.tcfg, (o.mini_batches, o.epochs) = real, tcfg, saved
+    (start, b1), (moved, b2) = seen
+    for b in (b1, b2):
+        mask = np.asarray(b.loss_mask) > 0
+        at_start = np.asarray(decoupled.compute_logps(start, b))[mask]
+        np.testing.assert_allclose(np.asarray(b.old_logps)[mask], at_start, atol=1e-5)
+    live = np.asarray(decoupled.compute_logps(moved, b2))[np.asarray(b2.loss_mask) > 0]
+    assert np.abs(live - at_start).max() > 1e-4  # the check above can tell the two apart
+
+
+def test_mini_batches_partition_the_rows_and_keep_the_batch_sharding():
+    import jax
+    import numpy as np
+
+    from rubric_rl.core import sharding
+    from rubric_rl.core.train_step import TrainBatch
+    from rubric_rl.trainer_batch import mini_batches
+
+    mesh = sharding.make_mesh(-1, 1, 1)
+    b, t = 32, 6
+    ids = np.arange(b * t, dtype=np.int32).reshape(b, t)
+    f = np.arange(b, dtype=np.float32)
+    tb = TrainBatch(
+        input_ids=ids, positions=ids, attention_mask=ids, loss_mask=ids.astype(np.float32),
+        rollout_logps=-ids.astype(np.float32), advantages=f, seq_weights=f + 1,
+    )  # fmt: skip
+    tb = jax.device_put(tb, sharding.batch_sharding(mesh))
+    parts = list(mini_batches(tb, 4, np.random.default_rng(0), mesh))
+    again = list(mini_batches(tb, 4, np.random.default_rng(0), mesh))
+    got = [np.asarray(p.advantages).astype(int).tolist() for p in parts]
+    assert sorted(np.concatenate(got).tolist()) == list(range(b))  # every row exactly once
+    assert all(np.all(np.diff(g) > 0) for g in got)  # batch order within a mini-batch
+    assert got != [list(range(i * 8, i * 8 + 8)) for i in range(4)]  # dealt, not cut
+    for p, q, g in zip(parts, again, got):
+        np.testing.assert_array_equal(np.asarray(p.input_ids), ids[g])  # rows stay whole
+        np.testing.assert_array_equal(np.asarray(p.seq_weights), f[g] + 1)
+        np.testing.assert_array_equal(np.asarray(q.advantages), np.asarray(p.advantages))
+        assert p.input_ids.sharding == sharding.batch_sharding(mesh)
+    assert next(mini_batches(tb, 1, np.random.default_rng(0), mesh)) is tb
+    with pytest.raises(ValueError, match="32 rows do not split into 3"):
+        next(mini_batches(tb, 3, np.random.default_rng(0), mesh))
+
+
 def test_build_train_batch_layout_against_a_plain_reference():
     import numpy as np
 
