@@ -71,6 +71,7 @@ def sd_trainer(tmp_path_factory):
     c.warmstart.steps = 0
     c.eval.update(at_start=False, every=0)
     c.loss.update(sd_estimator="full", sd_coef=0.5)
+    c.optim.mini_batches = 1  # the spy below sees the whole step's batch in one update
     coach = _Coach()
     t = Trainer(c, str(tmp_path_factory.mktemp("sd")), extra_controllers=[coach])
     t._restore_or_warmstart(resume=False)
