@@ -33,7 +33,8 @@ DEPS=(
 )
 
 STAMP="$VENV/.rubric_rl_sglang_cpu_stamp"
-RECIPE_HASH="$(cat "$HERE/install.sh" "$HERE"/sgl_kernel_stub/pyproject.toml \
+RECIPE_HASH="$(cat "$HERE/install.sh" "$REPO/tools/pip_retry.sh" \
+  "$HERE"/sgl_kernel_stub/pyproject.toml \
   "$HERE"/sgl_kernel_stub/sgl_kernel/*.py "$HERE"/site/*.py | sha256sum | cut -d' ' -f1)"
 
 check() {
@@ -56,23 +57,14 @@ fi
 
 echo "[sglang_cpu] installing into $VENV"
 [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
-# A download from PyPI that breaks off (seen in CI: pyarrow stopped at 22 of 55 MB, six times) is
-# retried from scratch; pip's own resume did not get further. Where a release lies in the machine's
-# local mirror, the pins take that one (pyarrow 25.0.1; numba 0.68.0, whose llvmlite 0.50 is local
-# where 0.65.1's llvmlite 0.47 was a 56 MB download. sglang's metadata asks for numba 0.65.1, so pip
-# prints a conflict warning; only a multimodal image processor imports numba, and the real-server
-# tests pass with 0.68.0).
-pip_install() {
-  local attempt
-  for attempt in 1 2 3; do
-    "$VENV/bin/python" -m pip install --quiet "$@" && return 0
-    [[ $attempt == 3 ]] && break
-    echo "[sglang_cpu] pip install failed (attempt $attempt of 3); retrying in $((30 * attempt)) s" >&2
-    sleep $((30 * attempt))
-  done
-  echo "[sglang_cpu] pip install $* failed three times" >&2
-  return 1
-}
+# Every install is retried on a broken-off download (tools/pip_retry.sh). Where a release lies in
+# the machine's local mirror, the pins take that one (pyarrow 25.0.1; numba 0.68.0, whose llvmlite
+# 0.50 is local where 0.65.1's llvmlite 0.47 was a 56 MB download. sglang's metadata asks for numba
+# 0.65.1, so pip prints a conflict warning; only a multimodal image processor imports numba, and
+# the real-server tests pass with 0.68.0).
+# shellcheck source=../../tools/pip_retry.sh
+. "$REPO/tools/pip_retry.sh"
+pip_install() { pip_retry "[sglang_cpu]" "$VENV/bin/python" --quiet "$@"; }
 pip_install --upgrade pip
 
 CONSTRAINTS="$VENV/constraints-sglang-cpu.txt"
