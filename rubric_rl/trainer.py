@@ -365,9 +365,9 @@ class Trainer:
                 # it for diagnostics only; elsewhere the same array keeps the jitted shapes.
                 old = self.train_step.compute_logps(self.state, tb) if measured else None
                 tb = tb.replace(old_logps=tb.rollout_logps if old is None else old)
-            elif self.updates_per_step > 1 and tb.old_logps is None:
-                # π_old is the step-start policy for every update, not the one the previous
-                # mini-batch left behind (the step would compute it from the live state).
+            else:
+                # Decoupled: π_old is the step-start policy for every update (optim.mini_batches
+                # x epochs), so it is computed here once, not by each update from the live state.
                 tb = tb.replace(old_logps=self.train_step.compute_logps(self.state, tb))
             # With train.max_nonfinite_skips > 0 the jitted step itself keeps the old state on
             # a NaN/inf loss (TrainConfig.skip_nonfinite): no copy of the state is held here.
@@ -414,11 +414,6 @@ class Trainer:
         m["train/skipped"] = float(skipped)
         self._log_rollouts(step, tasks, prompts, responses, verdicts, rewards, adv, gens)
         return m
-
-    @property
-    def updates_per_step(self) -> int:
-        o = self.config.optim
-        return int(o.mini_batches) * int(o.epochs)
 
     def update_batches(self, tb: TrainBatch, step: int) -> Iterator[TrainBatch]:
         """The optimizer updates of one RL step: ``optim.epochs`` passes over the batch, each
