@@ -335,6 +335,8 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         _fail("train.steps", f"must be >= 0, got {config.train.steps}")
     if int(config.warmstart.steps) > 0 and int(config.warmstart.batch) < 1:
         _fail("warmstart.batch", f"must be >= 1, got {config.warmstart.batch}")
+    if not 0.0 <= float(config.warmstart.p_keep) <= 1.0:
+        _fail("warmstart.p_keep", f"must be in [0, 1], got {config.warmstart.p_keep}")
     for split in ("n_train", "n_heldout", "n_ood"):
         if int(config.domain[split]) < 1:
             _fail(f"domain.{split}", f"must be >= 1, got {config.domain[split]}")

@@ -35,6 +35,7 @@ def test_locked_config_rejects_a_typo():
         ("model.name", "/no/such/ckpt", "config.model.name"),
         ("rollout.top_p", 0.9, "config.rollout.top_p"),
         ("optim.epochs", 0, "config.optim.epochs"),
+        ("warmstart.p_keep", 1.5, "config.warmstart.p_keep"),
         ("optim.mini_batches", 3, "config.optim.mini_batches"),
     ],
 )
