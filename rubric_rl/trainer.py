@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from flax import nnx
@@ -110,6 +111,7 @@ class Trainer:
             for c in self.controllers.controllers
         ]
         self._nonfinite_streak = 0
+        self.ref_params = None  # the KL reference (loss.kl_beta > 0), set by _restore_or_warmstart
         self.weight_sync = None
         if config.rollout.engine == "sglang":
             from rubric_rl.rollout.weight_sync import WeightSync
@@ -120,13 +122,25 @@ class Trainer:
     # ------------------------------------------------------------------ setup / resume
 
     def _restore_or_warmstart(self, resume: bool) -> None:
+        """Restore the latest checkpoint (``resume``) or warm-start; then set the KL reference.
+
+        The reference policy (``loss.kl_beta > 0``) is the policy RL starts from: the warm-started
+        parameters, or the initial ones (a checkpoint) without a warm start. It is rebuilt, never
+        checkpointed: on resume the warm start's cached parameters (or the checkpoint the model
+        was built from) give it back bit for bit."""
+        initial = self.state.params
         latest = self.ckpt.latest_step()
         if latest is not None and not resume:
             raise FileExistsError(
                 f"--workdir {self.workdir} already holds checkpoints (latest step {latest}); "
                 "pass --resume to continue it or choose a new --workdir"
             )
+        self.ref_params = None
+        if float(self.config.loss.kl_beta) > 0 and not int(self.config.warmstart.steps) > 0:
+            self.ref_params = jax.tree.map(jnp.copy, initial)  # the state's buffers are donated
         if latest is not None:
+            if float(self.config.loss.kl_beta) > 0 and int(self.config.warmstart.steps) > 0:
+                self.ref_params = jax.tree.map(jnp.copy, self._warm_start_params())
             self.state, rs = self.ckpt.restore(self.state)
             self.controllers.load_state_dict(rs["controllers"])
             self.rng = key_from_json(rs["rng"])
@@ -139,18 +153,24 @@ class Trainer:
         else:
             self.metrics.truncate_after(-1)
             if int(self.config.warmstart.steps) > 0:
-                params = warmstart.run_or_load(
-                    self.config,
-                    self.workdir,
-                    self.domain,
-                    self.tokenizer,
-                    self.graphdef,
-                    self.state,
-                    self.mesh,
-                )
+                params = self._warm_start_params()
+                if float(self.config.loss.kl_beta) > 0:
+                    self.ref_params = jax.tree.map(jnp.copy, params)
                 model = nnx.merge(self.graphdef, params, self.state.rest)
                 self.graphdef, self.state = init_train_state(model, self.tcfg, self.mesh)
         self._sync_weights()
+
+    def _warm_start_params(self):
+        """The warm-started parameters: trained now, or the run's cached ones (warmstart.py)."""
+        return warmstart.run_or_load(
+            self.config,
+            self.workdir,
+            self.domain,
+            self.tokenizer,
+            self.graphdef,
+            self.state,
+            self.mesh,
+        )
 
     def _sync_weights(self) -> None:
         version = int(self.step)
@@ -373,7 +393,7 @@ class Trainer:
             # a NaN/inf loss (TrainConfig.skip_nonfinite): no copy of the state is held here.
             per_update = []
             for sub in self.update_batches(tb, step):
-                self.state, m_ = self.train_step(self.state, sub)
+                self.state, m_ = self.train_step(self.state, sub, self.ref_params)
                 per_update.append(m_)
             per_update = jax.device_get(per_update)
             # Means over the step's updates; train/skipped is the share of updates skipped.

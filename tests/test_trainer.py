@@ -413,3 +413,54 @@ def test_default_advantages_keep_the_rubric_weights_scale():
     np.testing.assert_allclose(adv, r - r.mean(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
     assert not np.asarray(zero_var).any()
     assert np.abs(adv[0]).max() * 10 < np.abs(adv[1]).max()
+
+
+def test_kl_reference_is_the_warm_start_policy_and_survives_a_resume(tmp_path):
+    """loss.kl_beta > 0: the trainer passes the policy RL started from as the KL reference; after
+    updates the KL is positive, and a resumed trainer rebuilds the same reference bit for bit."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    from rubric_rl.trainer import Trainer
+
+    c = grpo.get_config("smoke")
+    c.loss.kl_beta = 0.5
+    c.optim.mini_batches = 1  # one update per step: the first one starts at the reference
+    c.eval.at_start, c.eval.every = False, 0
+    c.checkpoint.every = 2
+
+    def leaves(tree):
+        return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+    t = Trainer(c, str(tmp_path))
+    try:
+        t._restore_or_warmstart(resume=False)
+        warm = ocp.StandardCheckpointer().restore(str(tmp_path / "warmstart" / "params"))
+        ref = leaves(t.ref_params)
+        assert all(np.array_equal(a, b) for a, b in zip(leaves(warm), ref))
+        first = t.train_one_step()
+        second = t.train_one_step()
+        t.save(wait=True)
+        # The first update starts at the reference (KL 0); the second starts one update away.
+        assert first["train/kl_ref/k3"] == pytest.approx(0.0, abs=1e-6)
+        assert second["train/kl_ref/k3"] > 1e-7
+        assert all(np.array_equal(a, b) for a, b in zip(ref, leaves(t.ref_params)))  # not donated
+        assert any(not np.array_equal(a, b) for a, b in zip(ref, leaves(t.state.params)))
+    finally:
+        t.close()
+    resumed = Trainer(c, str(tmp_path))
+    try:
+        resumed._restore_or_warmstart(resume=True)
+        assert resumed.step == 2
+        assert all(np.array_equal(a, b) for a, b in zip(ref, leaves(resumed.ref_params)))
+    finally:
+        resumed.close()
+    c.warmstart.steps = 0  # no warm start: the reference is the initial (checkpoint) policy
+    cold = Trainer(c, str(tmp_path / "cold"))
+    try:
+        init = leaves(cold.state.params)
+        cold._restore_or_warmstart(resume=False)
+        assert all(np.array_equal(a, b) for a, b in zip(init, leaves(cold.ref_params)))
+    finally:
+        cold.close()
