@@ -18,7 +18,8 @@ import hashlib
 import json
 import os
 import shutil
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -76,8 +77,74 @@ def encode_corpus(corpus, tokenizer, prompt_len: int, completion_len: int):
     return ids, attn, lmask, len(corpus) - len(rows)
 
 
-def make_sft_step(graphdef, tx):
-    def loss_fn(params, rest, ids, attn, lmask):
+# --- case-tied embeddings (warmstart.tie_case) ------------------------------------------------
+#
+# A pretrained LLM knows that CAIRO, Cairo and cairo are one city. A word-level policy trained from
+# scratch learns each cased form as its own rare token: in the embedded default's warm start a
+# cased form is ~1/10 as frequent as its lowercase one, and a fully cased sampled answer was a
+# random mix of categories (its category criterion passed in 13 % of samples against 45 % for
+# lowercase answers to the same tasks). RL then un-learns case altogether, since casing goes with
+# worse answers: from a warm start that cased 68 % of its greedy answers, to 32 % in 25 steps.
+# With ``tie_case`` the warm start trains each cased token's embedding row as its lowercase row
+# plus one shared vector per case (UPPER, Capitalized), so what the policy knows about a word holds
+# in every case, and the case of an answer is one direction in the hidden state. The tie lasts
+# only for the warm start: the rows are then written into the plain (Hugging Face-compatible)
+# embedding matrix, and RL trains every row freely (measured 2026-11-30, embedded default, seed
+# 0: the held-out case criterion went 0.55 -> 0.97 over 150 RL steps, against 0.26 -> 0.29 untied).
+
+CASE_KINDS = ("upper", "capitalized")
+
+
+class CasePairs(NamedTuple):
+    """Token ids of every cased word that has a lowercase twin in the vocabulary."""
+
+    lower: np.ndarray  # [K] int32: the lowercase form's id
+    cased: np.ndarray  # [K] int32: the cased form's id
+    kind: np.ndarray  # [K] int32: index into CASE_KINDS
+
+
+def case_pairs(vocab: Mapping[str, int]) -> CasePairs:
+    """Pairs (lowercase id, cased id, case) for each all-letter token in UPPER case (two letters or
+    more) or Capitalized form whose lowercase form is also a token; others are left alone."""
+    out: list[tuple[int, int, int]] = []
+    for word, i in sorted(vocab.items(), key=lambda kv: kv[1]):
+        low = word.lower()
+        if not word.isalpha() or word == low or low not in vocab:
+            continue
+        if len(word) > 1 and word == word.upper():
+            kind = 0
+        elif word == word[:1].upper() + word[1:].lower():
+            kind = 1
+        else:
+            continue  # mixed case ("McX"): no shared direction to tie it to
+        out.append((int(vocab[low]), int(i), kind))
+    cols = np.asarray(out, np.int32).reshape(-1, 3)
+    return CasePairs(cols[:, 0], cols[:, 1], cols[:, 2])
+
+
+def _is_embedding(path) -> bool:
+    keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    return any(keys[i : i + 2] == ["embed", "embedding"] for i in range(len(keys) - 1))
+
+
+def tie_case(params, case_vectors: jax.Array, pairs: CasePairs):
+    """``params`` with each cased token's embedding row = its lowercase row + the case's vector
+    (``case_vectors`` [len(CASE_KINDS), D]); every other leaf and row unchanged."""
+
+    def tie(path, x):
+        if not _is_embedding(path):
+            return x
+        return x.at[pairs.cased].set(x[pairs.lower] + case_vectors[pairs.kind].astype(x.dtype))
+
+    return jax.tree_util.tree_map_with_path(tie, params)
+
+
+def make_sft_step(graphdef, tx, pairs: CasePairs | None = None):
+    """The jitted SFT step. With ``pairs`` the trainable state is (params, case_vectors) and the
+    loss sees ``tie_case(params, case_vectors, pairs)``: the raw cased rows get no gradient."""
+
+    def loss_fn(trainable, rest, ids, attn, lmask):
+        params = trainable if pairs is None else tie_case(*trainable, pairs)
         model = nnx.merge(graphdef, params, rest)
         pos = default_positions(ids, attn)
         hidden = model.hidden_states(ids, pos, attn)
@@ -88,10 +155,10 @@ def make_sft_step(graphdef, tx):
         return -jnp.sum(tok * m) / jnp.maximum(jnp.sum(m), 1.0)
 
     @jax.jit
-    def step(params, opt_state, rest, ids, attn, lmask):
-        loss, grads = jax.value_and_grad(loss_fn)(params, rest, ids, attn, lmask)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+    def step(trainable, opt_state, rest, ids, attn, lmask):
+        loss, grads = jax.value_and_grad(loss_fn)(trainable, rest, ids, attn, lmask)
+        updates, opt_state = tx.update(grads, opt_state, trainable)
+        return optax.apply_updates(trainable, updates), opt_state, loss
 
     return step
 
@@ -106,6 +173,37 @@ def schedule(ws) -> optax.Schedule:
             0.0, float(ws.lr), int(ws.warmup_steps), max(int(ws.steps), int(ws.warmup_steps) + 1)
         )
     raise ValueError(f"config.warmstart.schedule: {ws.schedule!r} not in ('constant', 'cosine')")
+
+
+def _embedding(params) -> jax.Array:
+    found = [x for p, x in jax.tree_util.tree_leaves_with_path(params) if _is_embedding(p)]
+    if len(found) != 1:
+        raise ValueError(f"warm start: expected one embed.embedding leaf, found {len(found)}")
+    return found[0]
+
+
+def _case_pairs_for(config, tokenizer, params) -> CasePairs | None:
+    """``warmstart.tie_case``'s pairs; None when off or when no token has a cased twin."""
+    if not config.warmstart.get("tie_case", False):
+        return None
+    pairs = case_pairs(tokenizer.vocab())
+    if not len(pairs.cased):
+        logging.info("warm start: tie_case is on but the vocabulary has no cased twins")
+        return None
+    if any(
+        "lm_head" in jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)
+    ):
+        raise ValueError(
+            "config.warmstart.tie_case: the model has an untied lm_head; the tie covers tied "
+            "word embeddings only (set it False)"
+        )
+    emb = _embedding(params)
+    if emb.shape[0] <= int(pairs.cased.max()):
+        raise ValueError(
+            f"config.warmstart.tie_case: token id {int(pairs.cased.max())} is outside the "
+            f"embedding's {emb.shape[0]} rows"
+        )
+    return pairs
 
 
 def cache_key(config) -> str:
@@ -172,8 +270,15 @@ def run_or_load(config, workdir, domain, tokenizer, graphdef, state, mesh) -> An
         )
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule(ws), weight_decay=0.0))
     params = jax.tree.map(lambda x: x.copy(), state.params)
+    pairs = _case_pairs_for(config, tokenizer, params)
+    if pairs is not None:
+        # Small random start (the embedding initializer's scale), seeded like the model.
+        key = jax.random.fold_in(jax.random.PRNGKey(int(config.model.init_seed)), 1)
+        dim = _embedding(params).shape[-1]
+        params = (params, 0.02 * jax.random.normal(key, (len(CASE_KINDS), dim), jnp.float32))
+        logging.info("warm start: %d cased tokens tied to their lowercase rows", len(pairs.cased))
     opt_state = jax.jit(tx.init)(params)
-    step = make_sft_step(graphdef, tx)
+    step = make_sft_step(graphdef, tx, pairs)
     sh = sharding.batch_sharding(mesh)
     rng = np.random.default_rng(int(config.train.seed))
     order, pos = rng.permutation(len(ids)), 0
@@ -190,6 +295,8 @@ def run_or_load(config, workdir, domain, tokenizer, graphdef, state, mesh) -> An
             if s % 25 == 0 or s == int(ws.steps) - 1:
                 log.write(json.dumps({"step": s, "loss": float(loss)}) + "\n")
                 logging.info("warm start step %d: loss %.4f", s, float(loss))
+    if pairs is not None:  # the plain embedding matrix, rows written out; the tie ends here
+        params = jax.jit(lambda t: tie_case(*t, pairs))(params)
     ckptr.save(params_dir, params)
     ckptr.wait_until_finished()
     if cached and jax.process_index() == 0:

@@ -69,8 +69,9 @@ FLUFF_RATE = 0.1
 # ``warmstart.p_keep``). Below 0.5, a violated format falls back to the demonstrator's habit
 # (``constraints.HABITS``) more often than the asked one is written, so the warm-started policy's
 # greedy answer is the habit until RL teaches it the instruction (0.4: held-out score 47.7 at the
-# warm start; 0.5 started at 54.1 with RL's gains mostly invisible to greedy decoding; 0.3 started
-# at 45.7 and learned more slowly: +11.5 in 300 steps against +11.7 in 200; measured 2026-11-30).
+# warm start before warmstart.tie_case, 49.5 with it; 0.5 started at 54.1 with RL's gains mostly
+# invisible to greedy decoding; 0.3 started at 45.7 and learned more slowly: +11.5 in 300 steps
+# against +11.7 in 200; measured 2026-11-30).
 P_KEEP = 0.4
 
 FLUFF_ANTI_PATTERNS = {

@@ -40,6 +40,10 @@ class Tokenizer:
         """Number of token ids (including added special tokens)."""
         return len(self.hf)
 
+    def vocab(self) -> dict[str, int]:
+        """Token string -> id, added special tokens included."""
+        return dict(self.hf.get_vocab())
+
     @property
     def eos_id(self) -> int | None:
         return self.hf.eos_token_id
