@@ -28,6 +28,7 @@ import optax
 import orbax.checkpoint as ocp
 from absl import logging
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from rubric_rl.checkpoint import publish_dir
 from rubric_rl.core import sharding
@@ -275,7 +276,9 @@ def run_or_load(config, workdir, domain, tokenizer, graphdef, state, mesh) -> An
         # Small random start (the embedding initializer's scale), seeded like the model.
         key = jax.random.fold_in(jax.random.PRNGKey(int(config.model.init_seed)), 1)
         dim = _embedding(params).shape[-1]
-        params = (params, 0.02 * jax.random.normal(key, (len(CASE_KINDS), dim), jnp.float32))
+        vectors = 0.02 * jax.random.normal(key, (len(CASE_KINDS), dim), jnp.float32)
+        # Replicated on the mesh like any other small parameter (several hosts: a global array).
+        params = (params, jax.device_put(vectors, NamedSharding(mesh, PartitionSpec())))
         logging.info("warm start: %d cased tokens tied to their lowercase rows", len(pairs.cased))
     opt_state = jax.jit(tx.init)(params)
     step = make_sft_step(graphdef, tx, pairs)
