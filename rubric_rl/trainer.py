@@ -128,19 +128,18 @@ class Trainer:
         parameters, or the initial ones (a checkpoint) without a warm start. It is rebuilt, never
         checkpointed: on resume the warm start's cached parameters (or the checkpoint the model
         was built from) give it back bit for bit."""
-        initial = self.state.params
+        kl = float(self.config.loss.kl_beta) > 0
+        warm = int(self.config.warmstart.steps) > 0
+        start = self.state.params  # the policy RL starts from when there is no warm start
         latest = self.ckpt.latest_step()
         if latest is not None and not resume:
             raise FileExistsError(
                 f"--workdir {self.workdir} already holds checkpoints (latest step {latest}); "
                 "pass --resume to continue it or choose a new --workdir"
             )
-        self.ref_params = None
-        if float(self.config.loss.kl_beta) > 0 and not int(self.config.warmstart.steps) > 0:
-            self.ref_params = jax.tree.map(jnp.copy, initial)  # the state's buffers are donated
         if latest is not None:
-            if float(self.config.loss.kl_beta) > 0 and int(self.config.warmstart.steps) > 0:
-                self.ref_params = jax.tree.map(jnp.copy, self._warm_start_params())
+            if kl and warm:
+                start = self._warm_start_params()  # the run's cached warm start
             self.state, rs = self.ckpt.restore(self.state)
             self.controllers.load_state_dict(rs["controllers"])
             self.rng = key_from_json(rs["rng"])
@@ -152,12 +151,12 @@ class Trainer:
             logging.info("resumed from step %d (%s)", self.step, self.ckpt.directory)
         else:
             self.metrics.truncate_after(-1)
-            if int(self.config.warmstart.steps) > 0:
-                params = self._warm_start_params()
-                if float(self.config.loss.kl_beta) > 0:
-                    self.ref_params = jax.tree.map(jnp.copy, params)
-                model = nnx.merge(self.graphdef, params, self.state.rest)
+            if warm:
+                start = self._warm_start_params()
+                model = nnx.merge(self.graphdef, start, self.state.rest)
                 self.graphdef, self.state = init_train_state(model, self.tcfg, self.mesh)
+        # A copy, taken before any update: the train step donates the state's buffers.
+        self.ref_params = jax.tree.map(jnp.copy, start) if kl else None
         self._sync_weights()
 
     def _warm_start_params(self):

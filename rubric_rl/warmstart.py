@@ -33,6 +33,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from rubric_rl.checkpoint import publish_dir
 from rubric_rl.core import sharding
 from rubric_rl.models import default_positions, logits_from_hidden
+from rubric_rl.models.hf_io import param_keys
 from rubric_rl.rollout.jax_engine import round_up_to_bucket
 
 
@@ -124,8 +125,7 @@ def case_pairs(vocab: Mapping[str, int]) -> CasePairs:
 
 
 def _is_embedding(path) -> bool:
-    keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
-    return any(keys[i : i + 2] == ["embed", "embedding"] for i in range(len(keys) - 1))
+    return param_keys(path)[:2] == ("embed", "embedding")
 
 
 def tie_case(params, case_vectors: jax.Array, pairs: CasePairs):
@@ -191,9 +191,8 @@ def _case_pairs_for(config, tokenizer, params) -> CasePairs | None:
     if not len(pairs.cased):
         logging.info("warm start: tie_case is on but the vocabulary has no cased twins")
         return None
-    if any(
-        "lm_head" in jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)
-    ):
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    if any(param_keys(p)[:1] == ("lm_head",) for p, _ in leaves):
         raise ValueError(
             "config.warmstart.tie_case: the model has an untied lm_head; the tie covers tied "
             "word embeddings only (set it False)"

@@ -113,3 +113,19 @@ def test_tie_case_refuses_a_pretrained_checkpoint(tmp_path):
     common.validate_config(c, num_devices=8)
     c.warmstart.tie_case, c.warmstart.steps = True, 0  # no warm start: nothing is tied
     common.validate_config(c, num_devices=8)
+
+
+def test_tie_case_refuses_an_untied_lm_head():
+    class Vocab:
+        def vocab(self):
+            return {"cairo": 0, "CAIRO": 1}
+
+    c = grpo.get_config("smoke")
+    params = {
+        "embed": {"embedding": jnp.zeros((4, 2))},
+        "lm_head": {"kernel": jnp.zeros((2, 4))},
+    }
+    with pytest.raises(ValueError, match=r"config\.warmstart\.tie_case: .*untied lm_head"):
+        warmstart._case_pairs_for(c, Vocab(), params)
+    del params["lm_head"]
+    assert warmstart._case_pairs_for(c, Vocab(), params).cased.tolist() == [1]

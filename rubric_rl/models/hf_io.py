@@ -59,12 +59,18 @@ _LEAF_NAMES = {
 }
 
 
+def param_keys(path: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A pytree path of our model's state as plain keys: ("embed", "embedding"), ("layers", 0, ...).
+    A leaf inside an ``nnx.Variable`` keeps its trailing attribute key."""
+    return tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path)
+
+
 def hf_name(path: tuple[Any, ...]) -> tuple[str, bool]:
     """(HF tensor name, transpose?) for a parameter path of our model's state.
 
     Our kernels are [in, out]; torch Linear weights are [out, in], hence the transpose.
     """
-    keys = tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path)
+    keys = param_keys(path)
     if keys == ("embed", "embedding"):
         return "model.embed_tokens.weight", False
     if keys == ("norm", "scale"):
