@@ -13,6 +13,7 @@ Exact resume: every source of randomness is either a pure function of (seed, ste
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -28,6 +29,7 @@ from configs.common import validate_config
 from rubric_rl import builders, warmstart
 from rubric_rl.checkpoint import RunCheckpointer, key_from_json, key_to_json
 from rubric_rl.controllers.base import Controller, Evidence
+from rubric_rl.core import sharding
 from rubric_rl.core.advantages import ADVANTAGE_ESTIMATORS
 from rubric_rl.core.train_step import TrainBatch, init_train_state, make_train_step
 from rubric_rl.metrics import ControllerLog, MetricsWriter, RolloutLogger, progress_bar
@@ -379,20 +381,24 @@ class Trainer:
         with _timed(t, "train"):
             every = int(cfg.loss.mismatch_every)
             measured = every > 0 and step % every == 0
+            # On a CPU mesh of several devices each program here finishes before the next is
+            # dispatched (sharding.settle): the π_old forward, the mini-batch gathers and the
+            # updates are independent programs with collectives, which XLA:CPU can deadlock on.
+            settle = functools.partial(sharding.settle, mesh=self.mesh)
             if not self.tcfg.decoupled:
                 # Bypass: π_old := π_rollout. On measured steps the step-start forward replaces
                 # it for diagnostics only; elsewhere the same array keeps the jitted shapes.
-                old = self.train_step.compute_logps(self.state, tb) if measured else None
+                old = settle(self.train_step.compute_logps(self.state, tb)) if measured else None
                 tb = tb.replace(old_logps=tb.rollout_logps if old is None else old)
             else:
                 # Decoupled: π_old is the step-start policy for every update (optim.mini_batches
                 # x epochs), so it is computed here once, not by each update from the live state.
-                tb = tb.replace(old_logps=self.train_step.compute_logps(self.state, tb))
+                tb = tb.replace(old_logps=settle(self.train_step.compute_logps(self.state, tb)))
             # With train.max_nonfinite_skips > 0 the jitted step itself keeps the old state on
             # a NaN/inf loss (TrainConfig.skip_nonfinite): no copy of the state is held here.
             per_update = []
             for sub in self.update_batches(tb, step):
-                self.state, m_ = self.train_step(self.state, sub, self.ref_params)
+                self.state, m_ = settle(self.train_step(self.state, settle(sub), self.ref_params))
                 per_update.append(m_)
             per_update = jax.device_get(per_update)
             # Means over the step's updates; train/skipped is the share of updates skipped.

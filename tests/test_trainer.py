@@ -193,16 +193,26 @@ def test_a_failing_judge_stops_the_run_and_logs_no_reward(trainer):
     assert m["judge/failed"] == 0 and m["reward/undefined"] == 0
 
 
-def _spy(trainer, record):
-    """Wraps the trainer's jitted step: ``record(state, batch)`` sees every update's input."""
-    real = trainer.train_step
+def _spied_step(trainer, record, mini_batches, epochs, step=None, tcfg=None):
+    """One ``train_one_step`` of ``mini_batches`` x ``epochs`` updates through ``step`` (with
+    ``tcfg``; the trainer's own by default), wrapped so that ``record(state, batch)`` sees every
+    update's input. The trainer's step, config and train config are restored afterwards."""
+    real, real_tcfg = trainer.train_step, trainer.tcfg
+    inner = step or real
 
     def spy(state, batch, ref_params=None):
         record(state, batch)
-        return real(state, batch, ref_params)
+        return inner(state, batch, ref_params)
 
-    spy.compute_logps = real.compute_logps
-    return real, spy
+    spy.compute_logps = inner.compute_logps
+    o = trainer.config.optim
+    saved = (o.mini_batches, o.epochs)
+    trainer.train_step, trainer.tcfg = spy, tcfg or real_tcfg
+    o.mini_batches, o.epochs = mini_batches, epochs
+    try:
+        return trainer.train_one_step()
+    finally:
+        trainer.train_step, trainer.tcfg, (o.mini_batches, o.epochs) = real, real_tcfg, saved
 
 
 def test_mini_batches_and_epochs_are_separate_updates_over_every_rollout(trainer):
@@ -213,14 +223,7 @@ def test_mini_batches_and_epochs_are_separate_updates_over_every_rollout(trainer
     def rows(b):
         return list(zip(map(bytes, np.asarray(b.input_ids)), np.asarray(b.advantages).tolist()))
 
-    real, spy = _spy(trainer, lambda st, b: seen.append((int(st.step), rows(b))))
-    o = trainer.config.optim
-    saved = (o.mini_batches, o.epochs)
-    trainer.train_step, o.mini_batches, o.epochs = spy, 2, 2
-    try:
-        m = trainer.train_one_step()
-    finally:
-        trainer.train_step, (o.mini_batches, o.epochs) = real, saved
+    m = _spied_step(trainer, lambda st, b: seen.append((int(st.step), rows(b))), 2, 2)
     assert m["train/updates"] == 4 and len(seen) == 4
     first = seen[0][0]
     assert [s for s, _ in seen] == [first, first + 1, first + 2, first + 3]  # 4 optimizer steps
@@ -252,16 +255,7 @@ def test_decoupled_mini_batches_share_the_step_start_old_logps(trainer):
     def record(state, batch):
         seen.append((jax.tree.map(jnp.copy, state), batch))
 
-    real, tcfg = trainer.train_step, trainer.tcfg
-    trainer.tcfg, trainer.train_step = cfg, decoupled
-    _, spy = _spy(trainer, record)
-    o = trainer.config.optim
-    saved = (o.mini_batches, o.epochs)
-    trainer.train_step, o.mini_batches, o.epochs = spy, 2, 1
-    try:
-        trainer.train_one_step()
-    finally:
-        trainer.train_step, trainer.tcfg, (o.mini_batches, o.epochs) = real, tcfg, saved
+    _spied_step(trainer, record, 2, 1, step=decoupled, tcfg=cfg)
     (start, b1), (moved, b2) = seen
     for b in (b1, b2):
         mask = np.asarray(b.loss_mask) > 0
@@ -269,6 +263,24 @@ def test_decoupled_mini_batches_share_the_step_start_old_logps(trainer):
         np.testing.assert_allclose(np.asarray(b.old_logps)[mask], at_start, atol=1e-5)
     live = np.asarray(decoupled.compute_logps(moved, b2))[np.asarray(b2.loss_mask) > 0]
     assert np.abs(live - at_start).max() > 1e-4  # the check above can tell the two apart
+
+
+def test_on_a_cpu_mesh_each_update_starts_from_finished_programs(trainer):
+    """XLA:CPU can deadlock when independent programs with collectives are in flight together
+    (the next mini-batch's gather and the running update): on the fixture's 8-device CPU mesh
+    every update is dispatched only once its state and mini-batch are computed."""
+    import jax
+
+    from rubric_rl.core import sharding
+
+    assert sharding.one_program_at_a_time(trainer.mesh)
+    ready = []
+
+    def record(state, batch):
+        ready.append([x.is_ready() for x in jax.tree.leaves((state, batch))])
+
+    _spied_step(trainer, record, 2, 2)
+    assert len(ready) == 4 and all(all(r) for r in ready)
 
 
 def test_mini_batches_partition_the_rows_and_keep_the_batch_sharding():

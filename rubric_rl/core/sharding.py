@@ -192,6 +192,25 @@ def to_host(x: Any) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
+def one_program_at_a_time(mesh: Mesh) -> bool:
+    """Whether programs on ``mesh`` must run one at a time: a CPU mesh of several devices.
+
+    XLA:CPU runs each device's share of a program as a task on one shared pool of
+    max(cores, devices) threads, and a collective holds its thread until every device's task
+    arrives. Two independent programs with collectives in flight together (a mini-batch gather
+    and the previous update, say) can fill the pool with waiting tasks of both: a deadlock that
+    XLA ends after 40 s by aborting the process ("Termination timeout for all reduce ...
+    Expected 8 threads to join the rendezvous, but only 7 of them arrived"). GPUs, TPUs and
+    one CPU device are unaffected."""
+    return mesh.devices.size > 1 and mesh.devices.flat[0].platform == "cpu"
+
+
+def settle(x: Any, mesh: Mesh) -> Any:
+    """``x`` once computed, where ``mesh`` needs one program at a time (one_program_at_a_time);
+    elsewhere ``x`` at once, keeping asynchronous dispatch."""
+    return jax.block_until_ready(x) if one_program_at_a_time(mesh) else x
+
+
 def kv_cache_shardings(cache: Any, mesh: Mesh) -> Any:
     """Shardings for a KV cache pytree of [B, S, KV, hd] arrays (`Qwen3ForCausalLM.init_cache`):
     batch over ("data", "fsdp") like the batch, kv heads over "tensor" (divisibility fallback)."""

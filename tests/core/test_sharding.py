@@ -135,3 +135,15 @@ def test_kv_cache_shardings():
     assert sh[0]["k"].spec == P(("data", "fsdp"), None, "tensor", None)
     odd = S.kv_cache_shardings(jax.eval_shape(lambda: model.init_cache(6, 16)), mesh)
     assert odd[1]["v"].spec == P(None, None, "tensor", None)  # 6 % 4: batch replicated
+
+
+def test_settle_waits_only_on_a_cpu_mesh_of_several_devices():
+    """XLA:CPU can deadlock on independent programs with collectives in flight together, so a
+    multi-device CPU mesh runs them one at a time; one device keeps asynchronous dispatch."""
+    many, one = S.make_mesh(), S.make_mesh(devices=jax.devices()[:1])
+    assert S.one_program_at_a_time(many) and not S.one_program_at_a_time(one)
+    x = jax.device_put(np.ones((512, 512), np.float32), S.batch_sharding(many))
+    y = S.settle(jax.jit(lambda a: (a @ a.T) @ a)(x), many)
+    assert y.is_ready()
+    z = jax.device_put(np.ones((8,), np.float32), S.batch_sharding(one))
+    assert S.settle(z, one) is z
