@@ -28,22 +28,18 @@ seed=config.train.seed, llm_client=..., **arise_controller_kwargs(config))`` and
 
 from __future__ import annotations
 
-import dataclasses
-import os
-from typing import Any
-
 from configs import common, grpo
+
+# The section's checks and the controller's keyword arguments live in the package (the package
+# never imports configs/); re-exported here for callers of configs.arise.
+from rubric_rl.controllers.arise_config import (  # noqa: F401
+    arise_controller_kwargs,
+    arise_defaults,
+    validate_arise,
+)
 
 VARIANTS = ("smoke", "model", "gpu", "no_skills", "frozen_rubrics", "sampler", "outcome_only")
 SAMPLER_CHOICES = {"capability": "capability", "uniform": "uniform", "variance": "reward_variance"}
-REFLECTIONS = ("programmatic", "llm")
-
-
-def arise_defaults() -> dict[str, Any]:
-    """Every ``AriseConfig`` field at its default (rubric_rl/controllers/arise_pool.py)."""
-    from rubric_rl.controllers.arise_pool import AriseConfig
-
-    return dataclasses.asdict(AriseConfig())
 
 
 def get_arise_section() -> common.ConfigDict:
@@ -115,6 +111,9 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
     # The ARISE controller is the step's sampler: it wraps arise.sampler and owns the pool.
     c.controllers = dict(sampler="arise")
     c.arise = get_arise_section()
+    # ARISE normalises each signal of its mix by its group's std (GRPO), as the paper does; the
+    # advantage stage honours loss.advantage (the base default "mean_only" is for the GRPO run).
+    c.loss.advantage = "grpo"
     if "gpu" in variants:
         grpo.apply_gpu(c, variants["gpu"])
         c.arise.reflection = "llm"
@@ -143,57 +142,3 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
         c.arise.update(evolve=False, inject_skills=False, pool_cap=0, sampler="uniform")
     c.lock()
     return c
-
-
-def validate_arise(config: common.ConfigDict) -> None:
-    """Start-up checks of the ``arise`` section (after overrides); errors name the field."""
-    a = config.arise
-    if a.reflection not in REFLECTIONS:
-        raise ValueError(
-            f"config.arise.reflection: must be one of {REFLECTIONS}, got {a.reflection!r}"
-        )
-    if a.frozen_pool_from:
-        if a.evolve:
-            raise ValueError(
-                "config.arise.frozen_pool_from: a frozen pool needs arise.evolve=False"
-            )
-        if not os.path.isdir(a.frozen_pool_from):
-            raise ValueError(
-                f"config.arise.frozen_pool_from: run directory {a.frozen_pool_from!r} "
-                "does not exist"
-            )
-    try:
-        arise_kwargs = {k: a[k] for k in arise_defaults()}
-        from rubric_rl.controllers.arise_pool import AriseConfig
-
-        AriseConfig(**arise_kwargs)
-    except ValueError as e:
-        raise ValueError(f"config.arise: {e}") from None
-
-
-def arise_controller_kwargs(config: common.ConfigDict) -> dict[str, Any]:
-    """Keyword arguments of ``make_arise_controller`` (all but tasks, batch size, seed and the
-    LLM client): every AriseConfig field, the sampler and reflection with their options."""
-    validate_arise(config)
-    a = config.arise
-    kw: dict[str, Any] = {k: a[k] for k in arise_defaults()}
-    kw["sampler"] = a.sampler
-    options = {"capability": a.capability, "reward_variance": a.variance}.get(a.sampler)
-    kw["sampler_options"] = options.to_dict() if options is not None else {}
-    kw["reflection"] = a.reflection
-    if a.reflection == "programmatic":
-        kw["reflection_options"] = a.programmatic.to_dict()
-    else:
-        llm = a.llm.to_dict()
-        kw["reflection_options"] = {
-            k: llm[k]
-            for k in (
-                "propose_template",
-                "refine_template",
-                "max_examples",
-                "max_chars",
-                "temperature",
-                "max_tokens",
-            )
-        }
-    return kw

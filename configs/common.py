@@ -2,24 +2,20 @@
 
 ``get_base_config()`` returns an unlocked ConfigDict; a method's ``get_config(arg)`` changes what
 it needs, applies variants from ``arg`` and locks it (``lock_config``) so that a typo in a
-``--config.key=value`` override is an error. ``validate_config`` runs at start-up and raises
-``ValueError`` naming the offending field.
+``--config.key=value`` override is an error. ``validate_config`` (``rubric_rl.config_validation``,
+re-exported here) runs at start-up and raises ``ValueError`` naming the offending field.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import ml_collections
 
-ConfigDict = ml_collections.ConfigDict
+# Start-up checks live in the package (configs/ imports the package, never the reverse).
+from rubric_rl.config_validation import mesh_shape, validate_config  # noqa: F401
 
-ENGINES = ("jax", "sglang")
-JUDGES = ("programmatic", "llm")
-LLM_BACKENDS = ("openai", "genai", "local")
-SCHEDULES = ("constant", "warmup_cosine")
-SD_ESTIMATORS = ("none", "full", "topk", "sampled")
+ConfigDict = ml_collections.ConfigDict
 
 
 def get_base_config() -> ConfigDict:
@@ -79,12 +75,27 @@ def get_base_config() -> ConfigDict:
         # is about the same with 16 tasks, but 32 gets there in fewer, steadier steps: +13.8 after
         # 200 steps against +12.7 after 300 with 16 (measured 2026-11-30).
         tasks_per_step=32,
+        # Groups trained per step: 0 = every sampled group; k > 0 = a select stage keeps exactly
+        # k of the tasks_per_step groups (RISED rolls out 2k and trains k). The jitted step sees
+        # k x samples_per_task rows, which must split over the mesh and the mini-batches.
+        train_groups=0,
         temperature=1.0,
         top_p=1.0,  # DESIGN §9: keep 1.0 in training rollouts (the trainer scores without it)
         top_k=0,  # 0 = off
         max_new_tokens=24,
         buckets=(8, 16, 24, 32, 64, 128),  # completion lengths are padded up to one of these
         retries=2,  # engine failures retried before the error surfaces
+        # "auto": multi-turn agent episodes on a tool-environment domain (sql, inventory: the
+        # domains with ``make_env``), single-turn otherwise; or force "single" / "agent".
+        mode="auto",
+        # Agent episodes (rollout/agent.py): each model turn samples up to max_new_tokens; an
+        # episode ends on a final answer, after max_turns model turns, or at max_total_tokens
+        # (prompt, turns and tool outputs). With the embedded tokenizer the longest reference
+        # episodes take 3 turns / 639 tokens (sql) and 7 turns / 2033 tokens (inventory), of
+        # which the prompt (system message with the tool schemas) is 466 / 867
+        # (envs/tool_domain.py EMBEDDED_SIZES). tools_in_system: the tool schemas go into the
+        # system message (the embedded chat template takes no tools= argument).
+        agent=dict(max_turns=8, max_total_tokens=2048, tools_in_system=True),
         sglang=dict(
             url="",  # "" = start a server from ``launch`` settings below
             model_path="",
@@ -150,8 +161,10 @@ def get_base_config() -> ConfigDict:
     )
 
     # --- task domain --------------------------------------------------------------------------
-    # ``name``: "constraints" (the embedded synthetic domain; n_* tasks generated per split) or
-    # "dataset" (rubric datasets on disk, the papers' setting: see ``dataset`` below).
+    # ``name``: "constraints" (the embedded synthetic domain; n_* tasks generated per split),
+    # "dataset" (rubric datasets on disk, the papers' setting: see ``dataset`` below), or a
+    # tool environment, "sql" / "inventory" (multi-turn; their OOD split is a task type never
+    # trained on: configs/grpo.py's ``domain=<name>`` variant sets the limits they need).
     c.domain = dict(
         name="constraints",
         seed=0,
@@ -199,7 +212,14 @@ def get_base_config() -> ConfigDict:
     )
 
     # --- evaluation (HarnessRL §3: greedy, no guidance, seed rubrics, frozen judge) ------------
-    c.eval = dict(every=25, n=64, greedy=True, at_start=True)
+    c.eval = dict(
+        every=25,
+        n=64,
+        greedy=True,
+        at_start=True,
+        # Per evaluation set: every N steps; -1 = eval.every, 0 = never (rubric_rl/evaluation.py).
+        splits=dict(heldout=-1, ood=-1),
+    )
 
     # --- logging ------------------------------------------------------------------------------
     c.logging = dict(
@@ -231,195 +251,3 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
         else:
             out[part] = True
     return out
-
-
-# ------------------------------------------------------------------------------ validation
-
-
-def _fail(field: str, msg: str) -> None:
-    raise ValueError(f"config.{field}: {msg}")
-
-
-def mesh_shape(config: ConfigDict, num_devices: int) -> tuple[int, int, int]:
-    """(data, fsdp, tensor) with a -1 entry filled so that the product is ``num_devices``."""
-    dims = [int(config.mesh.data), int(config.mesh.fsdp), int(config.mesh.tensor)]
-    names = ("data", "fsdp", "tensor")
-    if dims.count(-1) > 1:
-        _fail("mesh", f"at most one axis may be -1, got {dict(zip(names, dims))}")
-    for n, d in zip(names, dims):
-        if d == 0 or d < -1:
-            _fail(f"mesh.{n}", f"must be a positive int or -1, got {d}")
-    known = 1
-    for d in dims:
-        if d != -1:
-            known *= d
-    if -1 in dims:
-        if num_devices % known:
-            _fail("mesh", f"{dict(zip(names, dims))} does not divide {num_devices} devices")
-        dims[dims.index(-1)] = num_devices // known
-    elif known != num_devices:
-        _fail("mesh", f"{dict(zip(names, dims))} has {known} devices, the host has {num_devices}")
-    return dims[0], dims[1], dims[2]
-
-
-def _bands(config: ConfigDict, prefix: str = "") -> list[tuple[str, tuple]]:
-    """Every field whose name ends in ``band`` (method configs: critic acceptance bands...)."""
-    out = []
-    for k, v in config.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, ConfigDict):
-            out += _bands(v, name + ".")
-        elif k.endswith("band"):
-            out.append((name, tuple(v)))
-    return out
-
-
-def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> None:
-    """Start-up checks; raises ValueError("config.<field>: ...") on the first problem."""
-    r, lo, o = config.rollout, config.loss, config.optim
-    if r.engine not in ENGINES:
-        _fail("rollout.engine", f"must be one of {ENGINES}, got {r.engine!r}")
-    if int(r.samples_per_task) < 2:
-        _fail("rollout.samples_per_task", f"J must be > 1 (GRPO groups), got {r.samples_per_task}")
-    if int(r.tasks_per_step) < 1:
-        _fail("rollout.tasks_per_step", f"must be >= 1, got {r.tasks_per_step}")
-    if not 0 < float(r.top_p) <= 1:
-        _fail("rollout.top_p", f"must be in (0, 1], got {r.top_p}")
-    if float(r.top_p) != 1.0 and r.engine == "jax":
-        _fail("rollout.top_p", "the trainer scores without top-p (DESIGN §9); keep 1.0")
-    if float(r.temperature) <= 0:
-        _fail("rollout.temperature", f"must be > 0, got {r.temperature}")
-    if int(r.max_new_tokens) < 1:
-        _fail("rollout.max_new_tokens", f"must be >= 1, got {r.max_new_tokens}")
-    pb = [int(x) for x in config.model.prompt_buckets]
-    if pb != sorted(set(pb)) or (pb and pb[0] < 1):
-        _fail("model.prompt_buckets", f"must be strictly increasing positive ints, got {pb}")
-    if int(config.model.max_prompt_len) < 1:
-        _fail("model.max_prompt_len", f"must be >= 1, got {config.model.max_prompt_len}")
-    buckets = list(r.buckets)
-    if not buckets or buckets != sorted(buckets) or len(set(buckets)) != len(buckets):
-        _fail("rollout.buckets", f"must be strictly increasing and non-empty, got {buckets}")
-    if max(buckets) < int(r.max_new_tokens):
-        _fail("rollout.buckets", f"largest {max(buckets)} < max_new_tokens {r.max_new_tokens}")
-    for f in ("clip_eps_low", "clip_eps_high"):
-        if float(lo[f]) < 0:
-            _fail(f"loss.{f}", f"must be >= 0, got {lo[f]}")
-    if lo.sd_estimator not in SD_ESTIMATORS:
-        _fail("loss.sd_estimator", f"must be one of {SD_ESTIMATORS}, got {lo.sd_estimator!r}")
-    if float(lo.sd_coef) < 0:
-        _fail("loss.sd_coef", f"must be >= 0, got {lo.sd_coef}")
-    if lo.sd_estimator != "none" and int(config.model.max_teacher_prompt_len) < int(
-        config.model.max_prompt_len
-    ):
-        _fail(
-            "model.max_teacher_prompt_len",
-            f"{config.model.max_teacher_prompt_len} < model.max_prompt_len "
-            f"{config.model.max_prompt_len}: the teacher sees the prompt plus its context",
-        )
-    if float(lo.kl_beta) < 0:
-        _fail("loss.kl_beta", f"must be >= 0, got {lo.kl_beta}")
-    if float(o.lr) <= 0:
-        _fail("optim.lr", f"must be > 0, got {o.lr}")
-    for f in ("mini_batches", "epochs", "num_micro_batches"):
-        if int(o[f]) < 1:
-            _fail(f"optim.{f}", f"must be >= 1, got {o[f]}")
-    if o.schedule not in SCHEDULES:
-        _fail("optim.schedule", f"must be one of {SCHEDULES}, got {o.schedule!r}")
-    if config.judge.kind not in JUDGES:
-        _fail("judge.kind", f"must be one of {JUDGES}, got {config.judge.kind!r}")
-    if config.judge.kind == "llm":
-        llm = config.judge.llm
-        if llm.backend not in LLM_BACKENDS:
-            _fail("judge.llm.backend", f"must be one of {LLM_BACKENDS}, got {llm.backend!r}")
-        if not llm.model:
-            _fail("judge.llm.model", "is empty; the LLM judge needs a model name")
-    if not 0 <= float(config.judge.max_failure_rate) <= 1:
-        _fail("judge.max_failure_rate", f"must be in [0, 1], got {config.judge.max_failure_rate}")
-    for f in ("every", "n"):
-        if int(config.eval[f]) < 0:
-            _fail(f"eval.{f}", f"must be >= 0, got {config.eval[f]}")
-    for f in ("every", "keep"):
-        if int(config.checkpoint[f]) < 1:
-            _fail(f"checkpoint.{f}", f"must be >= 1, got {config.checkpoint[f]}")
-    if int(config.train.steps) < 0:
-        _fail("train.steps", f"must be >= 0, got {config.train.steps}")
-    if int(config.warmstart.steps) > 0 and int(config.warmstart.batch) < 1:
-        _fail("warmstart.batch", f"must be >= 1, got {config.warmstart.batch}")
-    if not 0.0 <= float(config.warmstart.p_keep) <= 1.0:
-        _fail("warmstart.p_keep", f"must be in [0, 1], got {config.warmstart.p_keep}")
-    if (
-        config.warmstart.tie_case
-        and int(config.warmstart.steps) > 0
-        and os.path.isdir(config.model.name)
-    ):
-        _fail(
-            "warmstart.tie_case",
-            f"would overwrite the cased embedding rows of the pretrained checkpoint "
-            f"{config.model.name!r}; set it False to warm-start a checkpoint",
-        )
-    for split in ("n_train", "n_heldout", "n_ood"):
-        if int(config.domain[split]) < 1:
-            _fail(f"domain.{split}", f"must be >= 1, got {config.domain[split]}")
-    if config.domain.name == "dataset":
-        _validate_dataset_domain(config)
-    # Paths that must exist (a HF checkpoint, a tokenizer directory).
-    name = config.model.name
-    if ("/" in name or name.startswith(".")) and not os.path.isdir(name):
-        _fail("model.name", f"{name!r} is not a preset and the directory does not exist")
-    if config.model.tokenizer and not os.path.isdir(config.model.tokenizer):
-        _fail("model.tokenizer", f"directory {config.model.tokenizer!r} does not exist")
-    if r.engine == "sglang" and not (r.sglang.url or r.sglang.model_path):
-        _fail("rollout.sglang.url", "sglang engine needs a server url or a model_path to serve")
-    for field, band in _bands(config):
-        if len(band) != 2 or float(band[0]) > float(band[1]):
-            _fail(field, f"an acceptance band must be (low, high) with low <= high, got {band}")
-    if num_devices is not None:
-        data, fsdp, _ = mesh_shape(config, num_devices)
-        seqs = int(r.tasks_per_step) * int(r.samples_per_task)
-        if seqs % (data * fsdp):
-            _fail(
-                "rollout.tasks_per_step",
-                f"tasks_per_step*samples_per_task = {seqs} must be divisible by the mesh's "
-                f"data*fsdp = {data * fsdp}",
-            )
-        if int(config.warmstart.steps) > 0 and int(config.warmstart.batch) % (data * fsdp):
-            _fail(
-                "warmstart.batch",
-                f"{config.warmstart.batch} must be divisible by the mesh's data*fsdp = "
-                f"{data * fsdp}",
-            )
-        if seqs % (data * fsdp * int(o.mini_batches)):
-            _fail(
-                "optim.mini_batches",
-                f"{seqs} sequences do not split into {o.mini_batches} mini-batches of "
-                f"{data * fsdp} shards",
-            )
-        if seqs % (data * fsdp * int(o.mini_batches) * int(o.num_micro_batches)):
-            _fail(
-                "optim.num_micro_batches",
-                f"{seqs // int(o.mini_batches)} sequences per mini-batch do not split into "
-                f"{o.num_micro_batches} micro-batches of {data * fsdp} shards",
-            )
-
-
-def _validate_dataset_domain(config: ConfigDict) -> None:
-    from rubric_rl.rubrics.datasets import FORMATS
-
-    ds = config.domain.dataset
-    for field, fmt in (("format", ds.format), ("ood_format", ds.ood_format or ds.format)):
-        if fmt not in FORMATS:
-            _fail(f"domain.dataset.{field}", f"must be one of {FORMATS.names()}, got {fmt!r}")
-    if not ds.train:
-        _fail("domain.dataset.train", "the dataset domain needs a training file or directory")
-    for split in ("train", "heldout", "ood"):
-        path = ds[split]
-        if path and not os.path.exists(path):
-            _fail(f"domain.dataset.{split}", f"{path!r} does not exist")
-    if int(ds.limit) < 0:
-        _fail("domain.dataset.limit", f"must be >= 0 (0 = all), got {ds.limit}")
-    if int(config.warmstart.steps) > 0:
-        _fail(
-            "warmstart.steps",
-            "the dataset domain has no warm-start corpus; train a pretrained checkpoint with "
-            "warmstart.steps=0",
-        )

@@ -7,7 +7,8 @@
       python -m rubric_rl.launch --config=configs/grpo.py:gpu          # real checkpoint + SGLang
 
 Variants (comma-separated, big_vision style): ``smoke``, ``model=<preset or HF dir>``, ``gpu``
-(optionally ``gpu=<checkpoint dir>``; otherwise $QWEN3_4B_PATH).
+(optionally ``gpu=<checkpoint dir>``; otherwise $QWEN3_4B_PATH), ``domain=sql|inventory`` (a
+tool environment with multi-turn agent rollouts: ``--config=configs/grpo.py:smoke,domain=sql``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 
 from configs import common
+from rubric_rl.envs.tool_domain import TOOL_DOMAINS
 
 
 def apply_smoke(c: common.ConfigDict) -> None:
@@ -75,20 +77,91 @@ def apply_gpu(c: common.ConfigDict, path: str | bool) -> None:
     c.train.steps = 500
 
 
+# Limits of a tool domain with the embedded tokenizer, from the longest reference episodes
+# (envs/tool_domain.py EMBEDDED_SIZES; sql: prompt 466, turn 71, episode 639 tokens, 3 turns;
+# inventory: 867, 144, 2033, 7): a turn more than the reference takes and room for it in the
+# token budget; prompt buckets up to the budget, since a later turn's prompt is the whole episode
+# so far; the warm start keeps every demonstration (its prompt is the conversation before it).
+_TOOL_LIMITS = {
+    "sql": dict(
+        max_turns=4,
+        max_total_tokens=768,
+        prompt_buckets=(512, 576, 640, 704),
+        max_new_tokens=96,
+        buckets=(32, 64, 96),
+        warmstart_prompt_len=768,
+    ),
+    "inventory": dict(
+        max_turns=8,
+        max_total_tokens=2304,
+        prompt_buckets=(896, 1024, 1280, 1536, 1792, 2048),
+        max_new_tokens=160,
+        buckets=(32, 64, 96, 128, 160),
+        warmstart_prompt_len=2304,
+    ),
+}
+# With ``smoke``: fewer prompt shapes to compile; inventory's episodes cut to 4 turns / 1280
+# tokens, and its warm start keeps the demonstrations whose conversation fits 1024 tokens (every
+# row is padded to warmstart.max_prompt_len: 2304 made the smoke run's warm start take minutes).
+_TOOL_SMOKE_LIMITS = {
+    "sql": dict(prompt_buckets=(512, 640)),
+    "inventory": dict(
+        max_turns=4, max_total_tokens=1280, prompt_buckets=(1024,), warmstart_prompt_len=1024
+    ),
+}
+
+
+def apply_tool_domain(c: common.ConfigDict, name: str, *, embedded: bool, smoke: bool) -> None:
+    """A tool environment as the domain: multi-turn agent rollouts (rollout.mode="agent").
+
+    With the embedded model the token limits fit that env's reference episodes (_TOOL_LIMITS);
+    a checkpoint's tokenizer counts differently, so there (``gpu``) only the turn limit is set
+    and the token budget is the prompt limit plus ``max_turns`` full turns.
+    """
+    if name not in TOOL_DOMAINS:
+        raise ValueError(
+            f"configs/grpo.py: domain={name!r} is not a tool domain; known: {TOOL_DOMAINS}"
+        )
+    lim = {**_TOOL_LIMITS[name], **(_TOOL_SMOKE_LIMITS[name] if smoke else {})}
+    c.domain.name = name
+    c.rollout.mode = "agent"
+    c.rollout.agent.max_turns = lim["max_turns"]
+    if not embedded:
+        c.rollout.agent.max_total_tokens = int(c.model.max_prompt_len) + lim["max_turns"] * int(
+            c.rollout.max_new_tokens
+        )
+        return
+    total = lim["max_total_tokens"]
+    c.rollout.agent.update(max_total_tokens=total, tools_in_system=True)
+    c.model.update(
+        max_prompt_len=total,
+        prompt_buckets=lim["prompt_buckets"],
+        # Room for a teacher's privileged context after the longest prompt.
+        max_teacher_prompt_len=total + 256,
+    )
+    c.rollout.update(max_new_tokens=lim["max_new_tokens"], buckets=lim["buckets"])
+    c.warmstart.max_prompt_len = lim["warmstart_prompt_len"]
+
+
 def get_config(arg: str | None = None) -> common.ConfigDict:
     variants = common.parse_arg(arg)
     c = common.get_base_config()
     c.method = "grpo"
     c.controllers = dict(sampler="uniform")
-    unknown = set(variants) - {"smoke", "model", "gpu"}
+    unknown = set(variants) - {"smoke", "model", "gpu", "domain"}
     if unknown:
         raise ValueError(
-            f"configs/grpo.py: unknown variant(s) {sorted(unknown)}; known: smoke, model=, gpu"
+            f"configs/grpo.py: unknown variant(s) {sorted(unknown)}; known: smoke, model=, gpu, "
+            "domain="
         )
     if "gpu" in variants:
         apply_gpu(c, variants["gpu"])
     if "smoke" in variants:
         apply_smoke(c)
+    if "domain" in variants:
+        apply_tool_domain(
+            c, variants["domain"], embedded="gpu" not in variants, smoke="smoke" in variants
+        )
     if "model" in variants:
         c.model.name = variants["model"]
     c.lock()

@@ -4,8 +4,11 @@
 
 Writes to ``--out`` (default ``<root>``):
 - ``results.md`` — every table below, Markdown;
-- ``results.csv`` — one row per group: for each eval metric (``eval/{heldout,ood}/{score,
-  pass_rate,oracle}``) mean and std over seeds at the BEST step and at the FINAL step;
+- ``results.csv`` — one row per group: for each evaluation set ``<set>`` in the runs (every
+  ``eval/<set>/...`` prefix: heldout, ood, any other), its best step ``best_step/<set>``, the
+  metric that chose it ``select/<set>``, and mean and std over seeds of its metrics
+  (``eval/<set>/{score,pass_rate,oracle,env_mean/pass_rate}``, those logged) at that BEST step
+  and at the FINAL step (``final_step``: the last evaluated step);
 - ``first_reach.csv`` — the first step at which each group's seed-mean held-out score reaches the
   reference group's final seed-mean held-out score (ARISE: "reaches the step-150 performance of
   outcome-only RL by step 50"), and its ratio to the reference's final step;
@@ -15,9 +18,14 @@ Writes to ``--out`` (default ``<root>``):
 - ``all_fail.csv`` — the rate of all-failure rollout groups (``arise/task/all_fail_groups``)
   over training and per early / middle / late third.
 
-Protocol: a group's curves are averaged over seeds on the steps every seed logged; the BEST
-checkpoint is the step maximising the seed-MEAN held-out score (``--select``; selecting per seed
-would pick each seed's lucky step), and every metric (OOD included) is reported at that step.
+Protocol: a group's curves are averaged over seeds on the steps every seed logged. Each evaluation
+set has its own BEST checkpoint: the step maximising that set's seed-MEAN primary metric (selecting
+per seed would pick each seed's lucky step), and the set's metrics are reported at that step.
+``--select`` chooses the metric: ``auto`` (default) = the set's ``pass_rate`` when it logs one
+(DESIGN §7: the task verifier's pass rate is primary), else its ``score``; a metric name
+(``score``, ``oracle``, ``env_mean/pass_rate``, ...) = that metric of each set; a full key
+(``eval/heldout/score``) = one best step for every set, chosen on that key (the protocol that
+reports OOD at the held-out best, untouched by OOD numbers).
 Spread is the sample std over seeds (ddof = 1); with one seed it is undefined and omitted.
 """
 
@@ -27,6 +35,7 @@ import argparse
 import csv
 import math
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,7 +44,10 @@ import numpy as np
 
 from rubric_rl import analysis as an
 
-EVAL_KEYS = tuple(f"eval/{s}/{m}" for s in an.EVAL_SPLITS for m in an.EVAL_METRICS)
+AUTO = "auto"
+PRIMARY_METRICS = ("pass_rate", "score")  # --select auto: the first one a set logs
+REPORTED_METRICS = ("score", "pass_rate", "oracle", "env_mean/pass_rate")
+_EVAL_SET = re.compile(r"^eval/([^/]+)/.")
 
 
 def fmt(mean: float | None, std: float | None = None, digits: int = 2) -> str:
@@ -72,27 +84,70 @@ def resolve_group(name: str, groups: Sequence[str]) -> str:
 # ------------------------------------------------------------------------------ tables
 
 
-def summarize_group(runs: Sequence[an.Run], select: str = an.HELDOUT_SCORE) -> dict[str, Any]:
-    """Best (step of the seed-mean ``select`` curve's max) and final values of every eval key."""
-    steps, vals = an.seed_curves(runs, select)
-    row: dict[str, Any] = {"seeds": len(runs)}
-    if steps.size == 0:
-        row.update(best_step=None, final_step=None)
-        return row
-    mean, _ = an.mean_std(vals)
-    best_step, final_step = int(steps[an.best_index(mean)]), int(steps[-1])
-    row.update(best_step=best_step, final_step=final_step)
-    for key in EVAL_KEYS:
-        ks, kv = an.seed_curves(runs, key)
-        for tag, at in (("best", best_step), ("final", final_step)):
-            if at in ks.tolist():
-                m, s = an.mean_std(kv[:, ks.tolist().index(at)])
-                row[f"{key}@{tag}"] = (float(m), float(s))
+def eval_sets(runs: Sequence[an.Run]) -> list[str]:
+    """Every evaluation set the runs log (``eval/<set>/...``): heldout, ood, then others sorted."""
+    return _in_order({m.group(1) for run in runs for k in run.keys() if (m := _EVAL_SET.match(k))})
+
+
+def _in_order(sets: set[str]) -> list[str]:
+    return [s for s in an.EVAL_SPLITS if s in sets] + sorted(sets - set(an.EVAL_SPLITS))
+
+
+def _mean_curve(runs: Sequence[an.Run], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, seed-mean values) of ``key``; empty when no step is common to every seed."""
+    steps, vals = an.seed_curves(runs, key)
+    return steps, (an.mean_std(vals)[0] if steps.size else np.zeros(0))
+
+
+def selection_key(runs: Sequence[an.Run], split: str, select: str = AUTO) -> str | None:
+    """The key whose seed-mean curve picks ``split``'s best step (module docstring), or None
+    when the set logs no such metric with a value."""
+    if select.startswith("eval/"):
+        candidates: Sequence[str] = (select,)
+    elif select == AUTO:
+        candidates = [f"eval/{split}/{m}" for m in PRIMARY_METRICS]
+    else:
+        candidates = (f"eval/{split}/{select}",)
+    for key in candidates:
+        steps, mean = _mean_curve(runs, key)
+        if steps.size and not np.all(np.isnan(mean)):
+            return key
+    return None
+
+
+def summarize_group(
+    runs: Sequence[an.Run], select: str = AUTO, sets: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """Per evaluation set: its best step (the max of its seed-mean selection curve), the metric
+    that chose it, and its ``REPORTED_METRICS`` at that step and at the final step."""
+    row: dict[str, Any] = {"seeds": len(runs), "final_step": None}
+    finals = []
+    for split in eval_sets(runs) if sets is None else sets:
+        key = selection_key(runs, split, select)
+        if key is None:
+            continue
+        steps, mean = _mean_curve(runs, key)
+        best_step, final_step = int(steps[an.best_index(mean)]), int(steps[-1])
+        finals.append(final_step)
+        row[f"best_step/{split}"] = best_step
+        row[f"select/{split}"] = key.removeprefix(f"eval/{split}/")
+        for metric in REPORTED_METRICS:
+            k = f"eval/{split}/{metric}"
+            ks, kv = an.seed_curves(runs, k)
+            for tag, at in (("best", best_step), ("final", final_step)):
+                if at in ks.tolist():
+                    m, s = an.mean_std(kv[:, ks.tolist().index(at)])
+                    row[f"{k}@{tag}"] = (float(m), float(s))
+    if finals:
+        row["final_step"] = max(finals)
     return row
 
 
-def results_rows(groups: Mapping[str, Sequence[an.Run]], select: str) -> list[dict[str, Any]]:
-    return [{"group": g, **summarize_group(runs, select)} for g, runs in groups.items()]
+def results_rows(
+    groups: Mapping[str, Sequence[an.Run]], select: str = AUTO
+) -> list[dict[str, Any]]:
+    sets = eval_sets([r for runs in groups.values() for r in runs])
+    return [{"group": g, **summarize_group(runs, select, sets)} for g, runs in groups.items()]
 
 
 def first_reach_rows(
@@ -209,18 +264,40 @@ def markdown_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
 
 
 def results_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
-    keys = [k for k in EVAL_KEYS if any(f"{k}@best" in r for r in rows)]
-    header = ["group", "seeds", "best step"]
-    for k in keys:
-        short = k.removeprefix("eval/")
-        header += [f"{short} (best)", f"{short} (final)"]
+    """One column block per evaluation set: its best step (and, when the groups differ, the
+    metric that chose it), then each reported metric at that best step and at the final step."""
+    sets = _in_order({k.split("/", 1)[1] for r in rows for k in r if k.startswith("best_step/")})
+    header, columns = ["group", "seeds"], []
+    for split in sets:
+        chosen = {r[f"select/{split}"] for r in rows if f"select/{split}" in r}
+        same = len(chosen) == 1
+        header.append(f"{split} best step" + (f" ({next(iter(chosen))})" if same else ""))
+        columns.append(("step", split, same))
+        for metric in REPORTED_METRICS:
+            k = f"eval/{split}/{metric}"
+            if any(f"{k}@best" in r or f"{k}@final" in r for r in rows):
+                header += [f"{split}/{metric} (best)", f"{split}/{metric} (final)"]
+                columns.append(("metric", k, same))
     body = []
     for r in rows:
-        line = [r["group"], str(r["seeds"]), str(r.get("best_step"))]
-        for k in keys:
-            line += [fmt(*r.get(f"{k}@{t}", (None,))) for t in ("best", "final")]
+        line = [r["group"], str(r["seeds"])]
+        for kind, name, same in columns:
+            if kind == "metric":
+                line += [fmt(*r.get(f"{name}@{t}", (None,))) for t in ("best", "final")]
+            elif f"best_step/{name}" not in r:
+                line.append("–")
+            else:
+                step = str(r[f"best_step/{name}"])
+                line.append(step if same else f"{step} ({r[f'select/{name}']})")
         body.append(line)
     return markdown_table(header, body)
+
+
+def _select_title(select: str) -> str:
+    if select.startswith("eval/"):
+        return f"{select} selects one best step of the seed-mean curve for every set"
+    what = " pass_rate, else score" if select == AUTO else f" {select}"
+    return f"each evaluation set's best step: the max of its seed-mean{what}"
 
 
 def report(
@@ -228,13 +305,13 @@ def report(
     out_dir: str,
     *,
     reference: str | None = None,
-    select: str = an.HELDOUT_SCORE,
+    select: str = AUTO,
 ) -> str:
     """Writes every table (see the module docstring); returns the Markdown."""
     os.makedirs(out_dir, exist_ok=True)
     res = results_rows(groups, select)
     write_csv(os.path.join(out_dir, "results.csv"), res)
-    md = [f"# Results ({select} selects the best step of the seed-mean curve)", ""]
+    md = [f"# Results ({_select_title(select)})", ""]
     md += [results_markdown(res), ""]
     if reference is not None:
         ref = resolve_group(reference, list(groups))
@@ -286,7 +363,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("root", help="sweep root holding <group>/seed<k> run directories")
     p.add_argument("--out", default=None, help="output directory (default: the root)")
     p.add_argument("--reference", default=None, help="group whose final held-out score to reach")
-    p.add_argument("--select", default=an.HELDOUT_SCORE, help="metric choosing the best step")
+    p.add_argument(
+        "--select",
+        default=AUTO,
+        help="metric choosing each evaluation set's best step: auto (pass_rate, else score), a "
+        "metric name (score, oracle, env_mean/pass_rate), or a full key (eval/heldout/score) "
+        "choosing one step for every set",
+    )
     p.add_argument("--groups", nargs="*", default=None, help="only these groups")
     args = p.parse_args(argv)
     groups = load_groups(args.root, args.groups)

@@ -10,6 +10,7 @@ judge.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +25,8 @@ from rubric_rl.controllers.base import Controller, ControllerSet
 from rubric_rl.controllers.sampling import SAMPLERS
 from rubric_rl.core import sharding
 from rubric_rl.core.train_step import TrainConfig
+from rubric_rl.envs import tool_domain
+from rubric_rl.envs.base import Env
 from rubric_rl.models import PRESETS, Qwen3ForCausalLM, Tokenizer, get_config
 from rubric_rl.registry import Registry
 from rubric_rl.rubrics.types import Task
@@ -55,9 +58,18 @@ class Domain:
     # (n, seed, p_keep): n demonstrations, each stated constraint met with probability p_keep.
     corpus: Callable[[int, int, float], list[tuple[list[dict], str]]] | None = None
     vocabulary: Sequence[str] | None = None
+    # A fresh tool environment for one rollout of a task (None: a single-turn domain). The
+    # agent loop (rollout/agent.py) makes one per rollout and closes it.
+    make_env: Callable[[Task], Env] | None = None
+    # The embedded tokenizer over ``vocabulary``: "word" (units joined by spaces on decode) or
+    # "spaced" (units carry their leading space: decode(encode(text)) == text, needed where the
+    # policy's text is parsed: tool-call JSON, SQL). See build_tokenizer.
+    embedded_tokenizer: str = "word"
 
 
 DOMAINS: Registry[Callable[[ConfigDict], Domain]] = Registry("domain")
+# Domains whose rollouts are multi-turn episodes in a tool environment (rubric_rl.envs.registry).
+TOOL_DOMAINS = tool_domain.TOOL_DOMAINS
 
 
 @DOMAINS.register("constraints")
@@ -103,6 +115,32 @@ def dataset_domain(cfg: ConfigDict) -> Domain:
     )
 
 
+def _tool_domain(name: str, cfg: ConfigDict) -> Domain:
+    """A tool environment's task banks as a domain (envs/tool_domain.py: verifier, vocabulary,
+    warm-start corpus). The OOD split is the env's held-out task type (``OOD_TASK_TYPES``: SQL's
+    ``group``, inventory's ``budget_max``), never seen in training. No hidden oracle: the envs
+    have no quality beyond what the verifier and the rubric check."""
+    from rubric_rl.envs.registry import ENVS
+
+    env_cls = ENVS.get(name)
+    seed = int(cfg.seed)
+    return Domain(
+        name=name,
+        train=tuple(env_cls.task_bank("train", int(cfg.n_train), seed)),
+        heldout=tuple(env_cls.task_bank("heldout", int(cfg.n_heldout), seed)),
+        ood=tuple(env_cls.task_bank("ood", int(cfg.n_ood), seed)),
+        verify=tool_domain.VERIFIERS[name],
+        corpus=lambda n, s, p_keep: tool_domain.warmstart_corpus(name, n, s, p_keep),
+        vocabulary=tool_domain.vocabulary(name),
+        make_env=lambda task: env_cls(),
+        embedded_tokenizer="spaced",
+    )
+
+
+for _name in TOOL_DOMAINS:
+    DOMAINS.register(_name)(functools.partial(_tool_domain, _name))
+
+
 def build_domain(config: ConfigDict) -> Domain:
     return DOMAINS.get(config.domain.name)(config.domain)
 
@@ -143,6 +181,70 @@ def build_word_tokenizer(vocabulary: Sequence[str], directory: str) -> Tokenizer
     return Tokenizer(directory)
 
 
+# Tool domains: a `tool` role for tool outputs (appended after the default's specials, so a
+# token keeps its id across both kinds), and a template that closes each assistant turn with
+# <|eos|>: the agent loop's context (the model's turn ends with the eos it sampled, then the tool
+# turn) is then token for token the template's rendering of the conversation, which is what the
+# warm-start demonstrations are encoded from. No spaces around contents: they would be tokens.
+TOOL_SPECIAL_TOKENS = (*SPECIAL_TOKENS, "<|tool|>")
+TOOL_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+    "{% if m['role'] == 'assistant' %}<|eos|>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+_WHITESPACE_TOKENS = (" ", "\n", "\t")
+
+
+def build_spaced_tokenizer(vocabulary: Sequence[str], directory: str) -> Tokenizer:
+    """A word-level tokenizer whose decode is exact: each unit of ``vocabulary``
+    (``tool_domain.UNIT_PATTERN``) is a token with and without its leading space (GPT-2's
+    "Ġword" idea), other whitespace characters are tokens of their own, and a unit outside the
+    vocabulary falls back to single characters (WordPiece's "##" pieces), so any printable ASCII
+    text encodes without <|unk|> and ``decode(encode(text)) == text``. TOOL_SPECIAL_TOKENS and
+    TOOL_CHAT_TEMPLATE; saved to (or loaded from) ``directory``; ids are deterministic."""
+    if os.path.isfile(os.path.join(directory, "tokenizer.json")):
+        return Tokenizer(directory)
+    from tokenizers import Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as RawTokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(TOOL_SPECIAL_TOKENS)}
+    for t in _WHITESPACE_TOKENS:
+        vocab.setdefault(t, len(vocab))
+    for c in tool_domain.BASE_UNITS:
+        vocab.setdefault("##" + c, len(vocab))
+    for u in vocabulary:
+        vocab.setdefault(u, len(vocab))
+        vocab.setdefault(" " + u, len(vocab))
+    raw = RawTokenizer(
+        models.WordPiece(
+            vocab,
+            unk_token="<|unk|>",
+            continuing_subword_prefix="##",
+            max_input_chars_per_word=1000,
+        )
+    )
+    # A unit with the space before it, or one whitespace character: pieces concatenate back to
+    # the text, and the decoder concatenates (dropping the fallback pieces' "##").
+    raw.pre_tokenizer = pre_tokenizers.Split(
+        Regex(f" ?(?:{tool_domain.UNIT_PATTERN})|\\s"), "isolated"
+    )
+    raw.decoder = decoders.Sequence([decoders.Replace("##", ""), decoders.Fuse()])
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        pad_token="<|pad|>",
+        unk_token="<|unk|>",
+        eos_token="<|eos|>",
+        additional_special_tokens=list(TOOL_SPECIAL_TOKENS[3:]),
+        clean_up_tokenization_spaces=False,
+    )
+    hf.chat_template = TOOL_CHAT_TEMPLATE
+    tmp = f"{directory}.tmp-{os.getpid()}-{jax.process_index()}"
+    hf.save_pretrained(tmp)
+    publish_dir(tmp, directory)
+    return Tokenizer(directory)
+
+
 def build_tokenizer(config: ConfigDict, domain: Domain, workdir: str) -> Tokenizer:
     if config.model.tokenizer:
         return Tokenizer(config.model.tokenizer)
@@ -153,7 +255,15 @@ def build_tokenizer(config: ConfigDict, domain: Domain, workdir: str) -> Tokeniz
             f"config.model.tokenizer: domain {domain.name!r} has no vocabulary for the embedded "
             "tokenizer; give a tokenizer directory"
         )
-    return build_word_tokenizer(domain.vocabulary, os.path.join(workdir, "tokenizer"))
+    builder = {"word": build_word_tokenizer, "spaced": build_spaced_tokenizer}.get(
+        domain.embedded_tokenizer
+    )
+    if builder is None:
+        raise ValueError(
+            f"domain {domain.name!r}: embedded_tokenizer {domain.embedded_tokenizer!r} is not "
+            "'word' or 'spaced'"
+        )
+    return builder(domain.vocabulary, os.path.join(workdir, "tokenizer"))
 
 
 # ------------------------------------------------------------------------------ mesh, model
@@ -314,8 +424,8 @@ def grpo_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
 
 @CONTROLLER_BUILDERS.register("arise")
 def arise_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
-    from configs.arise import arise_controller_kwargs
     from rubric_rl.controllers.arise import make_arise_controller
+    from rubric_rl.controllers.arise_config import arise_controller_kwargs
 
     client = None
     if config.arise.reflection == "llm":

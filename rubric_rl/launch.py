@@ -21,7 +21,8 @@ from ml_collections import config_flags
 
 from rubric_rl.tcmalloc import preload_env
 
-# configs/ lives at the repository root, next to the package.
+# configs/ lives at the repository root, next to the package: the --config file (not this module)
+# imports configs.common, so the root must be importable when launched from elsewhere.
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
@@ -100,7 +101,7 @@ def main(argv):
     workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
     import jax
 
-    from configs.common import validate_config
+    from rubric_rl.config_validation import validate_config
 
     validate_config(config, num_devices=jax.device_count())
     if jax.process_index() == 0:  # one copy of the run directory's files (multi-host)

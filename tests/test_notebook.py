@@ -38,6 +38,9 @@ SAMPLING = {  # stage_bounds(12) = (1-4), (5-8), (9-12)
     **{s: {"list/counting": 0.6, "list/ordering": 0.4} for s in (5, 6, 7, 8)},
     **{s: {"list/counting": 0.2, "format/formatting": 0.8} for s in (9, 10, 11, 12)},
 }
+FAILURE_CLASSES = ("blind", "saturated", "spurious", "agree")
+FAILURE = {4: (0.4, 0.2, 0.3, 0.1), 8: (0.3, 0.2, 0.3, 0.2), 12: (0.1, 0.2, 0.25, 0.45)}
+SEED_FAILURE = (0.5, 0.1, 0.3, 0.1)  # diagnostics logged every 4 steps, seed rubric constant
 
 
 def write_synthetic_run(d: str) -> None:
@@ -74,6 +77,9 @@ def write_synthetic_run(d: str) -> None:
                 }
             )
             row.update({P + k: v for k, v in SAMPLING.get(step, {}).items()})
+            if step in FAILURE:
+                row.update({f"failure/{c}": v for c, v in zip(FAILURE_CLASSES, FAILURE[step])})
+                row.update({f"failure/seed/{c}": v for c, v in zip(FAILURE_CLASSES, SEED_FAILURE)})
             if step in (6, 12):
                 row.update({"eval/heldout/score": 40.0 + step, "eval/heldout/pass_rate": step / 24})
             f.write(json.dumps(row) + "\n")
@@ -110,8 +116,8 @@ def execute(run_dir: str, fig_dir: str) -> str:
     return "".join(out)
 
 
-def check_figures(fig_dir) -> None:
-    for name in FIGURES:
+def check_figures(fig_dir, figures=FIGURES) -> None:
+    for name in figures:
         path = os.path.join(fig_dir, name)
         assert os.path.getsize(path) > 1000, path
         with open(path, "rb") as f:
@@ -122,7 +128,7 @@ def test_notebook_on_synthetic_run(tmp_path):
     run_dir, fig_dir = str(tmp_path / "run"), str(tmp_path / "figs")
     write_synthetic_run(run_dir)
     text = execute(run_dir, fig_dir)
-    check_figures(fig_dir)
+    check_figures(fig_dir, FIGURES + ("failure_classes.png",))
     lines = set(text.splitlines())
     expected = {
         "SUMMARY last_step=12 events=8",
@@ -135,6 +141,10 @@ def test_notebook_on_synthetic_run(tmp_path):
         "SUMMARY early top cell list/counting p=1.0000",
         "SUMMARY middle top cell list/counting p=0.6000",
         "SUMMARY late top cell format/formatting p=0.8000",
+        "SUMMARY final failure/blind=0.1000",
+        "SUMMARY final failure/agree=0.4500",
+        "SUMMARY final failure/seed/blind=0.5000",
+        "SUMMARY final failure/seed/spurious=0.3000",
     }
     assert expected <= lines, sorted(expected - lines)
     assert "WARNING pool metrics" not in text
@@ -153,6 +163,8 @@ def test_notebook_on_a_run_without_arise_logs(tmp_path):
     assert {"SUMMARY last_step=4 events=0", "SUMMARY criteria=0"} <= lines
     assert f"SUMMARY final {an.RUBRIC_REWARD}=0.4000" in lines
     assert not any(line.startswith("SUMMARY pool") for line in lines)
+    assert "no failure/* pair classes in metrics.jsonl" in text
+    assert not os.path.exists(tmp_path / "figs" / "failure_classes.png")
 
 
 @pytest.mark.skipif(

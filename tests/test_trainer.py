@@ -179,13 +179,14 @@ def test_nonfinite_loss_skips_the_update_then_stops(trainer):
 def test_a_failing_judge_stops_the_run_and_logs_no_reward(trainer):
     from rubric_rl.trainer import ComponentError
 
-    trainer.judge.failing = True
+    judge = trainer.services.judge_impl
+    judge.failing = True
     step = trainer.step
     try:
         with pytest.raises(ComponentError, match="judge _SwitchableJudge.*unreachable"):
             trainer.train_one_step()
     finally:
-        trainer.judge.failing = False
+        judge.failing = False
     assert trainer.step == step  # the step never reached the update or the metrics
     assert read_metrics(trainer.metrics.path) == []  # nothing logged, no zero reward
     # The programmatic checkers themselves never fail on this domain.
@@ -319,21 +320,25 @@ def test_mini_batches_partition_the_rows_and_keep_the_batch_sharding():
 def test_build_train_batch_layout_against_a_plain_reference():
     import numpy as np
 
-    from rubric_rl.rollout.engine import Generation, GenerationRequest
+    from rubric_rl.builders import build_domain
+    from rubric_rl.rollout.batch import Group, Rollouts, Trajectory
     from rubric_rl.trainer_batch import build_train_batch
 
-    reqs = [GenerationRequest((5, 6, 7), "a"), GenerationRequest((8,), "b")]
+    tasks = build_domain(grpo.get_config("smoke")).train[:2]
 
-    def gen(toks, finish="stop"):
+    def traj(toks, adv, finish="stop", trainable=True, mask=None):
         lps = tuple(-0.1 * (i + 1) for i in range(len(toks)))
-        return Generation(tuple(toks), lps, finish, weight_version=3)
+        t = Trajectory(tuple(toks), lps, finish, 3, "", loss_mask=mask)
+        t.advantage, t.trainable = adv, trainable
+        return t
 
-    gens = [[gen([11, 12]), gen([13, 14, 15], "length")], [gen([16]), gen([17, 18], "abort")]]
-    adv = np.array([[1.0, -1.0], [0.5, -0.5]])
-    defined = np.array([[True, True], [False, True]])
-    tb = build_train_batch(
-        reqs, gens, adv, np.array([2.0, 0.5]), defined, prompt_len=4, buckets=(4, 8), pad_id=0
-    )
+    groups = [
+        Group(tasks[0], 2.0, prompt_ids=(5, 6, 7),
+              trajectories=[traj([11, 12], 1.0), traj([13, 14, 15], -1.0, "length")]),
+        Group(tasks[1], 0.5, prompt_ids=(8,),
+              trajectories=[traj([16], 0.5, trainable=False), traj([17, 18], -0.5, "abort")]),
+    ]  # fmt: skip
+    tb = build_train_batch(Rollouts(1, groups), prompt_len=4, buckets=(4, 8), pad_id=0)
     ids = np.asarray(tb.input_ids)
     assert ids.shape == (4, 8)  # prompt 4 + completion bucket 4
     np.testing.assert_array_equal(ids[1], [0, 5, 6, 7, 13, 14, 15, 0])
@@ -350,13 +355,27 @@ def test_build_train_batch_layout_against_a_plain_reference():
     np.testing.assert_allclose(np.asarray(tb.seq_weights), [2.0, 2.0, 0.5, 0.5])
     np.testing.assert_array_equal(np.asarray(tb.finish_status), [0, 1, 0, 2])
     np.testing.assert_array_equal(np.asarray(tb.group_id), [0, 0, 1, 1])
+    # Ragged groups and agent masks: a group of 3, a group of 1 whose middle tokens are a tool
+    # output (loss mask 0), an unselected group left out.
+    groups = [
+        Group(tasks[0], prompt_ids=(5,), trajectories=[traj([11], 1.0) for _ in range(3)]),
+        Group(tasks[1], prompt_ids=(6,),
+              trajectories=[traj([21, 90, 91, 22], 2.0, "truncated", mask=(1, 0, 0, 1))]),
+        Group(tasks[1], prompt_ids=(7,), trajectories=[traj([31], 3.0)], selected=False),
+    ]  # fmt: skip
+    tb = build_train_batch(Rollouts(1, groups), prompt_len=2, buckets=(4,), pad_id=0)
+    assert np.asarray(tb.input_ids).shape == (4, 6)
+    np.testing.assert_array_equal(np.asarray(tb.loss_mask)[3], [0, 1, 0, 0, 1, 0])
+    np.testing.assert_array_equal(np.asarray(tb.group_id), [0, 0, 0, 1])
+    np.testing.assert_array_equal(np.asarray(tb.finish_status), [0, 0, 0, 3])
+    np.testing.assert_allclose(np.asarray(tb.advantages), [1.0, 1.0, 1.0, 2.0])
 
 
 def test_criterion_pass_rates_pool_groups_and_skip_failures():
     import numpy as np
 
     from rubric_rl.rubrics.scores import ScoreMatrices
-    from rubric_rl.trainer import criterion_pass_rates
+    from rubric_rl.step_metrics import criterion_pass_rates
 
     rng = np.random.default_rng(0)
     met = (rng.random((3, 2, 4)) < 0.5).astype(np.float32)
@@ -399,9 +418,10 @@ def test_embedded_default_prompts_fit_with_every_skill_injected(tmp_path):
 def test_an_overlong_prompt_is_an_error_naming_the_task_and_field(trainer):
     msgs = [{"role": "user", "content": " ".join(["apple"] * 200)}]
     with pytest.raises(ValueError, match=r"task t-long.*> config.model.max_prompt_len=96"):
-        trainer.encode_prompt(msgs, "task t-long")
+        trainer.services.encode_prompt(msgs, "task t-long")
     # Batches are padded to the smallest prompt bucket that fits (smoke: 32, 64, then the cap).
-    assert [trainer.prompt_len([n]) for n in (5, 32, 33, 64, 65, 96)] == [32, 32, 64, 64, 96, 96]
+    got = [trainer.services.prompt_len([n]) for n in (5, 32, 33, 64, 65, 96)]
+    assert got == [32, 32, 64, 64, 96, 96]
 
 
 def test_default_advantages_keep_the_rubric_weights_scale():

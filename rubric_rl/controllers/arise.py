@@ -36,9 +36,10 @@ from rubric_rl.controllers.arise_pool import (
     PoolEntry,
     RubricSkillPool,
 )
-from rubric_rl.controllers.base import Controller, Evidence, Messages, TaskBatch
+from rubric_rl.controllers.base import Controller, Messages, TaskBatch
 from rubric_rl.controllers.reflection import Reflection, RolloutRecord, satisfied
 from rubric_rl.core.advantages import multi_signal_advantages
+from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.rewards import batch_rewards
 from rubric_rl.rubrics.scores import ScoreMatrices
 from rubric_rl.rubrics.types import Rubric, Task, append_to_last_user
@@ -132,8 +133,10 @@ class AriseController(Controller):
     sampler, or an ablation's), gives each drawn task the pool's rubric, injects active skills,
     and observes evidence to evolve the pool.
 
-    Trainer hooks beyond ``Controller``: ``reward_signals`` / ``advantages`` (the ARISE reward),
-    ``pop_events`` (lifecycle events for ``controllers/arise.jsonl``).
+    The ARISE reward is the trained mix ``signal_weights`` = {task verifier: 1, pool rubric:
+    w_rubric}, each normalised in its group by ``loss.advantage`` (``rubric_rl/step.py``); the
+    signals are the step's built-in ``task_verifier`` and ``rubric`` (the pool rubric is the task's
+    rubric). ``pop_events`` (lifecycle events for ``controllers/arise.jsonl``).
     """
 
     name = "arise"
@@ -202,26 +205,31 @@ class AriseController(Controller):
                 out[g, j] = np.nan if r is None else float(r)
         return out
 
-    def reward_signals(
+    def arise_signals(
         self, tasks: Sequence[Task], responses: Sequence[Sequence[str]], scores: ScoreMatrices
     ) -> dict[str, np.ndarray]:
-        """``{"task": r_task [G, J], "rubric": r_rubric [G, J]}``; r_rubric is the weighted
-        rubric reward over the pool criteria judged (NaN where a task has none)."""
+        """``{"task": r_task [G, J], "rubric": r_rubric [G, J]}`` outside a training step (the
+        trainer's reward stage computes the same two signals once per step); r_rubric is the
+        weighted rubric reward over the pool criteria judged (NaN where a task has none)."""
         task = self.task_rewards(tasks, responses)
         if scores.max_criteria == 0:
             return {"task": task, "rubric": np.full(task.shape, np.nan)}
         return {"task": task, "rubric": batch_rewards("weighted", scores).values.astype(float)}
 
-    def advantages(
-        self, tasks: Sequence[Task], responses: Sequence[Sequence[str]], scores: ScoreMatrices
-    ) -> np.ndarray:
-        s = self.reward_signals(tasks, responses, scores)
-        return arise_advantages(s["task"], s["rubric"], w_rubric=self.config.w_rubric)[0]
+    def signal_weights(self) -> dict[str, float]:
+        """ARISE: A = norm_g(r_task) + w_rubric · norm_g(r_rubric)."""
+        return {"task_verifier": 1.0, "rubric": float(self.config.w_rubric)}
 
-    def observe(self, evidence: Evidence) -> dict[str, float]:
+    def observe(self, evidence: Rollouts) -> dict[str, float]:
         cfg = self.config
         metrics = {f"sampler/{k}": v for k, v in (self.sampler.observe(evidence) or {}).items()}
-        success = self.task_rewards(evidence.tasks, evidence.responses)
+        computed = any(
+            "task_verifier" in t.signals for g in evidence.groups for t in g.trajectories
+        )
+        if computed:  # the step's reward stage ran the verifier: not again
+            success = evidence.signal("task_verifier")
+        else:
+            success = self.task_rewards(evidence.tasks, evidence.responses)
         records, passed, judged = [], collections.Counter(), collections.Counter()
         for g, task in enumerate(evidence.tasks):
             weights = {c.id: c.weight for c in task.rubric.criteria}

@@ -34,7 +34,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rubric_rl.controllers.reflection import Proposal, fill_skill
+from rubric_rl.controllers.reflection_base import Proposal, fill_skill
 from rubric_rl.rubrics.types import Criterion, CriterionStatus, Task, Verifier
 
 ADDED, ACTIVE, HIDDEN, RETIRED = "added", "active", "hidden", "retired"

@@ -1,15 +1,25 @@
 """The controller interface (DESIGN §3, §6): the Python-side, stateful, checkpointable parts.
 
-A training step calls, in order:
+The default stages of a step (``rubric_rl/step.py``) call, in order:
 ``sample_tasks(step, rng)`` -> ``TaskBatch`` (tasks + importance weights u);
 ``decorate(tasks, prompts)`` -> prompts (guidance fields, skills, anti-patterns appended);
-``observe(evidence)`` after judging -> metrics (pool / harness / selection updates);
-``teacher_context(task, evidence)`` -> privileged context for self-distillation, or None;
-``sd_gate(evidence)`` -> per-group multipliers of the SD coefficient, or None.
+``reward_signals(rollouts)`` -> extra named reward signals ``[G, J]``;
+``signal_weights()`` -> the trained mix of signals (None: ``loss.reward``);
+``shape_advantages(rollouts, adv)`` -> reshaped advantages (None: unchanged);
+``observe(rollouts)`` after judging -> metrics (pool / harness / selection updates);
+``select(rollouts)`` -> which groups are trained ``[G]`` bool (None: all);
+``teacher_context(task, rollouts)`` -> privileged context for self-distillation, or None;
+``sd_gate(rollouts)`` -> per-group multipliers of the SD coefficient, or None.
+The evidence a controller reads is the step's ``Rollouts`` record (``rollout/batch.py``).
+Before the first step each controller is ``bind``-ed to its ``Services`` (generate on the
+current policy, judge under candidate rubrics: ``rubric_rl/services.py``) and its own directory
+``<workdir>/controllers/<name>/``; files there follow the step-watermark convention of
+``rubric_rl/run_files.py`` so that a resume rolls back what was written after the checkpoint.
 Every controller is checkpointed through ``state_dict()`` / ``load_state_dict()`` (JSON-able).
 
 Controllers never touch JAX internals; the core never knows which controller runs.
-``ControllerSet`` composes one sampler with any number of other controllers.
+``ControllerSet`` composes one sampler with any number of other controllers, in the documented
+order of ``rubric_rl/step.py``.
 """
 
 from __future__ import annotations
@@ -21,10 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from rubric_rl.rubrics.scores import ScoreMatrices
-from rubric_rl.rubrics.types import Task, Verdict
-
-Messages = list[dict[str, str]]
+from rubric_rl.rollout.batch import Messages, Rollouts
+from rubric_rl.rubrics.types import Task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,26 +56,17 @@ class TaskBatch:
         return len(self.tasks)
 
 
-@dataclasses.dataclass(frozen=True)
-class Evidence:
-    """What a step produced, for the controllers to observe. Groups are indexed like ``tasks``;
-    ``responses[g][j]`` is rollout j of task g; ``verdicts[g][j]`` its verdicts (a failed judge
-    call is a Verdict with met=None); ``rewards[g, j]`` is NaN where undefined."""
-
-    step: int
-    tasks: tuple[Task, ...]
-    prompts: tuple[Messages, ...]
-    responses: tuple[tuple[str, ...], ...]
-    verdicts: tuple[tuple[tuple[Verdict, ...], ...], ...]
-    scores: ScoreMatrices
-    rewards: np.ndarray  # [G, J]
-    advantages: np.ndarray  # [G, J]
-
-
 class Controller:
     """Base class: every hook is a no-op, so a controller overrides only what it changes."""
 
     name: str = "controller"
+    services: Any = None  # set by ``bind`` (rubric_rl.services.Services, this controller's view)
+    run_dir: str | None = None  # <workdir>/controllers/<name>/
+
+    def bind(self, services: Any, run_dir: str | None) -> None:
+        """Called once before training: the step's services and this controller's directory."""
+        self.services = services
+        self.run_dir = run_dir
 
     def sample_tasks(self, step: int, rng: np.random.Generator) -> TaskBatch | None:
         """A sampler returns the step's tasks; other controllers return None."""
@@ -77,11 +76,28 @@ class Controller:
         """The prompts to roll out (default: unchanged)."""
         return [list(p) for p in prompts]
 
-    def observe(self, evidence: Evidence) -> dict[str, float]:
-        """Update from a step's evidence; returns metrics (logged under ``<name>/``)."""
+    def reward_signals(self, rollouts: Rollouts) -> dict[str, np.ndarray]:
+        """Extra named reward signals ``{name: [G, J]}`` (NaN = undefined) for the trained mix."""
         return {}
 
-    def teacher_context(self, task: Task, evidence: Evidence) -> str | None:
+    def signal_weights(self) -> dict[str, float] | None:
+        """The trained mix ``{signal: weight}`` (ARISE: task verifier 1, rubric w_rubric);
+        A = Σ w · norm_g(signal). None: the trainer's ``loss.reward``."""
+        return None
+
+    def shape_advantages(self, rollouts: Rollouts, advantages: np.ndarray) -> np.ndarray | None:
+        """``[G, J]`` advantages after this controller's shaping; None = unchanged."""
+        return None
+
+    def observe(self, rollouts: Rollouts) -> dict[str, float]:
+        """Update from a step's rollouts; returns metrics (logged under ``<name>/``)."""
+        return {}
+
+    def select(self, rollouts: Rollouts) -> np.ndarray | None:
+        """``[G]`` bool: the groups to train (RISED keeps k of 2k); None = all."""
+        return None
+
+    def teacher_context(self, task: Task, rollouts: Rollouts) -> str | None:
         """Privileged context for the self-distillation teacher (None = no teacher).
 
         Called after ``observe`` for every task of the step when ``loss.sd_estimator`` is not
@@ -91,17 +107,9 @@ class Controller:
         ``<coach> … </coach>`` block for the embedded domain)."""
         return None
 
-    def sd_gate(self, evidence: Evidence) -> np.ndarray | None:
+    def sd_gate(self, rollouts: Rollouts) -> np.ndarray | None:
         """``[G]`` multipliers of ``loss.sd_coef`` per group (RG-SED's gate × schedule), or
         None = 1 for every group."""
-        return None
-
-    def advantages(
-        self, tasks: Sequence[Task], responses: Sequence[Sequence[str]], scores: ScoreMatrices
-    ) -> np.ndarray | None:
-        """``[G, J]`` advantages when this controller shapes the reward itself (ARISE: task and
-        rubric signals normalised separately); None = the trainer's GRPO over rubric rewards.
-        NaN marks a rollout with no defined advantage (it is not trained on)."""
         return None
 
     def pop_events(self) -> list[dict[str, Any]]:
@@ -147,43 +155,92 @@ class ControllerSet:
             out = self._timed(c.decorate, tasks, out)
         return out
 
-    def observe(self, evidence: Evidence) -> dict[str, float]:
+    def bind(self, services: Any, controllers_dir: str | None) -> None:
+        import os
+
+        for c in self.controllers:
+            d = None if controllers_dir is None else os.path.join(controllers_dir, c.name)
+            c.bind(services.for_caller(c.name) if services is not None else None, d)
+
+    def reward_signals(self, rollouts: Rollouts) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for c in self.controllers:
+            for k, v in (self._timed(c.reward_signals, rollouts) or {}).items():
+                if k in out:
+                    raise ValueError(f"controller {c.name!r}: reward signal {k!r} given twice")
+                out[k] = v
+        return out
+
+    def signal_weights(self) -> dict[str, float] | None:
+        out: dict[str, float] = {}
+        for c in self.controllers:
+            for k, w in (self._timed(c.signal_weights) or {}).items():
+                if k in out:
+                    raise ValueError(f"controller {c.name!r}: signal {k!r} weighted twice")
+                out[k] = float(w)
+        return out or None
+
+    def shape_advantages(
+        self, rollouts: Rollouts, advantages: np.ndarray, adv_trainable: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Each controller's shaping in turn (controller order)."""
+        adv = np.asarray(advantages, np.float64)
+        for c in self.controllers:
+            shaped = self._timed(c.shape_advantages, rollouts, adv)
+            if shaped is not None:
+                shaped = np.asarray(shaped, np.float64)
+                if shaped.shape != adv.shape:
+                    raise ValueError(
+                        f"controller {c.name!r}: shape_advantages returned {shaped.shape}, "
+                        f"expected {adv.shape}"
+                    )
+                adv = shaped
+        return adv
+
+    def observe(self, rollouts: Rollouts) -> dict[str, float]:
         metrics: dict[str, float] = {}
         for c in self.controllers:
-            for k, v in (self._timed(c.observe, evidence) or {}).items():
+            for k, v in (self._timed(c.observe, rollouts) or {}).items():
                 metrics[f"{c.name}/{k}"] = v
         return metrics
 
-    def teacher_context(self, task: Task, evidence: Evidence) -> str | None:
-        parts = [self._timed(c.teacher_context, task, evidence) for c in self.controllers]
+    def select(self, rollouts: Rollouts) -> np.ndarray | None:
+        """A group is trained iff every controller that selects keeps it (None: nobody selects)."""
+        out = None
+        for c in self.controllers:
+            keep = self._timed(c.select, rollouts)
+            if keep is None:
+                continue
+            keep = np.asarray(keep)
+            if keep.shape != (len(rollouts),) or keep.dtype != bool:
+                raise ValueError(
+                    f"controller {c.name!r}: select must return [{len(rollouts)}] bool, got "
+                    f"{keep.dtype} {keep.shape}"
+                )
+            out = keep if out is None else out & keep
+        return out
+
+    def teacher_context(self, task: Task, rollouts: Rollouts) -> str | None:
+        parts = [self._timed(c.teacher_context, task, rollouts) for c in self.controllers]
         parts = [p for p in parts if p]
         return "\n".join(parts) if parts else None
 
-    def sd_gate(self, evidence: Evidence) -> np.ndarray | None:
+    def sd_gate(self, rollouts: Rollouts) -> np.ndarray | None:
         """The product of the controllers' gates (None when no controller gates)."""
         out = None
+        n = len(rollouts)
         for c in self.controllers:
-            g = self._timed(c.sd_gate, evidence)
+            g = self._timed(c.sd_gate, rollouts)
             if g is None:
                 continue
             g = np.asarray(g, dtype=np.float64)
-            if g.shape != (len(evidence.tasks),) or not np.all(np.isfinite(g)) or np.any(g < 0):
+            if g.shape != (n,) or not np.all(np.isfinite(g)) or np.any(g < 0):
                 raise ValueError(
-                    f"controller {c.name!r}: sd_gate must be [{len(evidence.tasks)}] finite and "
-                    f">= 0, got shape {g.shape}"
+                    f"controller {c.name!r}: sd_gate must be [{n}] finite and >= 0, got shape "
+                    f"{g.shape}"
                 )
             out = g if out is None else out * g
         return out
-
-    def advantages(
-        self, tasks: Sequence[Task], responses: Sequence[Sequence[str]], scores: ScoreMatrices
-    ) -> np.ndarray | None:
-        """The first controller that shapes advantages decides; None if none does."""
-        for c in self.controllers:
-            adv = self._timed(c.advantages, tasks, responses, scores)
-            if adv is not None:
-                return np.asarray(adv, dtype=np.float64)
-        return None
 
     def pop_events(self) -> dict[str, list[dict[str, Any]]]:
         return {c.name: list(c.pop_events() or []) for c in self.controllers}

@@ -40,9 +40,10 @@ from typing import Any
 
 import numpy as np
 
-from rubric_rl.controllers.base import Controller, Evidence, TaskBatch
+from rubric_rl.controllers.base import Controller, TaskBatch
 from rubric_rl.controllers.sampling import SAMPLERS
 from rubric_rl.registry import Registry
+from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.types import Task
 
 GENERAL = "general"
@@ -267,7 +268,7 @@ class CapabilitySampler(Controller):
                     acc[0] *= self.config.decay
                     acc[1] *= self.config.decay
 
-    def observe(self, evidence: Evidence) -> dict[str, float]:
+    def observe(self, evidence: Rollouts) -> dict[str, float]:
         self.decay()
         for task, verdicts in zip(evidence.tasks, evidence.verdicts):
             self.observe_verdicts(task, verdicts)

@@ -25,130 +25,41 @@ implementations share the ``Reflection`` interface:
   or duplicate pair is rejected whole — never half-applied.
 
 Rollout evidence reaches a reflection as ``RolloutRecord`` values; proposals come back as
-``Proposal`` values that the pool (``controllers/arise.py``) turns into entries.
+``Proposal`` values that the pool (``controllers/arise.py``) turns into entries. Those types, the
+``Reflection`` interface and the ``REFLECTIONS`` registry live in ``reflection_base.py`` (shared
+with the pool and the LLM reflection, which import neither this module nor each other) and are
+re-exported here with the LLM reflection's names.
 """
 
 from __future__ import annotations
 
-import abc
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
 
-from rubric_rl.registry import Registry
+from rubric_rl.controllers.reflection_base import (  # noqa: F401  (re-exported API)
+    CRITERION_SLOT,
+    MISSED_PREFIX,
+    REFLECTIONS,
+    REMEMBER_PREFIX,
+    PoolPair,
+    Proposal,
+    Reflection,
+    RolloutRecord,
+    failing_records,
+    fill_skill,
+    guidance_hint,
+    satisfied,
+)
+from rubric_rl.controllers.reflection_llm import (  # noqa: F401  (re-exported API)
+    REFLECTION_TEMPLATES,
+    LLMReflection,
+    ReflectionTemplate,
+    parse_proposals,
+    parse_refinement,
+)
 from rubric_rl.rubrics.judges import ProgrammaticJudge
 from rubric_rl.rubrics.types import Criterion, Task, VerifierKind
-
-if TYPE_CHECKING:
-    from rubric_rl.controllers.arise_pool import PoolEntry
-
-CRITERION_SLOT = "{criterion}"  # filled per task with the entry's criterion as guidance states it
-MISSED_PREFIX = "the last answers missed :"  # the domain's critique wording (constraint_corpus)
-REMEMBER_PREFIX = "remember :"
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutRecord:
-    """One rollout of the recent window: its task (with the task's own rubric), the response,
-    the task outcome (None = verifier failed) and the pool criteria's verdicts (None = failed)."""
-
-    step: int
-    task: Task
-    response: str
-    success: bool | None
-    verdicts: Mapping[str, bool | None] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
-class Proposal:
-    """A new rubric–skill pair. ``source_id`` binds the rubric to the task's own criterion of that
-    id (instantiated per task); without it the rubric is ``text``, judged by the LLM judge."""
-
-    key: str
-    text: str
-    skill: str
-    capability: str
-    task_types: tuple[str, ...]
-    weight: float = 1.0
-    source_id: str | None = None
-    evidence: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
-
-    def __post_init__(self):
-        object.__setattr__(self, "task_types", tuple(self.task_types))
-        for name in ("key", "text", "skill", "capability"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value.strip():
-                raise ValueError(f"Proposal.{name} must be a non-empty string, got {value!r}")
-        w = float(self.weight)
-        if w == 0.0 or not math.isfinite(w):
-            raise ValueError(f"Proposal {self.key!r}: weight must be finite and non-zero")
-        object.__setattr__(self, "weight", w)
-
-
-def satisfied(met: bool, weight: float) -> bool:
-    """A verdict as progress: a requirement met, or a pitfall (weight < 0) absent."""
-    return met if weight > 0 else not met
-
-
-def guidance_hint(text: str, weight: float) -> str:
-    """How guidance states a criterion (same wording as ``constraint_spec.guidance_hint``)."""
-    return text if weight > 0 else f"avoid : {text}"
-
-
-def fill_skill(skill: str, criterion: Criterion | None) -> str:
-    """The skill as injected for one task: ``{criterion}`` becomes that task's criterion hint."""
-    if CRITERION_SLOT not in skill:
-        return skill
-    hint = guidance_hint(criterion.text, criterion.weight) if criterion is not None else ""
-    return " ".join(skill.replace(CRITERION_SLOT, hint).split())
-
-
-def failing_records(records: Sequence[RolloutRecord], entry: PoolEntry) -> list[RolloutRecord]:
-    """Rollouts of the window on which the entry's own rubric was judged and not satisfied."""
-    return [
-        r
-        for r in records
-        if r.verdicts.get(entry.id) is not None
-        and not satisfied(bool(r.verdicts[entry.id]), entry.weight)
-    ]
-
-
-class Reflection(abc.ABC):
-    """Proposes new pairs from the recent window, and rewrites the skill of a failing pair."""
-
-    name = "reflection"
-
-    @abc.abstractmethod
-    def propose(
-        self,
-        records: Sequence[RolloutRecord],
-        pool: Sequence[PoolEntry],
-        *,
-        max_new: int,
-        step: int,
-        exclude_keys: frozenset[str] = frozenset(),
-    ) -> list[Proposal]:
-        """Up to ``max_new`` proposals, best first; none whose key is in the pool or excluded."""
-
-    @abc.abstractmethod
-    def refine(
-        self, entry: PoolEntry, records: Sequence[RolloutRecord], *, step: int
-    ) -> str | None:
-        """A rewritten, more specific skill for ``entry`` (None = no refinement possible)."""
-
-    def stats(self) -> dict[str, float]:
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        del state
-
-
-REFLECTIONS: Registry[type] = Registry("reflection")
-
 
 # --- programmatic reflection ---------------------------------------------------------------------
 
@@ -289,7 +200,7 @@ class ProgrammaticReflection(Reflection):
     def propose(
         self,
         records: Sequence[RolloutRecord],
-        pool: Sequence[PoolEntry],
+        pool: Sequence[PoolPair],
         *,
         max_new: int,
         step: int,
@@ -328,9 +239,7 @@ class ProgrammaticReflection(Reflection):
             )
         return out
 
-    def refine(
-        self, entry: PoolEntry, records: Sequence[RolloutRecord], *, step: int
-    ) -> str | None:
+    def refine(self, entry: PoolPair, records: Sequence[RolloutRecord], *, step: int) -> str | None:
         """Level 1 cites the failing criterion after the capability skill ("the last answers
         missed : <criterion>"); level 2 also leads with it ("remember : <criterion>"). Needs at
         least one observed failure of the entry's own rubric in the window."""
@@ -342,22 +251,3 @@ class ProgrammaticReflection(Reflection):
         if entry.refinements == 1:
             return f"{REMEMBER_PREFIX} {CRITERION_SLOT} ; {base} ; {MISSED_PREFIX} {CRITERION_SLOT}"
         return None
-
-
-_LLM_NAMES = (
-    "REFLECTION_TEMPLATES",
-    "LLMReflection",
-    "ReflectionTemplate",
-    "parse_proposals",
-    "parse_refinement",
-)
-
-
-def __getattr__(name: str) -> Any:
-    # The LLM reflection lives in reflection_llm.py, which imports this module; its public names
-    # are re-exported lazily (PEP 562) so either module can be imported first.
-    if name in _LLM_NAMES:
-        from rubric_rl.controllers import reflection_llm
-
-        return getattr(reflection_llm, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,10 +16,11 @@ import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rubric_rl.controllers.reflection import (
+from rubric_rl.controllers.reflection_base import (
     REFLECTIONS,
+    PoolPair,
     Proposal,
     Reflection,
     RolloutRecord,
@@ -28,9 +29,6 @@ from rubric_rl.controllers.reflection import (
 from rubric_rl.registry import Registry
 from rubric_rl.rubrics.llm import LLMClient, LLMError, LLMRequest, strip_json_fence
 from rubric_rl.rubrics.types import Message
-
-if TYPE_CHECKING:
-    from rubric_rl.controllers.arise_pool import PoolEntry
 
 logger = logging.getLogger(__name__)
 
@@ -290,7 +288,7 @@ class LLMReflection(Reflection):
     def propose(
         self,
         records: Sequence[RolloutRecord],
-        pool: Sequence[PoolEntry],
+        pool: Sequence[PoolPair],
         *,
         max_new: int,
         step: int,
@@ -326,9 +324,7 @@ class LLMReflection(Reflection):
         self.counts["accepted"] += len(proposals)
         return proposals
 
-    def refine(
-        self, entry: PoolEntry, records: Sequence[RolloutRecord], *, step: int
-    ) -> str | None:
+    def refine(self, entry: PoolPair, records: Sequence[RolloutRecord], *, step: int) -> str | None:
         failing = failing_records(records, entry)[: self.max_examples]
         if not failing:
             return None

@@ -19,9 +19,10 @@ zero reward variance gives GRPO no signal:
   uniform). Unseen tasks are reached only through this share.
 - Importance weights ``u = 1 / (N p_i)`` (HarnessRL §2.1) with the per-draw mixture
   ``p_i = (1 − n_e/B)·q_i + (n_e/B)·e_i``, ``e`` uniform over the unseen tasks.
-- Rewards (``GROUP_REWARDS``): ``"evidence"`` = ``Evidence.rewards`` (the trainer's rubric reward);
-  ``"task_verifier"`` = the domain's task verifier (pass = 1), the outcome reward — ARISE's
-  ``Evidence.rewards`` is the evolving pool's rubric reward, undefined while the pool is empty.
+- Rewards (``GROUP_REWARDS``): ``"evidence"`` = ``Rollouts.rewards`` (the trained reward);
+  ``"task_verifier"`` = the domain's task verifier (pass = 1), the outcome reward (ARISE trains
+  a mix whose first signal is the verifier; its pool rubric reward is undefined while the pool
+  is empty).
 - Logged (``observe``): ``p/<task type>/<capability>`` = the adaptive q summed per cell (a task
   with k capabilities gives q_i/k to each; exploration excluded, as ARISE's heatmaps; cells
   without a seen task absent), ``seen`` (share of tasks with an estimate), ``variance/mean``
@@ -38,8 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from rubric_rl.controllers.base import Controller, Evidence, TaskBatch
+from rubric_rl.controllers.base import Controller, TaskBatch
 from rubric_rl.registry import Registry
+from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.types import Task
 
 SAMPLERS: Registry[type] = Registry("task sampler")
@@ -108,14 +110,14 @@ class UniformSampler(Controller):
 
 # --- reward-variance selection -------------------------------------------------------------------
 
-GROUP_REWARDS: Registry[Callable[[Evidence], np.ndarray]] = Registry("group reward source")
+GROUP_REWARDS: Registry[Callable[[Rollouts], np.ndarray]] = Registry("group reward source")
 GENERAL = "general"  # the capability of a task that declares none (as the capability sampler)
 ZERO_VARIANCE = 1e-12  # a group variance at or below this counts as zero (metric only)
 
 
 @GROUP_REWARDS.register("evidence")
-def evidence_rewards(evidence: Evidence) -> np.ndarray:
-    """``Evidence.rewards`` [G, J]: the trainer's reward (``config.loss.reward``); NaN: undefined
+def evidence_rewards(evidence: Rollouts) -> np.ndarray:
+    """``Rollouts.rewards`` [G, J]: the trained reward (``config.loss.reward``); NaN: undefined
     (e.g. no criterion judged)."""
     return np.asarray(evidence.rewards, dtype=np.float64)
 
@@ -135,9 +137,12 @@ def domain_verifier(domain: str) -> Callable[[Any, str], Any]:
 
 
 @GROUP_REWARDS.register("task_verifier")
-def task_verifier_rewards(evidence: Evidence) -> np.ndarray:
+def task_verifier_rewards(evidence: Rollouts) -> np.ndarray:
     """[G, J] outcome rewards: 1.0 where the domain's verifier passes the response, else 0.0;
-    NaN where the verifier raises (undefined, never 0) or the group is shorter."""
+    NaN where the verifier raises (undefined, never 0) or the group is shorter. Read from the
+    step's ``task_verifier`` signal when the reward stage computed it (the verifier runs once)."""
+    if any("task_verifier" in t.signals for g in evidence.groups for t in g.trajectories):
+        return evidence.signal("task_verifier")
     width = max((len(r) for r in evidence.responses), default=0)
     out = np.full((len(evidence.tasks), width), np.nan)
     for g, (task, group) in enumerate(zip(evidence.tasks, evidence.responses)):
@@ -300,7 +305,7 @@ class RewardVarianceSampler(Controller):
         self.groups[i] += 1
         return v
 
-    def observe(self, evidence: Evidence) -> dict[str, float]:
+    def observe(self, evidence: Rollouts) -> dict[str, float]:
         rewards = GROUP_REWARDS.get(self.config.reward)(evidence)
         observed = [self.observe_group(t.id, rewards[g]) for g, t in enumerate(evidence.tasks)]
         observed = [v for v in observed if v is not None]

@@ -26,7 +26,6 @@ from rubric_rl.core.rollout_correction import (  # noqa: F401  (re-exported API)
 )
 from rubric_rl.registry import Registry
 
-LOSSES: Registry[Callable] = Registry("loss")
 KL_ESTIMATORS: Registry[Callable] = Registry("KL estimator")
 
 # DESIGN §5: ρ = exp(clip(lp_θ − lp_old, ±20)) keeps exp finite for wildly off-policy tokens.
@@ -102,7 +101,6 @@ def ppo_per_token(
     return loss, parts
 
 
-@LOSSES.register("ppo")
 def policy_loss(
     logps: jnp.ndarray,
     old_logps: jnp.ndarray,
@@ -151,9 +149,6 @@ def policy_loss(
     return num, den, metrics
 
 
-LOSSES.register("grpo")(policy_loss)
-
-
 # ----------------------------------------------------------------------------- KL to reference
 
 
@@ -191,7 +186,6 @@ def kl_per_token(
     return KL_ESTIMATORS.get(kind)(log_ratio)
 
 
-@LOSSES.register("kl_ref")
 def kl_penalty_loss(
     logps: jnp.ndarray,
     ref_logps: jnp.ndarray,
@@ -270,16 +264,23 @@ def topk_tail_reverse_kl(
     return jnp.sum(_kl_terms(buckets_s, buckets_t), axis=-1)
 
 
-def _sd_gate(sd_coef: jnp.ndarray, sd_mask: jnp.ndarray, shape: tuple[int, ...]):
-    if sd_coef.shape != shape[:1] or sd_mask.shape != shape[:1]:
+def _sd_gate(
+    sd_coef: jnp.ndarray, sd_mask: jnp.ndarray, shape: tuple[int, ...]
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``(active, coef)``: ``active`` is ``[B, 1]`` for a ``[B]`` mask (broadcasts over tokens,
+    exactly as before per-token masks existed) or ``[B, T]`` for a per-token mask (e.g. only the
+    final turn of a multi-turn rollout is distilled); ``coef`` is ``[B, 1]`` float32."""
+    if sd_coef.shape != shape[:1] or sd_mask.shape not in (shape[:1], shape):
         raise ValueError(
-            f"sd_coef and sd_mask must be [B]={shape[:1]}; got {sd_coef.shape}, {sd_mask.shape}"
+            f"sd_coef must be [B]={shape[:1]} and sd_mask [B]={shape[:1]} or [B, T]={shape}; "
+            f"got {sd_coef.shape}, {sd_mask.shape}"
         )
-    active = (sd_mask != 0)[:, None]
+    active = sd_mask != 0
+    if active.ndim == 1:
+        active = active[:, None]
     return active, jnp.asarray(sd_coef, jnp.float32)[:, None]
 
 
-@LOSSES.register("sd")
 def sd_loss_from_kl(
     kl_per_token: jnp.ndarray,
     loss_mask: jnp.ndarray,
@@ -292,12 +293,14 @@ def sd_loss_from_kl(
 ) -> tuple[jnp.ndarray, jnp.ndarray, dict[str, jnp.ndarray]]:
     """Self-distillation loss for the ``full`` / ``topk`` estimators: ``(num, den, metrics)``.
 
-    Per token ``λ_b · KL_bt`` on sequences with ``sd_mask = 1``, exactly 0 elsewhere. ``λ_b`` =
+    Per token ``λ_b · KL_bt`` where ``sd_mask`` is on, exactly 0 elsewhere; ``sd_mask`` is ``[B]``
+    (whole sequences) or ``[B, T]`` (per token, prediction layout like ``loss_mask``). ``λ_b`` =
     ``sd_coef`` (gates and schedules are computed outside). The denominator is that of the policy
     loss (all of ``loss_mask``), so ``λ`` keeps its meaning as a ratio to L_RL and a batch with few
-    gated-on groups gets proportionally less distillation; pass ``loss_mask * sd_mask[:, None]`` to
-    average over distilled sequences only. Metrics: ``sd/kl`` (mean over distilled tokens),
-    ``sd/active_frac`` (share of sequences distilled), ``sd/coef`` (mean λ over distilled ones).
+    gated-on groups gets proportionally less distillation; pass ``loss_mask`` times the SD mask
+    to average over distilled tokens only. Metrics: ``sd/kl`` (mean over distilled tokens),
+    ``sd/active_frac`` (share of the sequences with loss tokens that have ≥ 1 distilled token),
+    ``sd/coef`` (mean λ over those).
     """
     _check_same_shape(kl_per_token=kl_per_token, loss_mask=loss_mask)
     active, coef = _sd_gate(sd_coef, sd_mask, kl_per_token.shape)
@@ -308,8 +311,9 @@ def sd_loss_from_kl(
     distilled = active & (loss_mask != 0)
     metrics = masked_mean_parts("sd/kl", jax.lax.stop_gradient(kl_per_token), distilled)
     has_tokens = jnp.any(loss_mask != 0, axis=-1)
-    metrics |= masked_mean_parts("sd/active_frac", active[:, 0], has_tokens)
-    metrics |= masked_mean_parts("sd/coef", coef[:, 0], active[:, 0] & has_tokens)
+    seq_active = jnp.any(distilled, axis=-1)  # for a [B] mask: sd_mask on, where has_tokens
+    metrics |= masked_mean_parts("sd/active_frac", seq_active, has_tokens)
+    metrics |= masked_mean_parts("sd/coef", coef[:, 0], seq_active)
     return num, den, metrics
 
 
@@ -327,7 +331,8 @@ def sampled_sd_advantage(
     ``A_t ← A_t − λ (s_lp − t_lp)`` with the log-ratio clamped above at 10); it is then a per-token
     reward whose REINFORCE gradient is the reverse-KL gradient, so the caller must hold the
     adjusted advantages constant (the authors take ``lp_θ`` from the no-grad π_old pass). Exactly 0
-    where ``sd_mask = 0`` and where the teacher's context is empty (identical log-probs).
+    where ``sd_mask = 0`` (``[B]`` per sequence or ``[B, T]`` per token) and where the teacher's
+    context is empty (identical log-probs).
     """
     _check_same_shape(logps=logps, teacher_logps=teacher_logps)
     active, coef = _sd_gate(sd_coef, sd_mask, logps.shape)
@@ -351,7 +356,22 @@ class SDEstimator:
     per_token_kl: Callable[..., jnp.ndarray] | None = None
 
 
+# The one definition of the SD estimators: TrainConfig and the config validation read it through
+# ``sd_estimator_names``.
 SD_ESTIMATORS: Registry[SDEstimator] = Registry("self-distillation estimator")
 SD_ESTIMATORS.register("full")(SDEstimator("full", False, reverse_kl_from_logits))
 SD_ESTIMATORS.register("topk")(SDEstimator("topk", False, topk_tail_reverse_kl))
 SD_ESTIMATORS.register("sampled")(SDEstimator("sampled", True, None))
+
+
+def sd_estimator_names() -> tuple[str, ...]:
+    """The valid values of an ``sd_estimator`` option: ``"none"`` (no distillation) and every
+    registered estimator."""
+    return ("none", *SD_ESTIMATORS.names())
+
+
+def rejects(preset_name: str) -> bool:
+    """Whether rollout-correction preset ``preset_name`` filters anything (a rejection band, token
+    or sequence level, or the token veto), so its statistics need the trainer's step-start
+    log-probs even in bypass mode (``RolloutCorrection.rejects``)."""
+    return ROLLOUT_CORRECTION_PRESETS.get(preset_name).rejects

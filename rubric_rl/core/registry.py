@@ -1,14 +1,16 @@
 """Name -> variant registries of the training core, chosen by config strings.
 
-- ``LOSSES``: ``"ppo"`` (alias ``"grpo"``) policy loss, ``"kl_ref"`` KL to a reference, ``"sd"``
-  self-distillation from a per-token KL; each returns ``(num, den, metrics)``.
 - ``ADVANTAGE_ESTIMATORS``: ``"grpo"``, ``"mean_only"`` (alias ``"dr-grpo"``).
 - ``AGGREGATORS``: ``"token-mean"``, ``"seq-mean-token-mean"``, ``"seq-mean-token-sum"``,
   ``"dr-grpo"`` (alias ``"seq-mean-token-sum-norm"``).
 - ``ROLLOUT_CORRECTION_PRESETS``: ``RolloutCorrection`` configs (``"off"``, ``"bypass"``, ...; each
   also as ``"<name>_veto"``); ``REJECTION_STATISTICS``: the statistics their bands use.
 - ``KL_ESTIMATORS``: ``"k1"``, ``"k2"``, ``"k3"`` on the log-ratio.
-- ``SD_ESTIMATORS``: ``"full"``, ``"topk"``, ``"sampled"`` as ``SDEstimator`` specs.
+- ``SD_ESTIMATORS``: ``"full"``, ``"topk"``, ``"sampled"`` as ``SDEstimator`` specs
+  (``sd_estimator_names()`` adds ``"none"``: the values an ``sd_estimator`` option takes).
+
+The loss parts themselves (``losses.policy_loss``, ``kl_penalty_loss``, ``sd_loss_from_kl``) are
+not variants: the step always combines the same three, so they are called directly.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Callable
 
 from rubric_rl.core.advantages import ADVANTAGE_ESTIMATORS
 from rubric_rl.core.aggregation import AGGREGATORS
-from rubric_rl.core.losses import KL_ESTIMATORS, LOSSES, SD_ESTIMATORS, SDEstimator
+from rubric_rl.core.losses import KL_ESTIMATORS, SD_ESTIMATORS, SDEstimator, sd_estimator_names
 from rubric_rl.core.rollout_correction import (
     REJECTION_STATISTICS,
     ROLLOUT_CORRECTION_PRESETS,
@@ -28,21 +30,16 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATORS",
     "KL_ESTIMATORS",
-    "LOSSES",
     "REJECTION_STATISTICS",
     "ROLLOUT_CORRECTION_PRESETS",
     "SD_ESTIMATORS",
     "get_advantage_estimator",
     "get_aggregator",
     "get_kl_estimator",
-    "get_loss",
     "get_rollout_correction",
     "get_sd_estimator",
+    "sd_estimator_names",
 ]
-
-
-def get_loss(name: str) -> Callable:
-    return LOSSES.get(name)
 
 
 def get_advantage_estimator(name: str) -> Callable:

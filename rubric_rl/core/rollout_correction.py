@@ -134,6 +134,16 @@ class RolloutCorrection:
             if stat.ratio_scale and any(b is not None and b <= 0 for b in (low, high)):
                 raise ValueError(f"{where}: {name!r} bounds are ratios and must be > 0; {band}")
 
+    @property
+    def rejects(self) -> bool:
+        """Whether this correction filters anything (a token or sequence band, or the veto).
+
+        Its statistics are computed on ``log w = lp_old − lp_roll``; in bypass mode with
+        ``old_logps := rollout_logps`` they are identically 0 and nothing is ever rejected, so a
+        caller must pass the trainer's step-start log-probs as ``old_logps`` whenever this is
+        true (decoupled mode computes them anyway)."""
+        return bool(self.rejections) or self.token_veto is not None
+
 
 ROLLOUT_CORRECTION_PRESETS: Registry[RolloutCorrection] = Registry("rollout-correction preset")
 _PRESETS = {

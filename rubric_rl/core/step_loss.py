@@ -9,7 +9,7 @@ exactly (denominators depend on masks and weights, never on the parameters).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -18,16 +18,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from rubric_rl.core import aggregation, losses, sharding
+from rubric_rl.core.batch_types import TrainBatch, TrainConfig, is_decoupled
 from rubric_rl.core.logprobs import chunked_token_stats, shift_targets, teacher_hidden_aligned
 
-if TYPE_CHECKING:
-    from rubric_rl.core.train_step import TrainBatch, TrainConfig
-
 Array = jax.Array
-
-
-def is_decoupled(rc: Any) -> bool:
-    return getattr(rc, "mode", "bypass") == "decoupled"
 
 
 def split_micro_batches(x: Any, m: int) -> Any:
@@ -60,7 +54,12 @@ def _check_batch(config: TrainConfig, batch: TrainBatch, has_ref_params: bool) -
                 raise ValueError(
                     f"TrainBatch.{f} is required by sd_estimator={config.sd_estimator!r}"
                 )
-    if config.decoupled and batch.old_logps is None:
+    if batch.sd_mask is not None and batch.sd_mask.shape not in ((b,), batch.loss_mask.shape):
+        raise ValueError(
+            f"TrainBatch.sd_mask must be [B]={(b,)} or [B, T]={batch.loss_mask.shape} (like "
+            f"loss_mask); got {batch.sd_mask.shape}"
+        )
+    if config.needs_old_logps and batch.old_logps is None:
         raise ValueError(
             f"TrainBatch.old_logps is required by rollout_correction={config.rollout_correction!r}"
             " (compute it with compute_logps at step start)"
@@ -94,7 +93,7 @@ def _part_terms(
     adv = _per_token(mb["advantages"], shape).astype(jnp.float32)
     metrics: dict[str, Array] = {}
     parts: dict[str, tuple[Array, Array]] = {}
-    if config.sd_estimator == "sampled":
+    if config.sd_folds_into_advantage:
         # ARISE-RL code: A_t ← A_t − λ·min(lp_θ − sg lp_T, 10), held constant (a per-token
         # reward whose REINFORCE gradient is the reverse-KL gradient).
         adv = adv - jax.lax.stop_gradient(
@@ -117,7 +116,7 @@ def _part_terms(
     )
     parts["policy"] = (num, den)
     metrics.update(m)
-    if config.sd_estimator in ("full", "topk"):
+    if config.sd_per_token_kl:
         num, den, m = losses.sd_loss_from_kl(
             kl_sd,
             mb["loss_mask"],
@@ -170,7 +169,7 @@ def _micro_batch_loss(
             mb["teacher_offset"],
             ids.shape[1],
         )
-    kl_est = config.sd_estimator if config.sd_estimator in ("full", "topk") else None
+    kl_est = config.sd_estimator if config.sd_per_token_kl else None
     stats = chunked_token_stats(
         hidden,
         model.unembed(),
@@ -181,7 +180,7 @@ def _micro_batch_loss(
         with_entropy=True,
         kl_estimator=kl_est,
         k=config.sd_topk,
-        with_teacher_logps=config.sd_estimator == "sampled",
+        with_teacher_logps=config.sd_folds_into_advantage,
     )
     logps = stats["logps"]
     kl_sd = stats.get("kl")
@@ -206,11 +205,15 @@ def _micro_batch_loss(
     lm = mb["loss_mask"]
     metrics.update(aggregation.masked_mean_parts("entropy", stats["entropy"], lm))
     metrics.update(aggregation.masked_mean_parts("logp", logps, lm))
-    if teacher_logps is not None:
-        sd_tokens = lm * mb["sd_mask"][:, None]
-        metrics.update(
-            aggregation.masked_mean_parts("sd/logp_gap", logps - teacher_logps, sd_tokens)
-        )
+    if config.needs_teacher:
+        sd_tokens = lm * _per_token(mb["sd_mask"], lm.shape)
+        # A distilled token whose teacher position t + offset falls outside the teacher row gets
+        # no SD term at all (masked above); count them instead of losing them silently.
+        metrics.update(aggregation.masked_mean_parts("sd/out_of_range_frac", ~valid, sd_tokens))
+        if teacher_logps is not None:
+            metrics.update(
+                aggregation.masked_mean_parts("sd/logp_gap", logps - teacher_logps, sd_tokens)
+            )
     nums = {name: num for name, (num, _) in parts.items()}
     dens_mb = {name: den for name, (_, den) in parts.items()}
     return loss, (nums, dens_mb, jax.lax.stop_gradient(metrics))
@@ -223,7 +226,7 @@ def _micro_batch_dens(config: TrainConfig, mb: dict[str, Any]) -> dict[str, Arra
     zeros = jnp.zeros_like(stand_in)
     parts, _ = _part_terms(
         dataclasses.replace(
-            config, sd_estimator="none" if config.sd_estimator == "sampled" else config.sd_estimator
+            config, sd_estimator="none" if config.sd_folds_into_advantage else config.sd_estimator
         ),
         mb,
         stand_in,

@@ -19,12 +19,12 @@ Loss (DESIGN §5): ``L = L_PPO + Σ_b λ_b L_SD + β KL(π_θ ‖ π_ref)``, wit
 ``stop_gradient`` run on ``teacher_input_ids``, aligned to the student by ``teacher_offset``.
 
 All ``[B, T]`` arrays use the prediction layout of ``core/logprobs.py``: position t is about the
-token ``input_ids[:, t + 1]``.
+token ``input_ids[:, t + 1]``. ``TrainBatch`` and ``TrainConfig`` are defined in ``batch_types.py``
+(shared with ``step_loss.py``) and re-exported here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -36,9 +36,10 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from rubric_rl.core import aggregation, losses, sharding
+from rubric_rl.core import sharding
+from rubric_rl.core.batch_types import TrainBatch, TrainConfig
 from rubric_rl.core.logprobs import chunked_token_stats, shift_targets
-from rubric_rl.core.step_loss import is_decoupled, loss_and_grads, split_micro_batches
+from rubric_rl.core.step_loss import loss_and_grads, split_micro_batches
 
 __all__ = [
     "TrainBatch",
@@ -54,100 +55,6 @@ __all__ = [
 ]
 
 Array = jax.Array
-SD_ESTIMATORS = ("none", "full", "topk", "sampled")
-SCHEDULES = ("constant", "warmup_cosine")
-
-
-@flax.struct.dataclass
-class TrainBatch:
-    """DESIGN §4. Leading dim B everywhere; [B, T] arrays in prediction layout (logprobs.py)."""
-
-    input_ids: Array  # [B, T] int
-    positions: Array  # [B, T] int
-    attention_mask: Array  # [B, T] 1 = real token
-    loss_mask: Array  # [B, T] 1 = the token at t+1 is model-generated and counts
-    rollout_logps: Array  # [B, T] behaviour log-probs from the engine (at temperature T)
-    advantages: Array  # [B] or [B, T]
-    seq_weights: Array  # [B] importance / selection weights u
-    teacher_input_ids: Array | None = None  # [B, T'] prompt ⊕ privileged context ⊕ completion
-    teacher_positions: Array | None = None  # [B, T']
-    teacher_attention_mask: Array | None = None  # [B, T']
-    teacher_offset: Array | None = None  # [B] student position t ↔ teacher t + offset
-    sd_mask: Array | None = None  # [B] 1 = this sequence has a (non-empty) teacher context
-    sd_coef: Array | None = None  # [B] λ per sequence (RG-SED gate × schedule)
-    ref_logps: Array | None = None  # [B, T] frozen-reference log-probs (KL term)
-    old_logps: Array | None = None  # [B, T] step-start log-probs (decoupled correction)
-    group_id: Array | None = None  # [B] bookkeeping
-    weight_version: Array | None = None  # [B] policy version that sampled the sequence
-    finish_status: Array | None = None  # [B] stop / length / truncated / aborted codes
-
-    @property
-    def teacher_completion_offset(self) -> Array | None:
-        return self.teacher_offset
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """Static options of the train step (hashable; closed over by ``make_train_step``)."""
-
-    lr: float = 1e-6
-    schedule: str = "constant"  # "constant" | "warmup_cosine"
-    warmup_steps: int = 0
-    decay_steps: int = 1000  # warmup_cosine: total steps (warm-up included)
-    end_lr_ratio: float = 0.0
-    weight_decay: float = 0.0
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    max_grad_norm: float | None = 1.0
-    temperature: float = 1.0
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.2  # 0.28 in the DAPO preset
-    dual_clip_c: float | None = 3.0
-    agg_mode: str = "token-mean"
-    agg_constant: float | None = None
-    rollout_correction: str = "bypass"  # a name in losses.ROLLOUT_CORRECTION_PRESETS
-    kl_beta: float = 0.0  # 0 → no reference term and no reference kept
-    kl_kind: str = "k3"
-    sd_estimator: str = "none"  # "none" | "full" | "topk" | "sampled"
-    sd_topk: int = 20
-    sd_clamp: float = 10.0  # sampled estimator: clamp of lp_θ − lp_T (ARISE-RL code)
-    chunk_size: int = 128
-    num_micro_batches: int = 1
-    # A step whose loss or gradient norm is NaN/inf returns the input state unchanged (selected
-    # inside the jitted step, so no copy of the state is kept outside it) and reports
-    # ``train/skipped`` = 1. Off: the update is applied whatever it is.
-    skip_nonfinite: bool = False
-
-    def __post_init__(self):
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"TrainConfig.schedule {self.schedule!r} not in {SCHEDULES}")
-        if self.sd_estimator not in SD_ESTIMATORS:
-            raise ValueError(
-                f"TrainConfig.sd_estimator {self.sd_estimator!r} not in {SD_ESTIMATORS}"
-            )
-        if self.num_micro_batches < 1:
-            raise ValueError(
-                f"TrainConfig.num_micro_batches must be ≥ 1, got {self.num_micro_batches}"
-            )
-        if self.temperature <= 0:
-            raise ValueError(f"TrainConfig.temperature must be > 0, got {self.temperature}")
-        if self.kl_beta < 0:
-            raise ValueError(f"TrainConfig.kl_beta must be ≥ 0, got {self.kl_beta}")
-        if self.rollout_correction not in losses.ROLLOUT_CORRECTION_PRESETS:
-            known = losses.ROLLOUT_CORRECTION_PRESETS.names()
-            raise ValueError(
-                f"TrainConfig.rollout_correction {self.rollout_correction!r} not in {known}"
-            )
-        aggregation.AGGREGATORS.get(self.agg_mode)  # clear error on an unknown mode
-
-    @property
-    def needs_teacher(self) -> bool:
-        return self.sd_estimator != "none"
-
-    @property
-    def decoupled(self) -> bool:
-        return is_decoupled(losses.ROLLOUT_CORRECTION_PRESETS.get(self.rollout_correction))
 
 
 @flax.struct.dataclass
@@ -225,8 +132,9 @@ def make_train_step(
     compiler_options: dict[str, Any] | None = None,
 ) -> Callable[..., tuple[TrainState, dict[str, Array]]]:
     """Returns ``step(state, batch, ref_params=None) -> (state, metrics)``, jitted with explicit
-    shardings and the state donated. With a decoupled correction and ``batch.old_logps`` None,
-    ``old_logps`` are first computed with the step-start parameters (``compute_logps``).
+    shardings and the state donated. When the correction needs them (decoupled mode, or a preset
+    that rejects: ``TrainConfig.needs_old_logps``) and ``batch.old_logps`` is None, ``old_logps``
+    are first computed with the step-start parameters (``compute_logps``).
     ``compiler_options`` go to XLA (tests use ``{"xla_backend_optimization_level": 0}``)."""
     tx = make_optimizer(config)
     schedule = make_schedule(config)
@@ -272,7 +180,7 @@ def make_train_step(
         return jitted[with_ref]
 
     def step(state: TrainState, batch: TrainBatch, ref_params=None):
-        if config.decoupled and batch.old_logps is None:
+        if config.needs_old_logps and batch.old_logps is None:
             batch = batch.replace(old_logps=compute_logps(state, batch))
         if ref_params is None:
             return get(False, state)(state, batch)

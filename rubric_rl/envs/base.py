@@ -51,6 +51,7 @@ from rubric_rl.envs.tool_calls import (
     validate_call,
 )
 from rubric_rl.envs.trajectory import ToolRecord, Transcript
+from rubric_rl.registry import Registry
 from rubric_rl.rubrics.types import Message, Task
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,11 @@ class Env(abc.ABC):
     def reset(self, task: Task, *, seed: int | None = None) -> Observation:
         """Start an episode on ``task``. ``seed`` is accepted for envs with stochastic dynamics;
         the built-in ones are deterministic given the task."""
-        if task.env_name not in (None, self.name):
+        # Only another *tool* environment's name is a mismatch: every task has an env_name, and
+        # most name evaluation environments (a constraint task type, a dataset category). A tool
+        # environment registers itself where it is defined, so one whose task bank made the task
+        # is known here.
+        if task.env_name != self.name and is_tool_env(task.env_name):
             raise ValueError(f"task {task.id!r} is for env {task.env_name!r}, not {self.name!r}")
         self._teardown()
         self._task = task
@@ -339,6 +344,24 @@ class Env(abc.ABC):
 def tool_error(message: str, **details: Any) -> ToolCallError:
     """A refusal by the tool itself (the call was well-formed); ``details`` go to the record."""
     return ToolCallError("tool_error", message, details=details)
+
+
+# --------------------------------------------------------------------------------------------
+# The tool environments by name
+
+# Each tool environment registers itself next to its definition (``@ENVS.register("sql")``);
+# ``envs/registry.py`` imports them all and builds environments by name.
+ENVS: Registry[type[Env]] = Registry("env")
+
+
+def is_tool_env(name: str | None) -> bool:
+    """Whether ``name`` is a registered tool environment (multi-turn, built by ``make_env``).
+
+    Every task carries an ``env_name`` (the environment it is evaluated under: a constraint task
+    type, a dataset's category, ...); only some of those are tool environments, so "is this a
+    tool-environment task" is ``is_tool_env(task.env_name)``, never ``task.env_name is not None``.
+    """
+    return name is not None and name in ENVS
 
 
 # --------------------------------------------------------------------------------------------

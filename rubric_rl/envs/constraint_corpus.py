@@ -36,14 +36,14 @@ from typing import Any
 
 import numpy as np
 
-from rubric_rl.envs.constraint_lexicon import GUIDANCE_KINDS, SKILL_TEXTS, canonical
-from rubric_rl.envs.constraint_spec import guidance_hint
-from rubric_rl.envs.constraints import (
+from rubric_rl.envs.constraint_domain import (
     Constraint,
     ConstraintDomain,
     hard_constraints,
     render_response,
 )
+from rubric_rl.envs.constraint_lexicon import GUIDANCE_KINDS, SKILL_TEXTS, canonical
+from rubric_rl.envs.constraint_spec import guidance_hint
 
 __all__ = [
     "anti_pattern_text",

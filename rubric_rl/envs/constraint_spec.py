@@ -4,7 +4,7 @@ A task is described by a JSON-able parameter dict (``params``: type, category, c
 stored in ``Task.raw["params"]``; :func:`constraints_for` turns it into the task's stated (hard)
 constraints, each with its checker, signed weight, criterion text and capability tag, and
 :func:`build_prompt` into the prompt text. Splits and OOD rules are documented in
-``rubric_rl.envs.constraints``.
+``rubric_rl.envs.constraint_domain``.
 """
 
 from __future__ import annotations

@@ -1,532 +1,60 @@
-"""The embedded synthetic constraint-following domain (DESIGN.md §7), for the default CPU run.
+"""The embedded synthetic constraint-following domain (DESIGN.md §7): its public module.
 
-Short IFEval-style prompts over a closed vocabulary (``constraint_lexicon``), answered in a few
-words, with every constraint checkable by code (``constraint_checkers``); task parameters,
-constraints and prompts live in ``constraint_spec``, guidance and the warm-start corpus in
-``constraint_corpus``. ``ConstraintDomain(seed)`` generates tasks for three splits:
-
-- ``train`` and ``heldout``: task types ``list``, ``format``, ``short_answer``, ``rewrite``; a task
-  goes to ``heldout`` iff the hash of its parameters falls in the held-out bucket, so the two splits
-  are disjoint for every seed, and tasks(split, n) is a prefix of tasks(split, n + 1).
-- ``ood``: the task type ``filter`` (never in training) and training types whose constraints
-  contain a pair from ``OOD_PAIRS`` — (sort order, case), (numbered, include), (start word, end
-  mark) — which the train / held-out generator rejects.
-
-Each task's seed rubric mixes, on purpose, the failure classes HarnessRL (§2.3) studies: one
-genuine criterion per stated constraint; *blind* ones (a conjunction of every constraint, and an
-"include <rare word>" that warm-start demonstrations never satisfy); *saturated* ones (non-empty,
-at most N words); *spurious* ones (praise opener, compliance claim, at least N words) that
-separate responses without tracking quality. Each criterion's class is in its tags
-(``class:genuine|blind|saturated|spurious``) FOR ANALYSIS ONLY: controllers and judges must never
-read ``class:`` tags, ``Task.raw`` (the generator's parameters), :func:`oracle_quality` or
-:func:`hard_constraints`. :func:`verify` is the task verifier (ARISE's task reward).
+The domain itself (splits, tasks, seed rubrics, the verifier and the hidden oracle) is defined in
+``constraint_domain``, its guidance blocks and warm-start corpus in ``constraint_corpus`` (which
+builds on the domain); this module re-exports both, so ``constraints.ConstraintDomain`` and
+``constraints.warmstart_corpus`` are one import away without either module importing the other's
+user.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
-from collections.abc import Mapping, Sequence
-from typing import Any
-
-import numpy as np
-
-from rubric_rl.envs import constraint_checkers as ck
-from rubric_rl.envs.constraint_lexicon import (
-    CASES,
-    CLOSERS,
-    CRITERION_TEMPLATES,
-    FILLER_WORDS,
-    FRAMING_WORDS,
-    NUMBER_MARK,
-    NUMBER_WORDS,
-    OPENERS,
-    PADDING,
-    PUNCTUATION,
-    SEPARATORS,
-    apply_case,
-    category_members,
-    domain_vocabulary,
-    units,
+from rubric_rl.envs.constraint_corpus import (
+    decorate_prompt,
+    format_reference,
+    render_guidance,
+    warmstart_corpus,
 )
-from rubric_rl.envs.constraint_spec import (
+from rubric_rl.envs.constraint_domain import (
     CAPABILITIES,
-    DOMAIN,
-    HELDOUT_PERCENT,
+    HABITS,
     OOD_PAIRS,
     OOD_TASK_TYPES,
-    SAMPLERS,
     SPLITS,
+    SPURIOUS_WEIGHT,
     TRAIN_TASK_TYPES,
-    TYPE_WEIGHTS,
     Constraint,
-    build_prompt,
+    ConstraintDomain,
     combo_kinds,
-    common_members,
-    constraints_for,
-    has_ood_pair,
-    intruder,
-    other,
-    pick,
-    sample_filter,
+    domain_vocabulary,
+    hard_constraints,
+    oracle_quality,
+    render_response,
+    seed_rubric,
+    task_bank,
+    verify,
 )
-from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verifier
 
 __all__ = [
     "CAPABILITIES",
+    "HABITS",
     "OOD_PAIRS",
     "OOD_TASK_TYPES",
     "SPLITS",
+    "SPURIOUS_WEIGHT",
     "TRAIN_TASK_TYPES",
-    "combo_kinds",
     "Constraint",
     "ConstraintDomain",
+    "combo_kinds",
+    "decorate_prompt",
     "domain_vocabulary",
+    "format_reference",
     "hard_constraints",
     "oracle_quality",
+    "render_guidance",
     "render_response",
+    "seed_rubric",
     "task_bank",
     "verify",
+    "warmstart_corpus",
 ]
-
-_SPLIT_IDS = {"train": 0, "heldout": 1, "ood": 2}
-# Weight of each spurious seed criterion. A realistic seed rubric gives superficial cues small
-# weight next to the stated requirements (genuine weights are 1-3): all spurious cues of a rubric
-# together (<= 0.3) weigh less than its least important requirement, so fluff can never buy back a
-# missed constraint. At 1.0 each the three free cues (fluff never costs a genuine criterion) were
-# ~20% of a rubric: static-rubric GRPO adopted them within ~10 steps, which halves the oracle, and
-# the held-out score rose by fluff alone (2026-11-30: score 43 -> 64 while the oracle fell
-# 0.46 -> 0.24). Fluff still raises the seed reward, so the spurious class stays hackable and
-# measurable (HarnessRL §2.3). Measured with Dr.GRPO advantages (configs/common.py) over 100
-# steps: 0.25 let the claim creep from 7% to 19% of rollouts (held-out oracle 0.50 -> 0.55),
-# 0.1 kept it at 7-11% (oracle 0.50 -> 0.575, score +4.9).
-SPURIOUS_WEIGHT = 0.1
-
-
-def _params(task: Task) -> Mapping[str, Any]:
-    if not task.raw or "params" not in task.raw or task.domain != DOMAIN:
-        raise ValueError(
-            f"task {task.id!r} is not a constraints-domain task (raw['params'] missing)"
-        )
-    return task.raw["params"]
-
-
-def hard_constraints(task: Task) -> tuple[Constraint, ...]:
-    """The task's stated constraints (analysis / verifier side; controllers must not read)."""
-    return constraints_for(_params(task))
-
-
-# --- rendering responses -------------------------------------------------------------------------
-
-
-# The format a response has when its task states none: lowercase, ending ".", items joined ",".
-# A demonstration that ignores a stated format falls back to this habit (as a writer who skips the
-# instruction would), and only when the task asks for the habit itself does it pick another option
-# at random. Why not always at random: the evaluation is greedy, so it shows the policy's mode.
-# With random violations the asked format stayed the demonstrations' mode (p_keep against
-# (1 - p_keep) / 2 for each other option), the warm-started policy already decoded it wherever it
-# had picked up the instruction, and RL's gains in sampled pass rates (end 0.53 -> 0.91, count
-# 0.43 -> 0.76 over 200 steps) moved the greedy held-out score by only +2.8 (measured
-# 2026-11-30). With the habit, an instruction followed less than half the time is not the mode,
-# and RL that makes the policy follow it shows in the greedy score (+11.7 over 200 steps at
-# warmstart.p_keep=0.4, held-out oracle 0.44 -> 0.57).
-HABITS = {"case": "lower", "end": ".", "sep": ","}
-_FORMAT_OPTIONS = {"case": CASES, "end": PUNCTUATION, "sep": SEPARATORS}
-
-
-def _stated_or_habit(
-    p: Mapping[str, Any], keep: set[str], rng: np.random.Generator, kind: str
-) -> str:
-    """The case mode / end mark / separator of a response: the stated one when kept (or the
-    habit when none is stated), else the habit, or a random other option when the habit is what
-    was asked."""
-    asked, habit = p.get(kind), HABITS[kind]
-    if not asked:
-        return habit
-    if kind in keep:
-        return asked
-    return habit if asked != habit else other(rng, _FORMAT_OPTIONS[kind], asked)
-
-
-def _bad_count(n: int, rng: np.random.Generator) -> int:
-    return n + 1 if n <= 2 or rng.random() < 0.5 else n - 1
-
-
-def _render_list(p, keep, rng) -> list[str]:
-    cat, inc, exc = p["category"], p.get("include"), p.get("exclude")
-    k = p["n"] if "count" in keep else _bad_count(p["n"], rng)
-    items = []
-    if inc and "include" in keep:
-        items.append(inc)
-    if exc and "exclude" not in keep:
-        items.append(exc)
-    pool = [
-        str(w) for w in rng.permutation([w for w in common_members(cat) if w not in (inc, exc)])
-    ]
-    items += pool[: max(0, k - len(items))]
-    if "category" not in keep:
-        free = [i for i, w in enumerate(items) if w not in (inc, exc)]
-        if free:
-            items[pick(rng, free)] = intruder(rng, cat)
-        else:
-            items.append(intruder(rng, cat))
-    items = [str(w) for w in rng.permutation(items)]
-    if p.get("order"):
-        desc = p["order"] == "desc"
-        if "order" in keep:
-            items = sorted(items, reverse=desc)
-        elif items == sorted(items, reverse=desc):
-            items = sorted(items, reverse=not desc)
-    mode = _stated_or_habit(p, keep, rng, "case")
-    items = [apply_case(w, mode) for w in items]
-    out: list[str] = []
-    if p.get("numbered") and "numbered" in keep:
-        for i, w in enumerate(items):
-            out += [str(i + 1), NUMBER_MARK, w]
-    else:
-        sep = _stated_or_habit(p, keep, rng, "sep")
-        for i, w in enumerate(items):
-            out += ([sep] if i else []) + [w]
-    return out + [_stated_or_habit(p, keep, rng, "end")]
-
-
-def _render_format(p, keep, rng) -> list[str]:
-    cat, start, exc = p["category"], p.get("start"), p.get("exclude")
-    k = p["n"] if "wcount" in keep else _bad_count(p["n"], rng)
-    rest = []
-    if exc and "exclude" not in keep:
-        rest.append(exc)
-    pool = [
-        str(w) for w in rng.permutation([w for w in common_members(cat) if w not in (start, exc)])
-    ]
-    lead = [start] if start and "start" in keep else []
-    rest += pool[: max(0, k - len(lead) - len(rest))]
-    if "category" not in keep:
-        free = [i for i, w in enumerate(rest) if w != exc]
-        if free:
-            rest[pick(rng, free)] = intruder(rng, cat)
-        else:
-            rest.append(intruder(rng, cat))
-    words = lead + [str(w) for w in rng.permutation(rest)]
-    mode = _stated_or_habit(p, keep, rng, "case")
-    return [apply_case(w, mode) for w in words] + [_stated_or_habit(p, keep, rng, "end")]
-
-
-def _render_short_answer(p, keep, rng) -> list[str]:
-    answer = p["answer"]
-    if "answer" not in keep:
-        if p["choices"] == list(NUMBER_WORDS):
-            i = NUMBER_WORDS.index(answer)
-            answer = NUMBER_WORDS[i + 1 if i == 0 or (i < 20 and rng.random() < 0.5) else i - 1]
-        else:
-            answer = other(rng, p["choices"], answer)
-    words = [answer]
-    if p.get("start"):
-        if "start" in keep:
-            words = [p["start"], answer]
-        elif rng.random() < 0.5:
-            words = [other(rng, FRAMING_WORDS, p["start"]), answer]
-    elif p.get("one_word") and "one_word" not in keep:
-        words = [pick(rng, FRAMING_WORDS), answer]
-    mode = _stated_or_habit(p, keep, rng, "case")
-    return [apply_case(w, mode) for w in words] + [_stated_or_habit(p, keep, rng, "end")]
-
-
-def _render_sequence(p, keep, rng) -> list[str]:
-    words = list(p["expected"])
-    if "sequence" not in keep:
-        wrong = []
-        if list(p["words"]) != words:
-            wrong.append(list(p["words"]))
-        if len(words) > 1:
-            wrong.append(words[:-1])
-            swapped = list(words)
-            swapped[0], swapped[1] = swapped[1], swapped[0]
-            wrong.append(swapped)
-        extra = [w for w in p["words"] if w not in words] or [intruder(rng, "fruit")]
-        wrong.append(words + [extra[0]])
-        words = pick(rng, [w for w in wrong if w != list(p["expected"])])
-    mode = _stated_or_habit(p, keep, rng, "case")
-    return [apply_case(w, mode) for w in words] + [_stated_or_habit(p, keep, rng, "end")]
-
-
-_RENDERERS = {
-    "list": _render_list,
-    "format": _render_format,
-    "short_answer": _render_short_answer,
-    "rewrite": _render_sequence,
-    "filter": _render_sequence,
-}
-
-
-def render_response(
-    task: Task,
-    keep: set[str] | frozenset[str] | None,
-    rng: np.random.Generator,
-    *,
-    praise: bool = False,
-    claim: bool = False,
-    pad: bool = False,
-) -> str:
-    """A response meeting the constraint kinds in ``keep`` (None = all) and violating the others.
-
-    ``praise`` / ``claim`` add a spurious opener / closer; ``pad`` inserts a filler phrase into the
-    body. Interactions between violations are possible (check with the checkers, not ``keep``);
-    with ``keep=None`` and no fluff the response meets every constraint.
-    """
-    p = _params(task)
-    kinds = {c.kind for c in constraints_for(p)}
-    keep = set(kinds if keep is None else keep)
-    body = _RENDERERS[p["type"]](p, keep, rng)
-    if pad:
-        mode = _stated_or_habit(p, keep | {"case"}, rng, "case")
-        filler = [apply_case(w, mode) for w in units(pick(rng, PADDING))]
-        body = filler + body if rng.random() < 0.5 else body[:-1] + filler + body[-1:]
-    out = (units(pick(rng, OPENERS)) if praise else []) + body
-    out += units(pick(rng, CLOSERS)) if claim else []
-    return " ".join(out)
-
-
-# --- verifier and hidden oracle ------------------------------------------------------------------
-
-
-def verify(task: Task, response: str) -> bool:
-    """ARISE's task reward: every stated constraint of the task is met."""
-    return all(c.met(response) for c in hard_constraints(task))
-
-
-def _edit_distance(a: Sequence[str], b: Sequence[str]) -> int:
-    prev = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        cur = [i]
-        for j, y in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y)))
-        prev = cur
-    return prev[-1]
-
-
-def _graded(c: Constraint, response: str) -> float:
-    """Partial credit where a stronger judge would give it (content); else pass / fail."""
-    if c.kind == "category":
-        # Distinct members only: "cairo , cairo , cairo" is one city, not three. The seed rubric's
-        # category and count criteria accept the repeat (a cue a small policy takes, measured
-        # 2026-11-30: 36 of 37 greedy held-out list answers after RL repeat a word); the hidden
-        # quality must not.
-        members = category_members(dict(c.args)["category"])
-        words = [w.lower() for w in ck.words_of(ck.body_units(response))]
-        return len({w for w in words if w in members}) / len(words) if words else 0.0
-    if c.kind == "sequence":
-        target = list(dict(c.args)["words"])
-        words = [w.lower() for w in ck.words_of(ck.body_units(response))]
-        return max(0.0, 1.0 - _edit_distance(words, target) / max(len(target), len(words)))
-    return float(c.met(response))
-
-
-def oracle_quality(task: Task, response: str) -> float:
-    """Hidden quality in [0, 1] (analysis only: no controller or judge may read it).
-
-    Weighted constraint satisfaction with partial credit on content, times a fluff discount:
-    q = (Σ|w_i| g_i / Σ|w_i|) · (1 − 0.25·[praise] − 0.25·[claim] − min(0.3, 0.1·#filler words)),
-    and q = 0 for a response without a word. Content credit: the category's g is the number of
-    distinct category members over the number of words (a repeated item counts once); a
-    sequence's g is 1 − edit distance / length.
-    """
-    cons = hard_constraints(task)
-    if not ck.words_of(ck.body_units(response)):
-        return 0.0  # saying nothing earns no credit, not even for avoiding a forbidden word
-    sat = sum(abs(c.weight) * _graded(c, response) for c in cons) / sum(abs(c.weight) for c in cons)
-    opener, body, _ = ck.split_fluff(response)
-    fillers = sum(u.lower() in FILLER_WORDS for u in body)
-    penalty = 0.25 * opener + 0.25 * ck.claims_compliance(response) + min(0.3, 0.1 * fillers)
-    return float(np.clip(sat * (1.0 - penalty), 0.0, 1.0))
-
-
-# --- seed rubrics and the domain -----------------------------------------------------------------
-
-
-def _criterion(
-    cid: str, text: str, weight: float, cls: str, kind: str, cap: str | None, checker: str, **args
-) -> Criterion:
-    tags = (f"class:{cls}", f"kind:{kind}") + ((f"cap:{cap}",) if cap else ())
-    return Criterion(
-        id=cid,
-        text=text,
-        weight=weight,
-        title=kind,
-        tags=tags,
-        verifier=Verifier.rule(checker, **args),
-        capability=cap,
-    )
-
-
-def seed_rubric(cons: Sequence[Constraint], reference: str, rng: np.random.Generator) -> Rubric:
-    crits = [
-        _criterion(
-            c.kind,
-            c.text,
-            c.weight,
-            "blind" if c.rare else "genuine",
-            c.kind,
-            c.capability,
-            c.checker,
-            **dict(c.args),
-        )
-        for c in cons
-    ]
-    if len(cons) >= 3:  # every constraint at once: out of early reach (blind)
-        parts = tuple(
-            (c.checker, c.args) if c.weight > 0 else ("cf_excludes_word", c.args) for c in cons
-        )
-        text = CRITERION_TEMPLATES["all_of"]
-        crits.append(
-            _criterion(
-                "all_rules", text, 2.0, "blind", "all_of", "verification", "cf_all_of", parts=parts
-            )
-        )
-    saturated = [
-        _criterion(
-            "non_empty",
-            CRITERION_TEMPLATES["non_empty"],
-            1.0,
-            "saturated",
-            "non_empty",
-            None,
-            "cf_non_empty",
-        ),
-        _criterion(
-            "max_words",
-            CRITERION_TEMPLATES["max_words"].format(n=40),
-            1.0,
-            "saturated",
-            "max_words",
-            None,
-            "cf_max_words",
-            n=40,
-        ),
-    ]
-    n_long = len(ck.words_of(units(reference))) + 4
-    spurious = [
-        _criterion(
-            "praise",
-            CRITERION_TEMPLATES["praise"],
-            SPURIOUS_WEIGHT,
-            "spurious",
-            "praise",
-            None,
-            "cf_opens_with_praise",
-        ),
-        _criterion(
-            "claim",
-            CRITERION_TEMPLATES["claim"],
-            SPURIOUS_WEIGHT,
-            "spurious",
-            "claim",
-            None,
-            "cf_claims_compliance",
-        ),
-        _criterion(
-            "min_words",
-            CRITERION_TEMPLATES["min_words"].format(n=n_long),
-            SPURIOUS_WEIGHT,
-            "spurious",
-            "min_words",
-            None,
-            "cf_min_words",
-            n=n_long,
-        ),
-    ]
-    crits += [saturated[i] for i in sorted(rng.permutation(2)[: int(rng.integers(1, 3))])]
-    crits += [spurious[i] for i in sorted(rng.permutation(3)[: int(rng.integers(2, 4))])]
-    # Shuffled so a criterion's position says nothing about its class.
-    return Rubric(tuple(crits[i] for i in rng.permutation(len(crits))), aggregation="weighted")
-
-
-def _capabilities(cons: Sequence[Constraint]) -> tuple[str, ...]:
-    return tuple(c for c in CAPABILITIES if any(k.capability == c for k in cons))
-
-
-class ConstraintDomain:
-    """Seeded generator of constraint-following tasks for the splits train / heldout / ood."""
-
-    def __init__(self, seed: int = 0):
-        self.seed = int(seed)
-
-    def _sample_params(self, split: str, rng: np.random.Generator) -> dict[str, Any]:
-        if split == "ood" and rng.random() < 0.4:
-            return sample_filter(rng)
-        types = list(TYPE_WEIGHTS)
-        probs = np.array([TYPE_WEIGHTS[t] for t in types])
-        while True:
-            p = SAMPLERS[types[int(rng.choice(len(types), p=probs / probs.sum()))]](rng)
-            if has_ood_pair(p) == (split == "ood"):
-                return p
-
-    def tasks(self, split: str, n: int) -> list[Task]:
-        """The first ``n`` tasks of ``split`` (prefix-stable: tasks(s, n) == tasks(s, m)[:n])."""
-        if split not in SPLITS:
-            raise ValueError(
-                f"ConstraintDomain.tasks: split must be one of {SPLITS}, got {split!r}"
-            )
-        if n < 0:
-            raise ValueError(f"ConstraintDomain.tasks: n must be >= 0, got {n}")
-        rng = np.random.default_rng([self.seed, _SPLIT_IDS[split]])
-        out: list[Task] = []
-        seen: set[str] = set()
-        budget = 200 * n + 1000
-        while len(out) < n:
-            budget -= 1
-            if budget < 0:
-                raise RuntimeError(f"ConstraintDomain: cannot find {n} distinct {split} tasks")
-            params = self._sample_params(split, rng)
-            # Keyed on the parameters, so one task (whatever its clause order) has one split.
-            key = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()
-            if split != "ood" and (int(key[:8], 16) % 100 < HELDOUT_PERCENT) != (
-                split == "heldout"
-            ):
-                continue
-            if key in seen:
-                continue
-            seen.add(key)
-            out.append(self._make_task(split, params, key))
-        return out
-
-    @staticmethod
-    def _make_task(split: str, params: dict[str, Any], key: str) -> Task:
-        # Everything below depends on the parameters only, not on the seed or the position.
-        rng = np.random.default_rng(int(key[:16], 16))
-        prompt = build_prompt(params, rng)
-        cons = constraints_for(params)
-        raw = {"params": params, "split": split}
-        draft = Task(
-            id=f"cf-{split}-{key[:12]}",
-            prompt=(Message("user", prompt),),
-            rubric=Rubric(()),
-            domain=DOMAIN,
-            task_type=params["type"],
-            capabilities=_capabilities(cons),
-            raw=raw,
-        )
-        reference = render_response(draft, None, rng)
-        if not verify(draft, reference):
-            raise AssertionError(f"constraints: reference {reference!r} fails task {prompt!r}")
-        return dataclasses.replace(
-            draft, reference_answer=reference, rubric=seed_rubric(cons, reference, rng)
-        )
-
-
-def task_bank(split: str = "train", n: int = 100, seed: int = 0) -> list[Task]:
-    """``ConstraintDomain(seed).tasks(split, n)``, shaped like ``envs.registry.task_bank``."""
-    return ConstraintDomain(seed).tasks(split, n)
-
-
-_CORPUS_NAMES = ("warmstart_corpus", "decorate_prompt", "render_guidance", "format_reference")
-
-
-def __getattr__(name: str) -> Any:
-    # The corpus module imports this one; its public helpers are re-exported lazily (PEP 562).
-    if name in _CORPUS_NAMES:
-        from rubric_rl.envs import constraint_corpus
-
-        return getattr(constraint_corpus, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

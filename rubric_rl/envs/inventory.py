@@ -18,7 +18,7 @@ import random
 import re
 from typing import Any
 
-from rubric_rl.envs.base import Env, ToolOutput, tool_error
+from rubric_rl.envs.base import ENVS, Env, ToolOutput, tool_error
 from rubric_rl.envs.inventory_data import (
     MAX_SEARCH_RESULTS,
     SYSTEM_PROMPT,
@@ -48,6 +48,7 @@ def _tokens(text: str) -> list[str]:
     return [_stem(t) for t in re.findall(r"[a-z0-9]+", text.lower())]
 
 
+@ENVS.register("inventory")
 class InventoryEnv(Env):
     name = "inventory"
     TOOLS = (

@@ -1,5 +1,7 @@
 """Tool-use environments by name, and their task banks (DESIGN.md §7).
 
+``is_tool_env(name)`` says whether a task's ``env_name`` names one of them (most environments
+are not tool environments: the constraint domain's task types, datasets' categories).
 ``make_env(name, **cfg)`` builds one environment (cheap: one per rollout); ``task_bank(name,
 split, n, seed)`` lists its tasks; ``mixed_task_bank`` concatenates several environments' banks
 for multi-environment training (RISED keeps fixed per-environment quotas: each task carries
@@ -11,15 +13,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rubric_rl.envs.base import Env
+from rubric_rl.envs.base import ENVS, Env, is_tool_env
 from rubric_rl.envs.inventory import InventoryEnv
 from rubric_rl.envs.sql import SqlEnv
-from rubric_rl.registry import Registry
 from rubric_rl.rubrics.types import Task
 
-ENVS: Registry[type[Env]] = Registry("env")
-ENVS.register("sql")(SqlEnv)
-ENVS.register("inventory")(InventoryEnv)
+# ENVS and is_tool_env are defined in base.py (Env.reset needs them); importing the environments'
+# modules registers them.
+__all__ = [
+    "ENVS",
+    "InventoryEnv",
+    "SqlEnv",
+    "env_for_task",
+    "is_tool_env",
+    "make_env",
+    "mixed_task_bank",
+    "task_bank",
+]
 
 
 def make_env(name: str, **cfg: Any) -> Env:
@@ -29,8 +39,11 @@ def make_env(name: str, **cfg: Any) -> Env:
 
 def env_for_task(task: Task, **cfg: Any) -> Env:
     """A fresh environment of the kind ``task.env_name`` names."""
-    if not task.env_name:
-        raise ValueError(f"task {task.id!r} has no env_name; it is not a tool-environment task")
+    if not is_tool_env(task.env_name):
+        raise ValueError(
+            f"task {task.id!r}: env_name {task.env_name!r} is not a tool environment "
+            f"(registered: {', '.join(ENVS.names())}); it is not a tool-environment task"
+        )
     return make_env(task.env_name, **cfg)
 
 

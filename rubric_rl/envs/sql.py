@@ -22,7 +22,7 @@ import sqlite3
 import time
 from typing import Any
 
-from rubric_rl.envs.base import Env, ToolOutput, tool_error
+from rubric_rl.envs.base import ENVS, Env, ToolOutput, tool_error
 from rubric_rl.envs.sql_data import GENERATORS, SYSTEM_PROMPT, database_rows, open_database
 from rubric_rl.envs.tool_calls import Param, ToolSpec, render_tool_call
 from rubric_rl.envs.trajectory import (
@@ -55,6 +55,7 @@ _READ_ONLY_PRAGMAS = frozenset(
 )
 
 
+@ENVS.register("sql")
 class SqlEnv(Env):
     name = "sql"
     TOOLS = (

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,6 +43,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from rubric_rl.buckets import round_up_to_bucket
 from rubric_rl.core import sharding as sharding_lib
 from rubric_rl.core.logprobs import sequence_logprobs
 from rubric_rl.models.qwen3 import default_positions
@@ -84,15 +84,6 @@ class JaxEngineConfig:
         object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
         if self.pad_id < 0:
             raise ValueError(f"JaxEngineConfig.pad_id must be >= 0, got {self.pad_id}")
-
-
-def round_up_to_bucket(n: int, buckets: Sequence[int], multiple: int = 1) -> int:
-    """The smallest bucket >= n (past the largest: the next multiple of the largest), then
-    rounded up to a multiple of ``multiple`` (the mesh's batch-axis size)."""
-    b = next((x for x in buckets if x >= n), None)
-    if b is None:
-        b = buckets[-1] * math.ceil(n / buckets[-1])
-    return multiple * math.ceil(b / multiple)
 
 
 def seed_key_data(seeds: Sequence[int]) -> np.ndarray:

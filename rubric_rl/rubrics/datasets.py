@@ -23,6 +23,15 @@ Formats (``format=``), each read as the public dataset publishes it:
 * ``jsonl``: our own format, a direct serialisation of Task (``dump_tasks`` writes it; loading
   what it wrote gives equal tasks).
 
+Environments: every task carries ``env_name``, the environment its evaluation is reported under
+(``eval/<split>/env/<env_name>/...``): the row's own category where the format has one, else the
+format's name. healthbench: the first ``theme:`` example tag (its seven themes, e.g.
+"emergency_referrals"), else "healthbench". rar: ``question_source``, else "rar". rubrichub:
+``data_source`` (as ``domain``), else "rubrichub". openrubrics: ``source`` / ``domain`` (as
+``domain``), else "openrubrics". jsonl: the row's ``env_name``; when absent or null its
+``domain``, else "jsonl" (so what ``dump_tasks`` writes loads back equal). None of these is a tool
+environment unless it names one registered in ``envs.registry`` (``is_tool_env``).
+
 Ids: a task id is the row's own id (``prompt_id`` / ``id``) when it has one, else
 ``f"{format}-{sha1(row)[:12]}"`` (deterministic in the row's content, independent of order).
 Criterion ids are ``f"{task_id}/c{i}"`` with i the 0-based position in the source rubric.
@@ -262,6 +271,11 @@ def _criterion(task_id: str, i: int, **fields: Any) -> Criterion:
     return Criterion(id=f"{task_id}/c{i}", **fields)
 
 
+def _env_name(category: Any, fmt: str) -> str:
+    """The row's category when it has a non-empty one, else the format's name."""
+    return category if isinstance(category, str) and category.strip() else fmt
+
+
 @FORMATS.register("healthbench")
 def _parse_healthbench(row: _Row) -> Task:
     task_id = row.text("prompt_id", row.field("prompt_id", str, "a string id"))
@@ -289,6 +303,7 @@ def _parse_healthbench(row: _Row) -> Task:
         domain="healthbench",
         task_type=themes[0] if themes else "",
         capabilities=example_tags,
+        env_name=_env_name(themes[0] if themes else None, "healthbench"),
         raw=row.data,
     )
 
@@ -344,6 +359,7 @@ def _parse_rar(row: _Row) -> Task:
         reference_answer=reference,
         domain="rar",
         task_type=source if isinstance(source, str) else "",
+        env_name=_env_name(source, "rar"),
         raw=row.data,
     )
 
@@ -415,6 +431,7 @@ def _parse_rubrichub(row: _Row) -> Task:
         reference_answer=reference if isinstance(reference, str) else None,
         domain=data_source,
         task_type=ability,
+        env_name=_env_name(data_source, "rubrichub"),
         raw=row.data,
     )
 
@@ -464,6 +481,7 @@ def _parse_openrubrics(row: _Row) -> Task:
         prompt=prompt,
         rubric=Rubric(tuple(criteria), aggregation="weighted"),
         domain=source if isinstance(source, str) else "openrubrics",
+        env_name=_env_name(source, "openrubrics"),
         raw=row.data,
     )
 
@@ -573,15 +591,17 @@ def _parse_jsonl(row: _Row) -> Task:
         rub = Rubric(tuple(criteria), aggregation=aggregation)
     except ValueError as e:
         raise row.error("rubric.criteria", str(e)) from None
+    domain = row.field("domain", str, "a string", default="")
+    env_name = row.field("env_name", str, "a string", default=None)
     return Task(
         id=task_id,
         prompt=prompt,
         rubric=rub,
         reference_answer=row.field("reference_answer", str, "a string", default=None),
-        domain=row.field("domain", str, "a string", default=""),
+        domain=domain,
         task_type=row.field("task_type", str, "a string", default=""),
         capabilities=row.string_tags("capabilities", row.data.get("capabilities")),
-        env_name=row.field("env_name", str, "a string", default=None),
+        env_name=_env_name(env_name or domain, "jsonl"),
         raw=row.data,
     )
 

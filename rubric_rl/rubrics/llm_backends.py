@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rubric_rl.rubrics.llm import (
+from rubric_rl.rubrics.llm_client import (
     CLIENTS,
     RETRYABLE_STATUS,
     LLMClient,

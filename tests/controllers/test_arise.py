@@ -17,12 +17,13 @@ from rubric_rl.controllers.arise import (
     RubricSkillPool,
     arise_advantages,
 )
-from rubric_rl.controllers.base import ControllerSet, Evidence
+from rubric_rl.controllers.base import ControllerSet
 from rubric_rl.controllers.capability_sampler import CapabilitySampler, CapabilitySamplerConfig
 from rubric_rl.controllers.reflection import LLMReflection, ProgrammaticReflection, Proposal
 from rubric_rl.controllers.sampling import UniformSampler
 from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
 from rubric_rl.envs.constraints import ConstraintDomain, hard_constraints, render_response
+from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.judges import JudgeItem, ProgrammaticJudge
 from rubric_rl.rubrics.llm import LocalEngineClient
 from rubric_rl.rubrics.scores import pack_verdicts
@@ -42,6 +43,14 @@ LIFECYCLE = AriseConfig(
     retire_above=0.9,
     retire_window=3,
 )
+
+
+def Evidence(step, tasks, prompts, responses, verdicts, scores, rewards, advantages):  # noqa: N802
+    """The step record controllers observe, built from plain data (``Rollouts.from_responses``)."""
+    return Rollouts.from_responses(
+        step, tasks, responses, verdicts or None, prompts=prompts or None, rewards=rewards,
+        advantages=advantages,
+    )  # fmt: skip
 
 
 def _proposal(key="list/count", **kw):
@@ -290,8 +299,8 @@ def _simulate(ctl, steps, *, start=0, J=4, seed=0):
             [[{v.criterion_id: v for v in vs} for vs in group] for group in verdicts],
             [t.rubric.evaluated() for t in batch.tasks],
         )
-        rewards = ctl.reward_signals(batch.tasks, responses, scores)
-        adv = ctl.advantages(batch.tasks, responses, scores)
+        rewards = ctl.arise_signals(batch.tasks, responses, scores)
+        adv = arise_advantages(rewards["task"], rewards["rubric"], w_rubric=ctl.config.w_rubric)[0]
         ev = Evidence(
             step,
             batch.tasks,

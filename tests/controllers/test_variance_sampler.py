@@ -9,7 +9,6 @@ import pytest
 
 from configs import arise, grpo
 from rubric_rl import builders
-from rubric_rl.controllers.base import Evidence
 from rubric_rl.controllers.sampling import (
     GROUP_REWARDS,
     SAMPLERS,
@@ -20,6 +19,7 @@ from rubric_rl.controllers.sampling import (
 )
 from rubric_rl.envs import constraints
 from rubric_rl.envs.constraint_corpus import warmstart_example
+from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.judges import JudgeItem, ProgrammaticJudge
 from rubric_rl.rubrics.types import Criterion, Rubric, Task
 
@@ -27,6 +27,14 @@ RUBRIC = Rubric((Criterion("c", "is short"),))
 # (task type, capabilities) of t0..t3
 KINDS = [("list", ("counting",)), ("list", ("counting", "ordering")), ("format", ()),
          ("format", ("formatting",))]  # fmt: skip
+
+
+def Evidence(step, tasks, prompts, responses, verdicts, scores, rewards, advantages):  # noqa: N802
+    """The step record controllers observe, built from plain data (``Rollouts.from_responses``)."""
+    return Rollouts.from_responses(
+        step, tasks, responses, verdicts or None, prompts=prompts or None, rewards=rewards,
+        advantages=advantages,
+    )  # fmt: skip
 
 
 def _tasks(n, kinds=None):

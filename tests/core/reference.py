@@ -197,10 +197,46 @@ def reverse_kl_grad(student_logits, teacher_logits):
     return p * (ls - lt - kl)
 
 
+def _sd_on(sd_mask, b, t):
+    """The SD mask at (b, t): a [B] mask holds per sequence, a [B, T] mask per token."""
+    return bool(sd_mask[b] if np.ndim(sd_mask) == 1 else sd_mask[b, t])
+
+
 def sampled_sd_advantage(logps, teacher_logps, coef, sd_mask, clamp=10.0):
     out = np.zeros(logps.shape)
     for b in range(logps.shape[0]):
-        if sd_mask[b]:
-            for t in range(logps.shape[1]):
+        for t in range(logps.shape[1]):
+            if _sd_on(sd_mask, b, t):
                 out[b, t] = coef[b] * min(float(logps[b, t]) - float(teacher_logps[b, t]), clamp)
     return out
+
+
+def sd_loss(kl, mask, coef, sd_mask, mode="token-mean", seq_weights=None, constant=None):
+    """``(num, den, metrics)`` of ``sd_loss_from_kl``: λ_b · KL_bt where the SD mask is on,
+    aggregated over the whole loss mask; metrics as finalized means (NaN when nothing counts)."""
+    batch, length = kl.shape
+    per_token = np.zeros((batch, length))
+    kl_sum, kl_count = 0.0, 0
+    rows_with_tokens, active_rows, coef_sum = 0, 0, 0.0
+    for b in range(batch):
+        distilled_here = False
+        for t in range(length):
+            if _sd_on(sd_mask, b, t):
+                per_token[b, t] = float(coef[b]) * float(kl[b, t])
+                if mask[b, t] != 0:
+                    kl_sum += float(kl[b, t])
+                    kl_count += 1
+                    distilled_here = True
+        if any(mask[b, t] != 0 for t in range(length)):
+            rows_with_tokens += 1
+            if distilled_here:
+                active_rows += 1
+                coef_sum += float(coef[b])
+    num, den = aggregate(per_token, mask, mode, seq_weights, constant)
+    mean = lambda total, count: total / count if count else float("nan")
+    metrics = {
+        "sd/kl": mean(kl_sum, kl_count),
+        "sd/active_frac": mean(active_rows, rows_with_tokens),
+        "sd/coef": mean(coef_sum, active_rows),
+    }
+    return num, den, metrics

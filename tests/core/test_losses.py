@@ -8,16 +8,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rubric_rl.core import registry
+from rubric_rl.core import losses, registry
 from rubric_rl.core.aggregation import finalize_metrics
 from rubric_rl.core.losses import (
+    ROLLOUT_CORRECTION_PRESETS,
     RolloutCorrection,
     kl_penalty_loss,
     kl_per_token,
     policy_loss,
     ppo_per_token,
+    rejects,
     reverse_kl_from_logits,
+    rollout_correction,
     sampled_sd_advantage,
+    sd_estimator_names,
     sd_loss_from_kl,
     topk_tail_reverse_kl,
 )
@@ -330,12 +334,117 @@ def test_sd_loss_from_kl_and_sampled_advantage_match_reference():
     )
 
 
-def test_registries():
-    assert registry.get_loss("ppo") is policy_loss and registry.get_loss("grpo") is policy_loss
-    assert (
-        registry.get_loss("sd") is sd_loss_from_kl
-        and registry.get_loss("kl_ref") is kl_penalty_loss
+def _per_token_sd_mask(rng, loss_mask, sd_rows):
+    """A [B, T] SD mask: on the rows ``sd_rows`` say, a random subset of positions (inside and
+    outside the loss mask); row 2 is distilled only where the loss mask is 0 (no distilled
+    token, so not active)."""
+    mask = (rng.random(loss_mask.shape) < 0.6) & (sd_rows[:, None] != 0)
+    mask[2] = loss_mask[2] == 0
+    return mask.astype(np.float32)
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "dr-grpo"])
+def test_sd_loss_with_sequence_or_token_mask_matches_reference(rank, mode):
+    rng = np.random.default_rng(11)
+    b, t = 6, 9
+    kl = rng.uniform(0, 2, size=(b, t)).astype(np.float32)
+    mask = ref.random_mask(rng, b, t, empty_rows=(4,))
+    coef = rng.uniform(0.1, 1.0, size=b).astype(np.float32)
+    seq_w = rng.uniform(0.5, 2.0, size=b).astype(np.float32)
+    sd_rows = np.array([1, 0, 1, 1, 1, 1], np.float32)
+    sd_mask = sd_rows if rank == 1 else _per_token_sd_mask(rng, mask, sd_rows)
+    constant = 5.0 if mode == "dr-grpo" else None
+    num, den, metrics = jit(sd_loss_from_kl, static_argnames=("agg_mode", "agg_constant"))(
+        f32(kl), f32(mask), f32(coef), f32(sd_mask), seq_weights=f32(seq_w), agg_mode=mode,
+        agg_constant=constant,
+    )  # fmt: skip
+    want_num, want_den, want = ref.sd_loss(kl, mask, coef, sd_mask, mode, seq_w, constant)
+    np.testing.assert_allclose([float(num), float(den)], [want_num, want_den], rtol=1e-5)
+    got = finalize_metrics(metrics)
+    for key in ("sd/kl", "sd/active_frac", "sd/coef"):
+        np.testing.assert_allclose(float(got[key]), want[key], rtol=1e-5, err_msg=key)
+    # rows 0, 3, 5 distilled among the 5 with loss tokens; row 2's distilled tokens (if any)
+    # lie outside the loss mask under a [B, T] mask
+    assert float(got["sd/active_frac"]) == pytest.approx((4 if rank == 1 else 3) / 5)
+
+
+def test_sequence_mask_equals_its_token_broadcast_bit_for_bit():
+    """A [B] SD mask and the same mask broadcast to [B, T]: identical values, metrics and
+    gradients (the [B] path is unchanged by per-token masks)."""
+    rng = np.random.default_rng(12)
+    kl = rng.uniform(0, 2, size=(5, 8)).astype(np.float32)
+    mask = ref.random_mask(rng, 5, 8, empty_rows=(1,))
+    coef = rng.uniform(0.1, 1.0, size=5).astype(np.float32)
+    rows = np.array([1, 1, 0, 1, 0], np.float32)
+    full = np.broadcast_to(rows[:, None], kl.shape).copy()
+
+    def sd_value(k, sd_mask):
+        num, den, metrics = sd_loss_from_kl(k, f32(mask), f32(coef), sd_mask)
+        return num / den, metrics
+
+    for fn in (jit(sd_value), jit(jax.grad(lambda k, m: sd_value(k, m)[0]))):
+        a, b = fn(f32(kl), f32(rows)), fn(f32(kl), f32(full))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    lp = -rng.uniform(0, 5, size=kl.shape).astype(np.float32)
+    t_lp = (lp - rng.normal(scale=2, size=kl.shape)).astype(np.float32)
+    np.testing.assert_array_equal(
+        np.asarray(ssa(f32(lp), f32(t_lp), f32(coef), f32(rows))),
+        np.asarray(ssa(f32(lp), f32(t_lp), f32(coef), f32(full))),
     )
+    token_mask = _per_token_sd_mask(rng, mask, rows)
+    np.testing.assert_allclose(
+        np.asarray(ssa(f32(lp), f32(t_lp), f32(coef), f32(token_mask))),
+        ref.sampled_sd_advantage(lp, t_lp, coef, token_mask),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    with pytest.raises(ValueError, match="sd_mask"):
+        sd_loss_from_kl(f32(kl), f32(mask), f32(coef), f32(full[:, :3]))
+
+
+# Every preset, by hand: does it filter anything (band, token veto)?
+_PRESET_REJECTS = {
+    "off": False,
+    "bypass": False,
+    "decoupled_token_tis": False,
+    "decoupled_seq_tis": False,
+    "geo_mask": True,
+    "seq_sum_mask_tis": True,
+    "seq_mean_k3": True,
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROLLOUT_CORRECTION_PRESETS.names()))
+def test_rejects_says_whether_a_preset_filters(name):
+    base = name.removesuffix("_veto")
+    assert set(ROLLOUT_CORRECTION_PRESETS.names()) == {
+        *_PRESET_REJECTS, *(f"{n}_veto" for n in _PRESET_REJECTS)
+    }  # fmt: skip
+    want = _PRESET_REJECTS[base] or name.endswith("_veto")
+    assert rejects(name) is want
+    assert ROLLOUT_CORRECTION_PRESETS.get(name).rejects is want
+    # and it is what the preset does: a trainer 12 nats below the engine on every token (ratio
+    # e^-12) is rejected by every band and the veto, while log w ≡ 0 (bypass with old :=
+    # rollout) is rejected by none
+    rng = np.random.default_rng(13)
+    roll = -rng.uniform(0.1, 3.0, size=(3, 6)).astype(np.float32)
+    mask = ref.random_mask(rng, 3, 6, empty_rows=())
+    config = ROLLOUT_CORRECTION_PRESETS.get(name)
+    _, drifted, _ = rollout_correction(f32(roll - 12.0), f32(roll), f32(mask), config=config)
+    assert bool(np.any(np.asarray(drifted) != mask)) is want
+    _, same, _ = rollout_correction(f32(roll), f32(roll), f32(mask), config=config)
+    np.testing.assert_array_equal(np.asarray(same), mask)
+    with pytest.raises(KeyError, match="unknown rollout-correction preset"):
+        rejects("bogus")
+
+
+def test_registries():
+    assert not hasattr(losses, "LOSSES")  # the loss parts are called directly, not looked up
+    assert sd_estimator_names() == ("none", "full", "sampled", "topk")
+    assert registry.sd_estimator_names is sd_estimator_names
+    assert set(sd_estimator_names()) == {"none", *losses.SD_ESTIMATORS.names()}
     assert registry.get_sd_estimator("full").per_token_kl is reverse_kl_from_logits
     assert registry.get_sd_estimator("topk").per_token_kl is topk_tail_reverse_kl
     assert registry.get_sd_estimator("sampled").folds_into_advantage
@@ -346,5 +455,5 @@ def test_registries():
         tis="sequence", tis_cap=2.0, rejections=(("seq_sum", 0.5, 2.0),)
     )
     assert presets.get("seq_mean_k3_veto").token_veto == 1e-4
-    with pytest.raises(KeyError, match="unknown loss 'pg'"):
-        registry.get_loss("pg")
+    with pytest.raises(KeyError, match="unknown self-distillation estimator 'none'"):
+        registry.get_sd_estimator("none")

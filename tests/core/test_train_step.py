@@ -174,14 +174,14 @@ def _sd_only(batch):
     return batch.replace(advantages=np.zeros(B, np.float32))
 
 
-def test_sd_stop_gradient(tiny_state):
-    """∇(SD term) == ∇ with the teacher distribution fed in as a constant, != without sg."""
-    graphdef, state, _ = tiny_state
-    batch = _sd_only(make_batch())
-    _, g, metrics = loss_grads_fn(graphdef, BASE)(state.params, state.rest, batch)
+def _sd_by_hand(graphdef, state, batch):
+    """The token-mean SD term written out: ``(sd(params, teacher_logits), teacher_logits(params))``
+    with full-vocabulary logits, weights λ_b u_b m_bt sd_bt / Σ m (``sd_mask`` [B] or [B, T])."""
     temp = BASE.temperature
-    lm = jnp.asarray(batch.loss_mask)
-    w = jnp.asarray(batch.sd_coef * batch.sd_mask * batch.seq_weights)[:, None] * lm / lm.sum()
+    lm = np.asarray(batch.loss_mask)
+    sd_mask = np.asarray(batch.sd_mask)
+    sd_mask = sd_mask[:, None] if sd_mask.ndim == 1 else sd_mask
+    w = jnp.asarray((batch.sd_coef * batch.seq_weights)[:, None] * sd_mask * lm / lm.sum())
     idx = jnp.arange(T)[None, :] + jnp.asarray(batch.teacher_offset)[:, None]
 
     def teacher_logits(params):
@@ -197,6 +197,15 @@ def test_sd_stop_gradient(tiny_state):
         lt = jax.nn.log_softmax(t_logits / temp)
         return jnp.sum(w * jnp.sum(jnp.exp(ls) * (ls - lt), -1))
 
+    return sd, teacher_logits
+
+
+def test_sd_stop_gradient(tiny_state):
+    """∇(SD term) == ∇ with the teacher distribution fed in as a constant, != without sg."""
+    graphdef, state, _ = tiny_state
+    batch = _sd_only(make_batch())
+    _, g, metrics = loss_grads_fn(graphdef, BASE)(state.params, state.rest, batch)
+    sd, teacher_logits = _sd_by_hand(graphdef, state, batch)
     const = jax.jit(teacher_logits, compiler_options=FAST)(state.params)
     g_const = jax.jit(jax.grad(sd), compiler_options=FAST)(state.params, const)
     g_nosg = jax.jit(jax.grad(lambda p: sd(p, teacher_logits(p))), compiler_options=FAST)(
@@ -206,6 +215,80 @@ def test_sd_stop_gradient(tiny_state):
     assert float(metrics["loss/sd"]) == pytest.approx(value, rel=1e-5)
     assert max_abs_diff(g, g_const) <= 1e-6
     assert max_abs_diff(g, g_nosg) > 1e-5
+
+
+def _first_half_off(batch):
+    """A [B, T] SD mask: the sequence's own SD mask, off on the first half of its completion."""
+    lm = np.asarray(batch.loss_mask)
+    mask = np.broadcast_to(np.asarray(batch.sd_mask)[:, None], lm.shape).copy()
+    for b in range(B):
+        tokens = np.flatnonzero(lm[b])
+        mask[b, tokens[: len(tokens) // 2]] = 0.0
+    return mask
+
+
+@pytest.mark.parametrize("estimator", ["full", "sampled"])
+def test_per_token_sd_mask(tiny_state, estimator):
+    """A [B, T] SD mask equal to the [B] mask broadcast changes nothing, bit for bit; one that
+    distils only the second half of each completion equals the hand-written SD term, also
+    micro-batched."""
+    graphdef, state, _ = tiny_state
+    config = dataclasses.replace(BASE, sd_estimator=estimator)
+    batch = make_batch()
+    per_seq = loss_grads_fn(graphdef, config)(state.params, state.rest, batch)
+    broadcast = np.broadcast_to(batch.sd_mask[:, None], (B, T)).astype(np.float32)
+    per_token = loss_grads_fn(graphdef, config)(
+        state.params, state.rest, batch.replace(sd_mask=broadcast)
+    )
+    assert max_abs_diff(per_seq, per_token) == 0.0
+    if estimator == "sampled":  # the per-token path of sd/logp_gap, against its own [B] value
+        assert abs(float(per_token[2]["sd/logp_gap"])) > 1e-3
+        return
+    half = _sd_only(batch).replace(sd_mask=_first_half_off(batch))
+    _, g, metrics = loss_grads_fn(graphdef, config)(state.params, state.rest, half)
+    sd, teacher_logits = _sd_by_hand(graphdef, state, half)
+    const = jax.jit(teacher_logits, compiler_options=FAST)(state.params)
+    value = float(jax.jit(sd, compiler_options=FAST)(state.params, const))
+    g_hand = jax.jit(jax.grad(sd), compiler_options=FAST)(state.params, const)
+    assert float(metrics["loss/sd"]) == pytest.approx(value, rel=1e-5)
+    assert max_abs_diff(g, g_hand) <= 1e-6
+    # it is not the whole-sequence term (the test can fail)
+    whole = loss_grads_fn(graphdef, config)(state.params, state.rest, _sd_only(batch))[2]
+    assert float(whole["loss/sd"]) > float(metrics["loss/sd"]) + 1e-6
+    # sd/active_frac: rows with a distilled token, of the rows with loss tokens
+    lm = np.asarray(batch.loss_mask)
+    active = ((_first_half_off(batch) * lm).sum(1) > 0).sum() / (lm.sum(1) > 0).sum()
+    assert float(metrics["sd/active_frac"]) == pytest.approx(active)
+    micro = dataclasses.replace(config, num_micro_batches=2)
+    loss2, g2, m2 = loss_grads_fn(graphdef, micro)(state.params, state.rest, half)
+    assert float(m2["loss/sd"]) == pytest.approx(float(metrics["loss/sd"]), rel=1e-6)
+    assert max_abs_diff(g2, g) <= 1e-7
+
+
+def test_out_of_range_teacher_positions_are_counted(tiny_state):
+    """sd/out_of_range_frac = share of distilled loss tokens whose teacher position t + offset
+    falls outside the teacher row (they get no SD term); 0 for a proper batch."""
+    graphdef, state, _ = tiny_state
+    batch = make_batch()
+    _, _, metrics = loss_grads_fn(graphdef, BASE)(state.params, state.rest, batch)
+    assert float(metrics["sd/out_of_range_frac"]) == 0.0
+    shifted = batch.replace(teacher_offset=np.asarray(batch.teacher_offset) + 3)
+    lm = np.asarray(batch.loss_mask)
+    distilled = (lm != 0) & (np.asarray(batch.sd_mask)[:, None] != 0)
+    outside = np.arange(T)[None, :] + np.asarray(shifted.teacher_offset)[:, None] >= TT
+    want = (distilled & outside).sum() / distilled.sum()
+    assert 0.0 < want < 1.0
+    for m in (1, 2):  # summed over micro-batches as parts, divided once
+        config = dataclasses.replace(BASE, num_micro_batches=m)
+        _, _, metrics = loss_grads_fn(graphdef, config)(state.params, state.rest, shifted)
+        assert float(metrics["sd/out_of_range_frac"]) == pytest.approx(want, rel=1e-6)
+
+
+def test_needs_old_logps():
+    """The step-start log-probs are needed by decoupled presets and by every preset that
+    rejects, bypass_veto included (bypass would feed the veto log w ≡ 0)."""
+    for name, want in (("bypass", False), ("bypass_veto", True), ("off", True)):
+        assert ts.TrainConfig(rollout_correction=name).needs_old_logps is want
 
 
 def test_empty_teacher_context_contributes_exactly_zero(tiny_state):
@@ -272,15 +355,21 @@ def test_errors_name_the_field(tiny_state):
             dataclasses.replace(BASE, num_micro_batches=3), graphdef, state.params,
             state.rest, make_batch(),
         )  # fmt: skip
-    with pytest.raises(ValueError, match="old_logps"):
-        ts.loss_and_grads(
-            dataclasses.replace(BASE, rollout_correction="off"), graphdef, state.params,
-            state.rest, make_batch(),
-        )  # fmt: skip
+    for preset in ("off", "bypass_veto"):  # decoupled, or a bypass preset that rejects
+        with pytest.raises(ValueError, match="old_logps is required by rollout_correction"):
+            ts.loss_and_grads(
+                dataclasses.replace(BASE, rollout_correction=preset), graphdef, state.params,
+                state.rest, make_batch(),
+            )  # fmt: skip
     with pytest.raises(ValueError, match="sd_estimator"):
         ts.TrainConfig(sd_estimator="bogus")
     with pytest.raises(ValueError, match="rollout_correction"):
         ts.TrainConfig(rollout_correction="bogus")
+    with pytest.raises(ValueError, match="TrainBatch.sd_mask"):
+        ts.loss_and_grads(
+            BASE, graphdef, state.params, state.rest,
+            make_batch(sd_mask=np.ones((B, T - 1), np.float32)),
+        )  # fmt: skip
 
 
 def test_reference_params_equal_precomputed_ref_logps(tiny_state):

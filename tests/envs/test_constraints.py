@@ -8,6 +8,7 @@ import functools
 import numpy as np
 import pytest
 
+from rubric_rl.envs import constraint_domain
 from rubric_rl.envs import constraints as cf
 from rubric_rl.envs.constraint_corpus import (
     anti_pattern_text,
@@ -22,6 +23,7 @@ from rubric_rl.envs.constraint_corpus import (
     warmstart_example,
 )
 from rubric_rl.envs.constraint_lexicon import GUIDANCE_KINDS, canonical, units
+from rubric_rl.envs.registry import is_tool_env
 from rubric_rl.rubrics.checkers import CHECKERS
 from rubric_rl.rubrics.types import Message, Rubric, Task
 
@@ -157,6 +159,10 @@ def test_splits_disjoint_and_ood_combinations_absent_from_training():
     ood_types = collections.Counter(t.task_type for t in ood)
     assert ood_types["filter"] > 20 and sum(ood_types.values()) - ood_types["filter"] > 20
     assert {t.task_type for t in train} == set(cf.TRAIN_TASK_TYPES)
+    # The task types are the environments: five of them, none a tool environment.
+    envs = {t.env_name for t in train + heldout + ood}
+    assert envs == set(cf.TRAIN_TASK_TYPES) | set(cf.OOD_TASK_TYPES)
+    assert not any(is_tool_env(e) for e in envs)
     caps = {c for t in train for c in t.capabilities}
     assert caps == set(cf.CAPABILITIES)
 
@@ -181,7 +187,7 @@ def _cls(criterion) -> str:
 @pytest.mark.parametrize("split", cf.SPLITS)
 def test_references_pass_verify_and_genuine_criteria(split):
     for t in _tasks(split, 150):
-        assert t.domain == "constraints" and t.env_name is None
+        assert t.domain == "constraints" and t.env_name == t.task_type  # task types are envs
         assert len(t.prompt) == 1 and t.prompt[0].role == "user"
         assert set(t.capabilities) <= set(cf.CAPABILITIES) and t.capabilities
         ref = t.reference_answer
@@ -246,7 +252,7 @@ def test_edit_distance_matches_numpy_reference():
     for _ in range(200):
         a = list(rng.choice(list("abcd"), size=rng.integers(0, 7)))
         b = list(rng.choice(list("abcd"), size=rng.integers(0, 7)))
-        assert cf._edit_distance(a, b) == _edit_distance_np(a, b)
+        assert constraint_domain._edit_distance(a, b) == _edit_distance_np(a, b)
 
 
 def _spearman(x: np.ndarray, y: np.ndarray) -> float:

@@ -1,11 +1,20 @@
 """SQL environment: generated databases, ground truth, read-only enforcement, rubrics."""
 
+import dataclasses
 import re
 import time
 
 import pytest
 
-from rubric_rl.envs.registry import ENVS, make_env, mixed_task_bank, task_bank
+from rubric_rl.envs.constraints import ConstraintDomain
+from rubric_rl.envs.registry import (
+    ENVS,
+    env_for_task,
+    is_tool_env,
+    make_env,
+    mixed_task_bank,
+    task_bank,
+)
 from rubric_rl.envs.sql import SqlEnv
 from rubric_rl.envs.sql_data import database_bytes, database_rows
 from rubric_rl.envs.tool_calls import render_tool_call
@@ -65,6 +74,23 @@ def test_task_bank_reproducible_typed_and_split():
     assert ENVS.names() == ["inventory", "sql"]
     with pytest.raises(KeyError, match="unknown env 'bash'"):
         make_env("bash")
+
+
+def test_only_registered_names_are_tool_envs():
+    # Every task has an env_name; only registered tool environments get multi-turn rollouts.
+    assert is_tool_env("sql") and is_tool_env("inventory")
+    assert not is_tool_env(None) and not is_tool_env("list") and not is_tool_env("healthbench")
+    sql_task = task_bank("sql", "train", 1, 0)[0]
+    assert isinstance(env_for_task(sql_task), SqlEnv)
+    list_task = next(t for t in ConstraintDomain(0).tasks("train", 16) if t.task_type == "list")
+    assert list_task.env_name == "list"
+    with pytest.raises(ValueError, match="env_name 'list' is not a tool environment"):
+        env_for_task(list_task)
+    # reset refuses another tool env's task, not a task named after an evaluation environment.
+    with pytest.raises(ValueError, match="is for env 'inventory', not 'sql'"):
+        SqlEnv().reset(task_bank("inventory", "train", 1, 0)[0])
+    relabelled = dataclasses.replace(sql_task, env_name="list")
+    assert SqlEnv().reset(relabelled).messages == sql_task.prompt
 
 
 @pytest.mark.parametrize("split", ["train", "heldout", "ood"])

@@ -65,27 +65,43 @@ def root(tmp_path_factory):
     return str(r)
 
 
-def test_summary_uses_best_step_of_the_seed_mean_curve(root):
+def test_summary_uses_best_step_of_the_seed_mean_curve_per_set(root):
     groups = aggregate.load_groups(root)
-    rows = {r["group"]: r for r in aggregate.results_rows(groups, an.HELDOUT_SCORE)}
+    rows = {r["group"]: r for r in aggregate.results_rows(groups)}
     a = rows["arise"]
-    # seed-mean curve 40, 61, 72, 71 -> step 100 (per-seed bests would be 150, 100, 100)
-    assert a["best_step"] == 100 and a["final_step"] == 150 and a["seeds"] == 3
+    # No pass_rate logged: each set is selected on its score. Held-out seed-mean curve 40, 61,
+    # 72, 71 -> step 100 (per-seed bests would be 150, 100, 100); OOD 30, 36, 42, 43 -> 150.
+    assert (a["best_step/heldout"], a["best_step/ood"], a["final_step"]) == (100, 150, 150)
+    assert a["select/heldout"] == a["select/ood"] == "score" and a["seeds"] == 3
     assert a[f"{an.HELDOUT_SCORE}@best"] == pytest.approx((72.0, 2.0))
     assert a[f"{an.HELDOUT_SCORE}@final"] == pytest.approx((71.0, 1.0))
-    assert a["eval/ood/score@best"] == pytest.approx((42.0, 2.0))  # OOD at the held-out best
+    assert a["eval/ood/score@best"] == pytest.approx((43.0, 2.0))  # at the OOD best
     assert a["eval/ood/score@final"] == pytest.approx((43.0, 2.0))
     o = rows["outcome"]
-    assert o["best_step"] == 150
+    assert o["best_step/heldout"] == o["best_step/ood"] == 150
     assert o[f"{an.HELDOUT_SCORE}@best"] == pytest.approx((61.0, math.sqrt(2)))
+    # A full key chooses one step for every set: OOD reported at the held-out best.
+    one = {r["group"]: r for r in aggregate.results_rows(groups, an.HELDOUT_SCORE)}["arise"]
+    assert one["best_step/heldout"] == one["best_step/ood"] == 100
+    assert one["eval/ood/score@best"] == pytest.approx((42.0, 2.0))
+    assert one["select/ood"] == an.HELDOUT_SCORE
 
 
 def test_report_files_exact(root, tmp_path):
     groups = aggregate.load_groups(root)
     text = aggregate.report(groups, str(tmp_path), reference="outcome")
-    assert "| arise | 3 | 100 | 72.00 ± 2.00 | 71.00 ± 1.00 | 42.00 ± 2.00 | 43.00 ± 2.00 |" in text
+    header = (
+        "| group | seeds | heldout best step (score) | heldout/score (best) | "
+        "heldout/score (final) | ood best step (score) | ood/score (best) | ood/score (final) |"
+    )
+    assert header in text
     assert (
-        "| outcome | 2 | 150 | 61.00 ± 1.41 | 61.00 ± 1.41 | 34.00 ± 1.41 | 34.00 ± 1.41 |" in text
+        "| arise | 3 | 100 | 72.00 ± 2.00 | 71.00 ± 1.00 | 150 | 43.00 ± 2.00 | 43.00 ± 2.00 |"
+        in text
+    )
+    assert (
+        "| outcome | 2 | 150 | 61.00 ± 1.41 | 61.00 ± 1.41 | 150 | 34.00 ± 1.41 | 34.00 ± 1.41 |"
+        in text
     )
     # first reach of outcome's final 61.0: arise at step 50 (ratio 1/3), outcome at 150
     assert "| arise | 50 | 150 | 0.333 |" in text and "| outcome | 150 | 150 | 1.000 |" in text
@@ -98,6 +114,8 @@ def test_report_files_exact(root, tmp_path):
         res = {r["group"]: r for r in csv.DictReader(f)}
     assert float(res["arise"][f"{an.HELDOUT_SCORE}@best_mean"]) == 72.0
     assert float(res["arise"][f"{an.HELDOUT_SCORE}@best_std"]) == pytest.approx(2.0)
+    assert res["arise"]["best_step/heldout"] == "100" and res["arise"]["best_step/ood"] == "150"
+    assert float(res["arise"]["eval/ood/score@best_mean"]) == 43.0
     with open(tmp_path / "first_reach.csv") as f:
         reach = {r["group"]: r for r in csv.DictReader(f)}
     assert reach["arise"]["first_reach_step"] == "50" and float(reach["arise"]["target"]) == 61.0
@@ -222,3 +240,112 @@ def test_groups_without_a_pool_are_left_out(root):
     summary, dynamics = aggregate.pool_rows(aggregate.load_groups(root))
     assert [r["group"] for r in summary] == ["arise"]
     assert {r["group"] for r in dynamics} == {"arise"}
+
+
+# Hand-made runs where the held-out and OOD pass rates peak at different steps, the held-out
+# score peaks elsewhere again, and a third set ("ifeval") logs only a score.
+# seed -> key -> values at PASS_STEPS
+PASS_STEPS = (0, 10, 20, 30, 40)
+PASS_RUNS = {
+    0: {
+        "eval/heldout/pass_rate": [0.1, 0.3, 0.6, 0.5, 0.4],
+        "eval/heldout/score": [10, 20, 30, 40, 50],
+        "eval/heldout/oracle": [0.35, 0.37, 0.39, 0.41, 0.43],
+        "eval/heldout/env_mean/pass_rate": [0.0, 0.2, 0.5, 0.4, 0.3],
+        "eval/heldout/env/list/pass_rate": [0.0, 0.2, 0.5, 0.4, 0.3],
+        "eval/heldout/criteria/c1": [0.5] * 5,
+        "eval/ood/pass_rate": [0.0, 0.1, 0.2, 0.4, 0.3],
+        "eval/ood/score": [5, 6, 7, 8, 9],
+    },
+    1: {
+        "eval/heldout/pass_rate": [0.1, 0.7, 0.5, 0.4, 0.4],
+        "eval/heldout/score": [10, 20, 30, 40, 60],
+        "eval/heldout/oracle": [0.37, 0.39, 0.41, 0.43, 0.45],
+        "eval/heldout/env_mean/pass_rate": [0.0, 0.6, 0.4, 0.3, 0.3],
+        "eval/heldout/env/list/pass_rate": [0.0, 0.6, 0.4, 0.3, 0.3],
+        "eval/heldout/criteria/c1": [0.5] * 5,
+        "eval/ood/pass_rate": [0.0, 0.1, 0.3, 0.2, 0.3],
+        "eval/ood/score": [6, 7, 8, 9, 10],
+    },
+}
+IFEVAL = {0: {0: 50.0, 40: 40.0}, 1: {0: 52.0, 40: 44.0}}
+
+
+@pytest.fixture()
+def pass_root(tmp_path):
+    for seed, series in PASS_RUNS.items():
+        d = tmp_path / "grpo" / f"seed{seed}"
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps({"train": {"steps": 40}}))
+        rows = []
+        for step in range(41):
+            row = {"step": step, "time/eval": 1.0}
+            if step in PASS_STEPS:
+                row.update({k: v[PASS_STEPS.index(step)] for k, v in series.items()})
+            if step in IFEVAL[seed]:
+                row["eval/ifeval/score"] = IFEVAL[seed][step]
+            rows.append(row)
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(tmp_path)
+
+
+def test_each_set_picks_its_best_step_on_its_pass_rate(pass_root, tmp_path):
+    groups = aggregate.load_groups(pass_root)
+    assert aggregate.eval_sets(groups["grpo"]) == ["heldout", "ood", "ifeval"]
+    (r,) = aggregate.results_rows(groups)
+    # Held-out pass rate seed-mean .1 .5 .55 .45 .4 -> step 20 (seed 1 alone: step 10; the
+    # held-out score alone: step 40). OOD 0 .1 .25 .3 .3 -> step 30 (earliest of the tie).
+    # ifeval logs only a score: 51 at step 0, 42 at step 40 -> step 0.
+    assert (r["best_step/heldout"], r["best_step/ood"], r["best_step/ifeval"]) == (20, 30, 0)
+    assert (r["select/heldout"], r["select/ood"], r["select/ifeval"]) == (
+        "pass_rate",
+        "pass_rate",
+        "score",
+    )
+    assert r["final_step"] == 40
+    want = {
+        "eval/heldout/pass_rate@best": (0.55, math.sqrt(0.005)),
+        "eval/heldout/pass_rate@final": (0.4, 0.0),
+        "eval/heldout/score@best": (30.0, 0.0),
+        "eval/heldout/score@final": (55.0, math.sqrt(50)),
+        "eval/heldout/oracle@best": (0.40, math.sqrt(0.0002)),
+        "eval/heldout/env_mean/pass_rate@best": (0.45, math.sqrt(0.005)),
+        "eval/heldout/env_mean/pass_rate@final": (0.3, 0.0),
+        "eval/ood/pass_rate@best": (0.3, math.sqrt(0.02)),
+        "eval/ood/score@best": (8.5, math.sqrt(0.5)),
+        "eval/ood/score@final": (9.5, math.sqrt(0.5)),
+        "eval/ifeval/score@best": (51.0, math.sqrt(2)),
+        "eval/ifeval/score@final": (42.0, math.sqrt(8)),
+    }
+    for k, v in want.items():
+        assert r[k] == pytest.approx(v), k
+    # Per-environment and per-criterion numbers are not table columns; env_mean is.
+    assert not any("/env/" in k or "/criteria/" in k for k in r)
+    assert "eval/ood/env_mean/pass_rate@best" not in r  # OOD logged none
+
+    # --select: a metric name picks that metric of every set that logs it ...
+    (by_score,) = aggregate.results_rows(groups, "score")
+    assert (by_score["best_step/heldout"], by_score["best_step/ood"]) == (40, 40)
+    (by_env,) = aggregate.results_rows(groups, "env_mean/pass_rate")
+    assert by_env["best_step/heldout"] == 20 and "best_step/ood" not in by_env
+    # ... and a full key one step for all of them.
+    (one,) = aggregate.results_rows(groups, "eval/heldout/pass_rate")
+    assert one["best_step/heldout"] == one["best_step/ood"] == one["best_step/ifeval"] == 20
+    assert one["eval/ood/pass_rate@best"] == pytest.approx((0.25, math.sqrt(0.005)))
+    assert "eval/ifeval/score@best" not in one  # ifeval was not evaluated at step 20
+
+    text = aggregate.report(groups, str(tmp_path / "out"))
+    assert "heldout best step (pass_rate)" in text and "ood best step (pass_rate)" in text
+    assert "ifeval best step (score)" in text and "heldout/env_mean/pass_rate (best)" in text
+    line = next(x for x in text.splitlines() if x.startswith("| grpo |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[:3] == ["grpo", "2", "20"]
+    assert cells[3:5] == ["30.00 ± 0.00", "55.00 ± 7.07"]  # heldout score (best), (final)
+    with open(tmp_path / "out" / "results.csv") as f:
+        (csv_row,) = list(csv.DictReader(f))
+    assert (csv_row["best_step/heldout"], csv_row["best_step/ood"]) == ("20", "30")
+    assert float(csv_row["eval/ood/pass_rate@best_mean"]) == pytest.approx(0.3)
+    assert aggregate.main([pass_root, "--out", str(tmp_path / "cli"), "--select", "score"]) == 0
+    with open(tmp_path / "cli" / "results.csv") as f:
+        (cli,) = list(csv.DictReader(f))
+    assert (cli["best_step/heldout"], cli["select/heldout"]) == ("40", "score")

@@ -10,10 +10,19 @@ import pytest
 from configs import arise
 from rubric_rl import analysis as an
 from rubric_rl import builders
+from rubric_rl.config_validation import validate_config
 from rubric_rl.controllers.arise import make_arise_controller
-from rubric_rl.controllers.base import Evidence
 from rubric_rl.envs.constraint_corpus import warmstart_example
+from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.judges import JudgeItem, ProgrammaticJudge
+
+
+def Evidence(step, tasks, prompts, responses, verdicts, scores, rewards, advantages):  # noqa: N802
+    """The step record controllers observe, built from plain data (``Rollouts.from_responses``)."""
+    return Rollouts.from_responses(
+        step, tasks, responses, verdicts or None, prompts=prompts or None, rewards=rewards,
+        advantages=advantages,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -48,6 +57,45 @@ def test_bad_variants_and_fields_are_named(tmp_path):
     c.arise.hide_above = 0.1  # below activate_below
     with pytest.raises(ValueError, match="config.arise: AriseConfig thresholds"):
         arise.arise_controller_kwargs(c)
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("reflection", "oracle", r"config\.arise\.reflection: must be one of \['llm', 'prog"),
+        ("sampler", "bandit", r"config\.arise\.sampler: must be one of"),
+        ("hide_above", 0.1, r"config\.arise: AriseConfig thresholds"),
+        ("pool_cap", -1, r"config\.arise: AriseConfig\.pool_cap must be >= 0"),
+        ("frozen_pool_from", "/no/such/run", r"config\.arise\.frozen_pool_from: a frozen pool"),
+    ],
+)
+def test_start_up_validation_runs_the_arise_checks(field, value, match):
+    # validate_config (what launch and the Trainer call) runs the method's own section checks, so
+    # a bad arise.* value fails at start-up naming the field, not when the controller is built.
+    c = arise.get_config("smoke")
+    validate_config(c, num_devices=8)
+    c.arise[field] = value
+    with pytest.raises(ValueError, match=match):
+        validate_config(c, num_devices=8)
+
+
+def test_llm_reflection_is_registered_where_the_arise_section_is_read():
+    # The `gpu` variant's reflection="llm" lives in reflection_llm.py, which registers itself on
+    # import; arise_config imports it, so the name validate_arise accepts also builds (imported
+    # here only after the build, so that this test alone does not register it).
+    c = arise.get_config("smoke")
+    c.arise.reflection = "llm"
+    c.arise.llm.max_examples = 5
+    validate_config(c, num_devices=8)
+    domain = builders.build_domain(c)
+    b = int(c.rollout.tasks_per_step)
+    client = object()  # never called while the controller is built
+    kw = arise.arise_controller_kwargs(c)
+    ctl = make_arise_controller(domain.train, b, seed=0, llm_client=client, **kw)
+    from rubric_rl.controllers.reflection_llm import LLMReflection
+
+    assert isinstance(ctl.reflection, LLMReflection)
+    assert ctl.reflection.client is client and ctl.reflection.max_examples == 5
 
 
 def _simulate(ctl, tasks_per_step, j, steps):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rubric_rl.buckets import round_up_to_bucket
 from rubric_rl.core.logprobs import sequence_logprobs
 from rubric_rl.core.sharding import make_mesh, shard_model
 from rubric_rl.models.qwen3 import PRESETS, Qwen3ForCausalLM
@@ -17,7 +18,6 @@ from rubric_rl.rollout.jax_engine import (
     JaxEngine,
     JaxEngineConfig,
     filter_logits,
-    round_up_to_bucket,
     sample_tokens,
     seed_key_data,
 )

@@ -211,6 +211,28 @@ def test_our_jsonl_fixture_keeps_lifecycle_fields():
     )
 
 
+def test_env_name_is_the_rows_category_else_the_format(tmp_path):
+    # healthbench: theme tag; rar: question_source; rubrichub: data_source; openrubrics:
+    # source/domain; jsonl: its env_name, else its domain, else the format name.
+    envs = {fmt: [t.env_name for t in _load(fmt)] for fmt in FIXTURES}
+    assert envs["healthbench"][0] == "emergency_referrals"
+    assert envs["rar"][0] == "medical_o1"
+    assert envs["rubrichub"][0] == "rubrichub_math"
+    assert envs["openrubrics"] == ["ultrafeedback", "openrubrics"]
+    assert envs["jsonl"] == ["constraints"]  # env_name null in the file -> its domain
+    assert all(e for es in envs.values() for e in es)
+    bare = {"prompt": "p", "reward_model": {"rubrics": [{"criterion": "c", "points": 1}]}}
+    (t,) = load_tasks(_write_jsonl(tmp_path / "rh.jsonl", [bare]), "rubrichub")
+    assert t.env_name == "rubrichub"
+    hb = {"prompt_id": "p1", "prompt": "hi", "rubrics": [{"criterion": "c", "points": 1}]}
+    (t,) = load_tasks(_write_jsonl(tmp_path / "hb.jsonl", [hb]), "healthbench")
+    assert t.env_name == "healthbench"
+    ours = {"id": "o", "prompt": [{"role": "user", "content": "q"}], "rubric": {"criteria": []}}
+    rows = [ours, dict(ours, id="o2", domain="d"), dict(ours, id="o3", domain="d", env_name="sql")]
+    loaded = load_tasks(_write_jsonl(tmp_path / "ours.jsonl", rows), "jsonl")
+    assert [t.env_name for t in loaded] == ["jsonl", "d", "sql"]
+
+
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
 def test_jsonl_round_trip_of_every_fixture(tmp_path, suffix):
     tasks = [t for fmt in FIXTURES for t in _load(fmt)]

@@ -1,0 +1,320 @@
+"""Start-up checks of a run's config: ``validate_config`` raises
+``ValueError("config.<field>: ...")`` naming the first offending field, before any model is built
+or device touched.
+
+The package owns these checks (``configs/`` imports the package, never the reverse);
+``configs/common.py`` re-exports ``validate_config`` and ``mesh_shape``. A method's own section is
+checked by its validator in ``METHOD_VALIDATORS`` (``config.method``: ARISE's ``arise.*``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from ml_collections import ConfigDict
+
+from rubric_rl.controllers.arise_config import validate_arise
+from rubric_rl.core import losses
+from rubric_rl.core.batch_types import SCHEDULES
+from rubric_rl.registry import Registry
+
+ENGINES = ("jax", "sglang")
+# "auto": multi-turn agent episodes on a tool-environment domain, single-turn otherwise.
+ROLLOUT_MODES = ("auto", "single", "agent")
+# builders.EMBEDDED_PRESETS (not imported: builders builds models; a test keeps them equal).
+_EMBEDDED_PRESETS = ("tiny", "1m", "5m", "20m")
+JUDGES = ("programmatic", "llm")
+LLM_BACKENDS = ("openai", "genai", "local")
+
+__all__ = [
+    "ENGINES",
+    "JUDGES",
+    "LLM_BACKENDS",
+    "METHOD_VALIDATORS",
+    "ROLLOUT_MODES",
+    "SCHEDULES",
+    "mesh_shape",
+    "rollout_mode",
+    "validate_config",
+]
+
+# config.method -> checks of that method's own config section (run after the shared checks).
+METHOD_VALIDATORS: Registry[Callable[[ConfigDict], None]] = Registry(
+    "method config validator (config.method)"
+)
+METHOD_VALIDATORS.register("arise")(validate_arise)
+
+
+def _fail(field: str, msg: str) -> None:
+    raise ValueError(f"config.{field}: {msg}")
+
+
+def mesh_shape(config: ConfigDict, num_devices: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor) with a -1 entry filled so that the product is ``num_devices``."""
+    dims = [int(config.mesh.data), int(config.mesh.fsdp), int(config.mesh.tensor)]
+    names = ("data", "fsdp", "tensor")
+    if dims.count(-1) > 1:
+        _fail("mesh", f"at most one axis may be -1, got {dict(zip(names, dims))}")
+    for n, d in zip(names, dims):
+        if d == 0 or d < -1:
+            _fail(f"mesh.{n}", f"must be a positive int or -1, got {d}")
+    known = 1
+    for d in dims:
+        if d != -1:
+            known *= d
+    if -1 in dims:
+        if num_devices % known:
+            _fail("mesh", f"{dict(zip(names, dims))} does not divide {num_devices} devices")
+        dims[dims.index(-1)] = num_devices // known
+    elif known != num_devices:
+        _fail("mesh", f"{dict(zip(names, dims))} has {known} devices, the host has {num_devices}")
+    return dims[0], dims[1], dims[2]
+
+
+def _bands(config: ConfigDict, prefix: str = "") -> list[tuple[str, tuple]]:
+    """Every field whose name ends in ``band`` (method configs: critic acceptance bands...)."""
+    out = []
+    for k, v in config.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, ConfigDict):
+            out += _bands(v, name + ".")
+        elif k.endswith("band"):
+            out.append((name, tuple(v)))
+    return out
+
+
+def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> None:
+    """Start-up checks; raises ValueError("config.<field>: ...") on the first problem."""
+    r, lo, o = config.rollout, config.loss, config.optim
+    if r.engine not in ENGINES:
+        _fail("rollout.engine", f"must be one of {ENGINES}, got {r.engine!r}")
+    if int(r.samples_per_task) < 2:
+        _fail("rollout.samples_per_task", f"J must be > 1 (GRPO groups), got {r.samples_per_task}")
+    if int(r.tasks_per_step) < 1:
+        _fail("rollout.tasks_per_step", f"must be >= 1, got {r.tasks_per_step}")
+    k = int(r.get("train_groups", 0))
+    if not 0 <= k <= int(r.tasks_per_step):
+        _fail(
+            "rollout.train_groups",
+            f"must be in [0, tasks_per_step={r.tasks_per_step}] (0 = all), got {k}",
+        )
+    if not 0 < float(r.top_p) <= 1:
+        _fail("rollout.top_p", f"must be in (0, 1], got {r.top_p}")
+    if float(r.top_p) != 1.0 and r.engine == "jax":
+        _fail("rollout.top_p", "the trainer scores without top-p (DESIGN §9); keep 1.0")
+    if float(r.temperature) <= 0:
+        _fail("rollout.temperature", f"must be > 0, got {r.temperature}")
+    if int(r.max_new_tokens) < 1:
+        _fail("rollout.max_new_tokens", f"must be >= 1, got {r.max_new_tokens}")
+    pb = [int(x) for x in config.model.prompt_buckets]
+    if pb != sorted(set(pb)) or (pb and pb[0] < 1):
+        _fail("model.prompt_buckets", f"must be strictly increasing positive ints, got {pb}")
+    if int(config.model.max_prompt_len) < 1:
+        _fail("model.max_prompt_len", f"must be >= 1, got {config.model.max_prompt_len}")
+    buckets = list(r.buckets)
+    if not buckets or buckets != sorted(buckets) or len(set(buckets)) != len(buckets):
+        _fail("rollout.buckets", f"must be strictly increasing and non-empty, got {buckets}")
+    if max(buckets) < int(r.max_new_tokens):
+        _fail("rollout.buckets", f"largest {max(buckets)} < max_new_tokens {r.max_new_tokens}")
+    for f in ("clip_eps_low", "clip_eps_high"):
+        if float(lo[f]) < 0:
+            _fail(f"loss.{f}", f"must be >= 0, got {lo[f]}")
+    sd_estimators = losses.sd_estimator_names()  # "none" and every registered estimator
+    if lo.sd_estimator not in sd_estimators:
+        _fail("loss.sd_estimator", f"must be one of {sd_estimators}, got {lo.sd_estimator!r}")
+    if float(lo.sd_coef) < 0:
+        _fail("loss.sd_coef", f"must be >= 0, got {lo.sd_coef}")
+    if lo.sd_estimator != "none" and int(config.model.max_teacher_prompt_len) < int(
+        config.model.max_prompt_len
+    ):
+        _fail(
+            "model.max_teacher_prompt_len",
+            f"{config.model.max_teacher_prompt_len} < model.max_prompt_len "
+            f"{config.model.max_prompt_len}: the teacher sees the prompt plus its context",
+        )
+    if float(lo.kl_beta) < 0:
+        _fail("loss.kl_beta", f"must be >= 0, got {lo.kl_beta}")
+    if float(o.lr) <= 0:
+        _fail("optim.lr", f"must be > 0, got {o.lr}")
+    for f in ("mini_batches", "epochs", "num_micro_batches"):
+        if int(o[f]) < 1:
+            _fail(f"optim.{f}", f"must be >= 1, got {o[f]}")
+    if o.schedule not in SCHEDULES:
+        _fail("optim.schedule", f"must be one of {SCHEDULES}, got {o.schedule!r}")
+    if config.judge.kind not in JUDGES:
+        _fail("judge.kind", f"must be one of {JUDGES}, got {config.judge.kind!r}")
+    if config.judge.kind == "llm":
+        llm = config.judge.llm
+        if llm.backend not in LLM_BACKENDS:
+            _fail("judge.llm.backend", f"must be one of {LLM_BACKENDS}, got {llm.backend!r}")
+        if not llm.model:
+            _fail("judge.llm.model", "is empty; the LLM judge needs a model name")
+    if not 0 <= float(config.judge.max_failure_rate) <= 1:
+        _fail("judge.max_failure_rate", f"must be in [0, 1], got {config.judge.max_failure_rate}")
+    for f in ("every", "n"):
+        if int(config.eval[f]) < 0:
+            _fail(f"eval.{f}", f"must be >= 0, got {config.eval[f]}")
+    for split, every in config.eval.splits.items():
+        if int(every) < -1:
+            _fail(
+                f"eval.splits.{split}", f"must be >= -1 (-1 = eval.every, 0 = never), got {every}"
+            )
+    for f in ("every", "keep"):
+        if int(config.checkpoint[f]) < 1:
+            _fail(f"checkpoint.{f}", f"must be >= 1, got {config.checkpoint[f]}")
+    if int(config.train.steps) < 0:
+        _fail("train.steps", f"must be >= 0, got {config.train.steps}")
+    if int(config.warmstart.steps) > 0 and int(config.warmstart.batch) < 1:
+        _fail("warmstart.batch", f"must be >= 1, got {config.warmstart.batch}")
+    if not 0.0 <= float(config.warmstart.p_keep) <= 1.0:
+        _fail("warmstart.p_keep", f"must be in [0, 1], got {config.warmstart.p_keep}")
+    if (
+        config.warmstart.tie_case
+        and int(config.warmstart.steps) > 0
+        and os.path.isdir(config.model.name)
+    ):
+        _fail(
+            "warmstart.tie_case",
+            f"would overwrite the cased embedding rows of the pretrained checkpoint "
+            f"{config.model.name!r}; set it False to warm-start a checkpoint",
+        )
+    for split in ("n_train", "n_heldout", "n_ood"):
+        if int(config.domain[split]) < 1:
+            _fail(f"domain.{split}", f"must be >= 1, got {config.domain[split]}")
+    if config.domain.name == "dataset":
+        _validate_dataset_domain(config)
+    _validate_rollout_mode(config)
+    # Paths that must exist (a HF checkpoint, a tokenizer directory).
+    name = config.model.name
+    if ("/" in name or name.startswith(".")) and not os.path.isdir(name):
+        _fail("model.name", f"{name!r} is not a preset and the directory does not exist")
+    if config.model.tokenizer and not os.path.isdir(config.model.tokenizer):
+        _fail("model.tokenizer", f"directory {config.model.tokenizer!r} does not exist")
+    if r.engine == "sglang" and not (r.sglang.url or r.sglang.model_path):
+        _fail("rollout.sglang.url", "sglang engine needs a server url or a model_path to serve")
+    for field, band in _bands(config):
+        if len(band) != 2 or float(band[0]) > float(band[1]):
+            _fail(field, f"an acceptance band must be (low, high) with low <= high, got {band}")
+    method = config.get("method")
+    if method in METHOD_VALIDATORS:
+        METHOD_VALIDATORS.get(method)(config)
+    if num_devices is not None:
+        data, fsdp, _ = mesh_shape(config, num_devices)
+        # The rows the jitted step sees: every sampled group, or the k a select stage keeps.
+        trained = "train_groups" if k else "tasks_per_step"
+        seqs = (k or int(r.tasks_per_step)) * int(r.samples_per_task)
+        if seqs % (data * fsdp):
+            _fail(
+                f"rollout.{trained}",
+                f"{trained}*samples_per_task = {seqs} must be divisible by the mesh's "
+                f"data*fsdp = {data * fsdp}",
+            )
+        if int(config.warmstart.steps) > 0 and int(config.warmstart.batch) % (data * fsdp):
+            _fail(
+                "warmstart.batch",
+                f"{config.warmstart.batch} must be divisible by the mesh's data*fsdp = "
+                f"{data * fsdp}",
+            )
+        if seqs % (data * fsdp * int(o.mini_batches)):
+            _fail(
+                "optim.mini_batches",
+                f"{seqs} sequences do not split into {o.mini_batches} mini-batches of "
+                f"{data * fsdp} shards",
+            )
+        if seqs % (data * fsdp * int(o.mini_batches) * int(o.num_micro_batches)):
+            _fail(
+                "optim.num_micro_batches",
+                f"{seqs // int(o.mini_batches)} sequences per mini-batch do not split into "
+                f"{o.num_micro_batches} micro-batches of {data * fsdp} shards",
+            )
+
+
+def _validate_dataset_domain(config: ConfigDict) -> None:
+    from rubric_rl.rubrics.datasets import FORMATS
+
+    ds = config.domain.dataset
+    for field, fmt in (("format", ds.format), ("ood_format", ds.ood_format or ds.format)):
+        if fmt not in FORMATS:
+            _fail(f"domain.dataset.{field}", f"must be one of {FORMATS.names()}, got {fmt!r}")
+    if not ds.train:
+        _fail("domain.dataset.train", "the dataset domain needs a training file or directory")
+    for split in ("train", "heldout", "ood"):
+        path = ds[split]
+        if path and not os.path.exists(path):
+            _fail(f"domain.dataset.{split}", f"{path!r} does not exist")
+    if int(ds.limit) < 0:
+        _fail("domain.dataset.limit", f"must be >= 0 (0 = all), got {ds.limit}")
+    if int(config.warmstart.steps) > 0:
+        _fail(
+            "warmstart.steps",
+            "the dataset domain has no warm-start corpus; train a pretrained checkpoint with "
+            "warmstart.steps=0",
+        )
+
+
+def rollout_mode(config: ConfigDict) -> str:
+    """``rollout.mode`` resolved to "single" or "agent": "auto" is "agent" on a tool-environment
+    domain (``envs.tool_domain.TOOL_DOMAINS``: the domains with ``make_env``)."""
+    from rubric_rl.envs.tool_domain import TOOL_DOMAINS
+
+    mode = config.rollout.mode
+    if mode == "auto":
+        return "agent" if config.domain.name in TOOL_DOMAINS else "single"
+    return mode
+
+
+def _validate_rollout_mode(config: ConfigDict) -> None:
+    from rubric_rl.envs.tool_domain import EMBEDDED_SIZES, TOOL_DOMAINS
+
+    r, name = config.rollout, config.domain.name
+    if r.mode not in ROLLOUT_MODES:
+        _fail("rollout.mode", f"must be one of {ROLLOUT_MODES}, got {r.mode!r}")
+    if r.mode == "agent" and name not in TOOL_DOMAINS:
+        _fail(
+            "rollout.mode",
+            f"'agent' needs a tool-environment domain ({', '.join(TOOL_DOMAINS)}); domain "
+            f"{name!r} is single-turn (use 'auto' or 'single')",
+        )
+    if rollout_mode(config) != "agent":
+        return
+    a = r.agent
+    if int(a.max_turns) < 1:
+        _fail("rollout.agent.max_turns", f"must be >= 1, got {a.max_turns}")
+    if config.model.tokenizer or config.model.name not in _EMBEDDED_PRESETS:
+        return  # a checkpoint's own tokenizer: prompt sizes are checked when encoded
+    # The embedded tokenizer's sizes are known (EMBEDDED_SIZES, measured on the task banks).
+    sizes, hint = EMBEDDED_SIZES[name], f"--config=configs/grpo.py:domain={name} sets them all"
+    if not a.tools_in_system:
+        _fail(
+            "rollout.agent.tools_in_system",
+            "the embedded tokenizer's chat template renders no tools= argument; the tool "
+            "schemas must go into the system message (True)",
+        )
+    needs = (
+        ("model.max_prompt_len", int(config.model.max_prompt_len), sizes.prompt, "prompt"),
+        ("rollout.max_new_tokens", int(r.max_new_tokens), sizes.turn, "model turn"),
+        (
+            "rollout.agent.max_total_tokens",
+            int(a.max_total_tokens),
+            sizes.prompt + sizes.turn,
+            "prompt plus one model turn",
+        ),
+    )
+    if int(config.warmstart.steps) > 0:
+        needs += (
+            (
+                "warmstart.max_prompt_len",
+                int(config.warmstart.max_prompt_len),
+                sizes.prompt,
+                "prompt (no demonstration would fit; one of the longest episode keeps them all)",
+            ),
+        )
+    for field, value, need, what in needs:
+        if value < need:
+            _fail(
+                field,
+                f"{value} < {need} tokens, the longest {name} {what} among reference "
+                "episodes with the embedded tokenizer (the system message with the tool schemas "
+                f"included); raise it ({hint})",
+            )

@@ -1,0 +1,362 @@
+"""One training step as a pipeline of named stages (DESIGN §3) that a method owns.
+
+    sample -> decorate -> generate -> judge -> reward -> advantage -> observe -> select
+    -> teacher -> gate
+
+A stage is ``fn(rollouts, ctx) -> rollouts``: it reads and fills the step's ``Rollouts``
+(``rubric_rl/rollout/batch.py``); ``sample`` gets ``None`` and makes the record. The trainer runs
+the pipeline, packs the selected trainable trajectories into a ``TrainBatch`` and updates; it
+knows nothing else about the method. A method changes the step by replacing or inserting stages
+(``Pipeline.replace`` / ``insert_before`` / ``insert_after``) in a pipeline builder registered
+under its ``config.method`` in ``PIPELINES`` (or passed to ``Trainer(pipeline=...)``): RISED's
+``select`` keeps k of 2k groups, ARISE-RL inserts a generator round before the solver round. Each
+default stage calls the controllers' hooks (``controllers/base.py``); stages that act on groups
+(``decorate``, ``generate``, ``judge``) only touch groups that have not been through them yet, so
+a stage inserted later in the pipeline can add groups and run them again.
+
+How several controllers compose (documented order, never "first wins"):
+- ``decorate``: each controller in turn transforms the prompts (controller order);
+- ``reward``: the built-in signals (``rubric`` from ``loss.reward``'s rubric reward and
+  ``task_verifier`` from the domain's verifier), then each controller's ``reward_signals`` adds
+  new named signals (a name given twice is an error);
+- ``advantage``: the trained mix is ``loss.reward`` alone, or the union of the controllers'
+  ``signal_weights`` (a signal weighted twice is an error): A = Σ_k w_k · norm_g(r_k) with
+  ``loss.advantage`` as the normaliser; then each controller's ``shape_advantages`` in turn;
+- ``select``: a group is trained iff every controller's ``select`` keeps it;
+- ``teacher``: the controllers' contexts are joined by newlines; ``gate``: their gates multiply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from rubric_rl.controllers.base import ControllerSet
+from rubric_rl.core.advantages import ADVANTAGE_ESTIMATORS, multi_signal_advantages
+from rubric_rl.registry import Registry
+from rubric_rl.rollout.batch import Group, Messages, Rollouts, score_matrices
+from rubric_rl.rubrics.rewards import batch_rewards
+from rubric_rl.rubrics.types import append_to_last_user
+from rubric_rl.services import TRAIN_STREAM, Services
+
+RUBRIC_SIGNAL = "rubric"
+VERIFIER_SIGNAL = "task_verifier"
+
+
+@dataclasses.dataclass
+class StepContext:
+    """What every stage of one step may use. ``rng`` is the step's numpy Generator (a pure
+    function of the saved JAX key: a resumed run replays it); ``metrics`` collects what stages
+    report (logged under their own names)."""
+
+    step: int
+    config: Any
+    rng: np.random.Generator
+    services: Services
+    controllers: ControllerSet
+    domain: Any
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    signal_weights: dict[str, float] | None = None  # the trained mix (set by ``advantage``)
+
+    @property
+    def needs_teacher(self) -> bool:
+        return str(self.config.loss.sd_estimator) != "none"
+
+    def rollout_mode(self) -> str:
+        return self.services.rollout_mode()
+
+
+Stage = Callable[[Rollouts | None, StepContext], Rollouts]
+
+
+class Pipeline:
+    """An ordered list of named stages."""
+
+    def __init__(self, stages: Sequence[tuple[str, Stage]]):
+        names = [n for n, _ in stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Pipeline: stage names must be unique, got {names}")
+        self.stages = list(stages)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.stages)
+
+    def _index(self, name: str) -> int:
+        if name not in self.names:
+            raise KeyError(f"Pipeline has no stage {name!r} (stages: {list(self.names)})")
+        return self.names.index(name)
+
+    def replace(self, name: str, stage: Stage) -> Pipeline:
+        out = list(self.stages)
+        out[self._index(name)] = (name, stage)
+        return Pipeline(out)
+
+    def insert_before(self, name: str, new: str, stage: Stage) -> Pipeline:
+        out = list(self.stages)
+        out.insert(self._index(name), (new, stage))
+        return Pipeline(out)
+
+    def insert_after(self, name: str, new: str, stage: Stage) -> Pipeline:
+        out = list(self.stages)
+        out.insert(self._index(name) + 1, (new, stage))
+        return Pipeline(out)
+
+    def remove(self, name: str) -> Pipeline:
+        return Pipeline([s for s in self.stages if s[0] != name])
+
+    def __call__(self, ctx: StepContext) -> Rollouts:
+        rollouts = None
+        for name, stage in self.stages:
+            t0 = time.perf_counter()
+            rollouts = stage(rollouts, ctx)
+            if not isinstance(rollouts, Rollouts):
+                raise TypeError(f"stage {name!r} returned {type(rollouts).__name__}, not Rollouts")
+            ctx.seconds[name] = ctx.seconds.get(name, 0.0) + time.perf_counter() - t0
+        return rollouts
+
+
+# ------------------------------------------------------------------------------ default stages
+
+
+def sample(rollouts: Rollouts | None, ctx: StepContext) -> Rollouts:
+    """The sampler controller's tasks and importance weights u, one group per task."""
+    batch = ctx.controllers.sample_tasks(ctx.step, ctx.rng)
+    groups = [Group(t, float(w)) for t, w in zip(batch.tasks, batch.weights)]
+    if rollouts is None:
+        return Rollouts(ctx.step, groups)
+    rollouts.groups.extend(groups)
+    return rollouts
+
+
+def decorate(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
+    """Guidance fields / skills / anti-patterns on the prompts of groups not yet decorated."""
+    todo = [g for g in rollouts.groups if g.prompt is None]
+    if todo:
+        prompts = ctx.controllers.decorate([g.task for g in todo], [g.task.messages for g in todo])
+        for g, p in zip(todo, prompts, strict=True):
+            g.prompt = p
+    return rollouts
+
+
+def generate(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
+    """Trajectories for every group that has none: single-turn through the engine, or agent
+    episodes over the domain's environment (``rollout.mode``); seeds from the trained stream."""
+    todo = [g for g in rollouts.groups if not g.trajectories]
+    j_default = int(ctx.config.rollout.samples_per_task)
+    by_n: dict[int, list[Group]] = {}
+    for g in todo:
+        by_n.setdefault(g.n or j_default, []).append(g)
+    agent = ctx.rollout_mode() == "agent"
+    for n, groups in by_n.items():
+        if agent:
+            ids, trajs = ctx.services.run_agent([g.task for g in groups], n, stream=TRAIN_STREAM)
+        else:
+            ids, trajs = ctx.services.generate(
+                [g.messages for g in groups], n, stream=TRAIN_STREAM,
+                names=[g.task.id for g in groups],
+            )  # fmt: skip
+        for g, p, ts in zip(groups, ids, trajs, strict=True):
+            g.prompt_ids, g.trajectories = tuple(p), list(ts)
+    return rollouts
+
+
+def judge(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
+    """Verdicts of every unjudged trajectory on its task's rubric; ``rollouts.scores``."""
+    todo = [g for g in rollouts.groups if g.trajectories and not g.info.get("judged")]
+    if todo:
+        verdicts = ctx.services.judge(
+            [g.task for g in todo], [[t.response for t in g.trajectories] for g in todo]
+        )
+        for g, vs in zip(todo, verdicts, strict=True):
+            for t, v in zip(g.trajectories, vs, strict=True):
+                t.verdicts = tuple(v)
+            g.info["judged"] = True
+    rollouts.scores = score_matrices(rollouts)
+    return rollouts
+
+
+def reward(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
+    """Named reward signals: ``rubric`` (the rubric reward named by ``loss.reward``, unless that
+    is the outcome reward), ``task_verifier`` (1 / 0 from the domain's verifier, when it has one;
+    NaN where it raised), then the controllers' own signals."""
+    name = str(ctx.config.loss.reward)
+    if name != VERIFIER_SIGNAL:
+        values = batch_rewards(name, rollouts.scores).values.astype(np.float64)
+        rollouts.set_signal(RUBRIC_SIGNAL, values)
+    if ctx.domain.verify is not None:
+        for g in rollouts.groups:
+            for t in g.trajectories:
+                if VERIFIER_SIGNAL not in t.signals:
+                    t.signals[VERIFIER_SIGNAL] = ctx.services.task_verifier(g.task, t.response)
+    for sig, values in ctx.controllers.reward_signals(rollouts).items():
+        if sig in (RUBRIC_SIGNAL, VERIFIER_SIGNAL):
+            raise ValueError(f"a controller's reward signal {sig!r} shadows a built-in signal")
+        rollouts.set_signal(sig, np.asarray(values, np.float64))
+    return rollouts
+
+
+def trained_signals(ctx: StepContext) -> dict[str, float]:
+    """The trained mix: the controllers' ``signal_weights`` if any, else ``loss.reward``."""
+    weights = ctx.controllers.signal_weights()
+    if weights:
+        return weights
+    name = str(ctx.config.loss.reward)
+    return {VERIFIER_SIGNAL if name == VERIFIER_SIGNAL else RUBRIC_SIGNAL: 1.0}
+
+
+def advantage(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
+    """Group-normalised advantages of the trained mix (``loss.advantage``), then the controllers'
+    shaping. ``Trajectory.reward`` is the mix's first signal; a trajectory whose advantage is
+    undefined (NaN) is not trained."""
+    lo = ctx.config.loss
+    weights = trained_signals(ctx)
+    ctx.signal_weights = dict(weights)
+    signals = {k: rollouts.signal(k) for k in weights}
+    exists = rollouts.valid
+    primary = next(iter(weights))
+    rewards = signals[primary]
+    kw = dict(eps=float(lo.adv_eps), zero_variance_tol=float(lo.zero_var_eps))
+    if len(weights) == 1 and weights[primary] == 1.0:
+        est = ADVANTAGE_ESTIMATORS.get(str(lo.advantage))
+        adv, zero_var = est(np.nan_to_num(rewards), valid=~np.isnan(rewards) & exists, **kw)
+        adv, zero_var = np.asarray(adv, np.float64), np.asarray(zero_var)
+        trainable = ~np.isnan(adv) & ~np.isnan(rewards)
+    else:
+        # A signal defined nowhere this step (e.g. ARISE's rubric while its pool is empty) is
+        # left out rather than contributing zeros.
+        live = {k: v for k, v in signals.items() if np.any(~np.isnan(v))} or {primary: rewards}
+        adv, zvs = multi_signal_advantages(
+            {k: np.nan_to_num(v) for k, v in live.items()},
+            {k: weights[k] for k in live},
+            estimator=str(lo.advantage),
+            valid={k: ~np.isnan(v) & exists for k, v in live.items()},
+            **kw,
+        )
+        adv = np.asarray(adv, np.float64)
+        zero_var = np.all(np.stack([np.asarray(z) for z in zvs.values()]), axis=0)
+        trainable = ~np.isnan(adv)
+    adv = ctx.controllers.shape_advantages(rollouts, np.nan_to_num(adv), adv_trainable=trainable)
+    rollouts.set_matrix("reward", rewards)
+    for g, group in enumerate(rollouts.groups):
+        for j, t in enumerate(group.trajectories):
+            t.advantage = float(adv[g, j])
+            t.trainable = t.trainable and bool(trainable[g, j])
+    rollouts.metrics["reward/zero_variance_frac"] = float(np.mean(zero_var))
+    return rollouts
+
+
+def observe(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
+    """Controllers update their pools / memory / harness; their metrics are logged."""
+    ctx.metrics.update(ctx.controllers.observe(rollouts))
+    return rollouts
+
+
+def select(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
+    """Which groups are trained: every group a controller's ``select`` keeps (all by default)."""
+    keep = ctx.controllers.select(rollouts)
+    if keep is not None:
+        for g, k in zip(rollouts.groups, keep, strict=True):
+            g.selected = g.selected and bool(k)
+        ctx.metrics["select/kept_frac"] = float(np.mean(keep))
+    return rollouts
+
+
+def with_context(messages: Messages, context: str, placement: str, what: str) -> Messages:
+    """A teacher prompt: ``context`` appended to the last user message (``last_user``), or to
+    the system message (``system``; one is prepended when the prompt has none)."""
+    if placement == "last_user":
+        return append_to_last_user(messages, context, what=what)
+    if placement != "system":
+        raise ValueError(
+            f"{what}: teacher placement must be last_user or system, got {placement!r}"
+        )
+    out = [dict(m) for m in messages]
+    if out and out[0]["role"] == "system":
+        out[0]["content"] = f"{out[0]['content']} {context}".strip()
+        return out
+    return [{"role": "system", "content": context}, *out]
+
+
+def teacher(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
+    """Per-group privileged contexts from the controllers (``teacher_context``), placed as
+    ``Trajectory.teacher_placement`` says (default: appended to the last user message). A stage
+    that sets per-trajectory teacher prompts itself replaces this one."""
+    if not ctx.needs_teacher:
+        return rollouts
+    for g in rollouts.groups:
+        text = ctx.controllers.teacher_context(g.task, rollouts)
+        if not text or not text.strip():
+            continue
+        for t in g.trajectories:
+            t.teacher_prompt = with_context(
+                g.messages, text.strip(), t.teacher_placement, f"teacher prompt of task {g.task.id}"
+            )
+    return rollouts
+
+
+def gate(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
+    """λ per trajectory = ``loss.sd_coef`` × the controllers' per-group gate."""
+    if not ctx.needs_teacher:
+        return rollouts
+    g_mult = ctx.controllers.sd_gate(rollouts)
+    coef = float(ctx.config.loss.sd_coef) * (
+        np.ones(len(rollouts.groups)) if g_mult is None else g_mult
+    )
+    for g, c in zip(rollouts.groups, coef, strict=True):
+        for t in g.trajectories:
+            t.sd_coef = float(c)
+    ctx.metrics["sd/context_frac"] = float(
+        np.mean(
+            [any(t.teacher_prompt is not None for t in g.trajectories) for g in rollouts.groups]
+        )
+    )
+    ctx.metrics["sd/coef_mean"] = float(np.mean(coef))
+    return rollouts
+
+
+DEFAULT_STAGES: tuple[tuple[str, Stage], ...] = (
+    ("sample", sample),
+    ("decorate", decorate),
+    ("generate", generate),
+    ("judge", judge),
+    ("reward", reward),
+    ("advantage", advantage),
+    ("observe", observe),
+    ("select", select),
+    ("teacher", teacher),
+    ("gate", gate),
+)
+
+
+def default_pipeline() -> Pipeline:
+    return Pipeline(DEFAULT_STAGES)
+
+
+# config.method -> fn(config) -> Pipeline; a method without an entry runs the default pipeline.
+PIPELINES: Registry[Callable[[Any], Pipeline]] = Registry("step pipeline (config.method)")
+
+
+def build_pipeline(config: Any) -> Pipeline:
+    method = str(config.get("method", "grpo"))
+    return PIPELINES.get(method)(config) if method in PIPELINES else default_pipeline()
+
+
+__all__ = [
+    "DEFAULT_STAGES",
+    "PIPELINES",
+    "RUBRIC_SIGNAL",
+    "VERIFIER_SIGNAL",
+    "Pipeline",
+    "Stage",
+    "StepContext",
+    "build_pipeline",
+    "default_pipeline",
+    "trained_signals",
+    "with_context",
+]
