@@ -9,12 +9,15 @@ Variants (comma-separated, big_vision style):
 - ``smoke``: seconds on a CPU, with lifecycle thresholds low enough that the pool changes;
 - ``model=<preset or HF dir>``; ``gpu`` / ``gpu=<ckpt>`` (as configs/grpo.py, LLM reflection);
 - ``no_skills``: the pool evolves, its skills are never injected (ablation "no skill injection");
-- ``frozen_rubrics=<run dir>``: the FINAL pool of that run, kept fixed (ablation "frozen
-  rubrics"). It is read from the run's last complete checkpoint (``run_state`` JSON:
+- ``frozen_rubrics=<run dir>``: the whole lifecycle pool of that run, kept fixed (ablation
+  "frozen rubrics": "even the full lifecycle rubric pool, when kept fixed, does not replace
+  dynamic evolution"). It is read from the run's last complete checkpoint (``run_state`` JSON:
   ``controllers.arise.pool``, see ``rubric_rl.analysis.final_pool_state``) — a full pool
   state, exact; ``controllers/arise.jsonl`` holds transitions only, not rubric/skill texts, so
-  it cannot rebuild a pool. Entries keep their final lifecycle state (active skills are shown,
-  hidden ones evaluated only, retired ones neither); no reflection, no transitions;
+  it cannot rebuild a pool. Every pair the run ever added is judged: live ones keep their final
+  state (active skills shown, hidden ones evaluated only), retired ones come back hidden; no
+  reflection, no transitions. ``--config.arise.frozen_pool_entries=final`` installs the final
+  pool as it stood instead (retired pairs neither judged nor shown: the previous behaviour);
 - ``sampler=uniform|variance|capability``: alternative task sampling (ARISE's ablation:
   ``uniform`` = the epoch-shuffled uniform sampler; ``variance`` = the reward-variance selector,
   SAMPLERS name ``reward_variance``, options ``arise.variance``, scoring the task reward);
@@ -51,6 +54,10 @@ def get_arise_section() -> common.ConfigDict:
     # undefined while the pool is empty.
     a.variance = dict(explore_share=0.25, ema=0.5, floor=0.01, reward="task_verifier", min_group=2)
     a.capability = dict(
+        # ARISE "prioritizes": draws are trained as drawn (u = 1). True multiplies each draw by
+        # u = 1/(N p) (HarnessRL's correction), which returns the objective to uniform in
+        # expectation: the previous behaviour, kept as an ablation.
+        importance_weights=False,
         discovery_share=0.25,
         prior_alpha=1.0,
         prior_beta=1.0,
@@ -61,8 +68,15 @@ def get_arise_section() -> common.ConfigDict:
     )
     # The reflection role (REFLECTIONS name) and each implementation's options.
     a.reflection = "programmatic"
+    # rank="progress": propose criteria that vary inside failing groups (partial progress the
+    # task reward cannot see); "separation" is the previous ranking (controllers/reflection.py).
     a.programmatic = dict(
-        min_support=8, min_failures=4, min_separation=0.1, redundant_agreement=0.98
+        min_support=8,
+        min_failures=4,
+        min_separation=0.1,
+        redundant_agreement=0.98,
+        rank="progress",
+        min_progress_variance=0.0,
     )
     a.llm = dict(
         propose_template="arise_propose",
@@ -77,7 +91,8 @@ def get_arise_section() -> common.ConfigDict:
         base_url="",
         api_key_env="",
     )
-    a.frozen_pool_from = ""  # a run directory: its final pool, fixed (needs evolve=False)
+    a.frozen_pool_from = ""  # a run directory: its pool, fixed (needs evolve=False)
+    a.frozen_pool_entries = "lifecycle"  # every pair ever added | "final": the final pool only
     return a
 
 
@@ -117,6 +132,9 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
     if "gpu" in variants:
         grpo.apply_gpu(c, variants["gpu"])
         c.arise.reflection = "llm"
+        # ARISE trains "with importance-ratio filtering": sequences whose geometric-mean
+        # trainer/engine ratio leaves [0.999, 1.001] are masked (rollout_correction.py).
+        c.loss.rollout_correction = "geo_mask"
     if "smoke" in variants:
         apply_smoke(c)
     if "model" in variants:

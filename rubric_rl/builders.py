@@ -451,7 +451,9 @@ def arise_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
     if config.arise.frozen_pool_from:
         from rubric_rl.analysis import final_pool_state
 
-        ctrl.load_pool(final_pool_state(config.arise.frozen_pool_from))
+        ctrl.load_pool(
+            final_pool_state(config.arise.frozen_pool_from), config.arise.frozen_pool_entries
+        )
     return [ctrl]
 
 

@@ -59,6 +59,7 @@ __all__ = [
 ]
 
 TaskVerifier = Callable[[Task, str], "bool | float | None"]
+FROZEN_POOL_ENTRIES = ("lifecycle", "final")  # what load_pool installs (frozen-rubrics ablation)
 
 
 # --- reward --------------------------------------------------------------------------------------
@@ -301,6 +302,7 @@ class AriseController(Controller):
             "pool/added_total": float(self.pool.totals["added"]),
             "pool/retired_total": float(self.pool.totals["retired"]),
             "pool/refined_total": float(self.pool.totals["refined"]),
+            "pool/retired_unlearnable_total": float(self.pool.totals["retired_unlearnable"]),
         }
         if self.reflection is not None:
             out.update(self.reflection.stats())
@@ -351,10 +353,23 @@ class AriseController(Controller):
         if self.reflection is not None:
             self.reflection.load_state_dict(state["reflection"])
 
-    def load_pool(self, pool_state: Mapping[str, Any]) -> None:
+    def load_pool(self, pool_state: Mapping[str, Any], entries: str = "lifecycle") -> None:
         """Installs another run's pool (e.g. its final checkpoint's ``state["pool"]``) — the
-        frozen-rubrics ablation, with ``AriseConfig(evolve=False)``."""
+        frozen-rubrics ablation, with ``AriseConfig(evolve=False)``.
+
+        ``entries="lifecycle"``: every pair the run ever added is judged — ARISE's "even the full
+        lifecycle rubric pool, when kept fixed, does not replace dynamic evolution"; a retired
+        pair comes back hidden (judged, its skill not shown), the others keep their final state.
+        ``"final"``: the final pool as it stood (retired pairs neither judged nor shown)."""
+        if entries not in FROZEN_POOL_ENTRIES:
+            raise ValueError(
+                f"load_pool: entries must be one of {FROZEN_POOL_ENTRIES}, got {entries!r}"
+            )
         self.pool.load_state_dict({**pool_state, "events": []})
+        if entries == "lifecycle":
+            for e in self.pool.entries.values():
+                if e.state == RETIRED:
+                    e.state, e.obs = HIDDEN, []
 
 
 def make_arise_controller(

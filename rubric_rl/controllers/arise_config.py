@@ -19,8 +19,9 @@ from rubric_rl.controllers import (
     capability_sampler,  # noqa: F401  (registers "capability")
     reflection_llm,  # noqa: F401  (registers "llm")
 )
+from rubric_rl.controllers.arise import FROZEN_POOL_ENTRIES
 from rubric_rl.controllers.arise_pool import AriseConfig
-from rubric_rl.controllers.reflection import REFLECTIONS
+from rubric_rl.controllers.reflection import RANKINGS, REFLECTIONS
 from rubric_rl.controllers.sampling import SAMPLERS
 
 # The options that LLMReflection takes from ``arise.llm`` (the rest of that section selects the
@@ -50,6 +51,16 @@ def validate_arise(config: ConfigDict) -> None:
     if a.sampler not in SAMPLERS:
         raise ValueError(
             f"config.arise.sampler: must be one of {SAMPLERS.names()}, got {a.sampler!r}"
+        )
+    if a.reflection == "programmatic" and a.programmatic.rank not in RANKINGS:
+        raise ValueError(
+            f"config.arise.programmatic.rank: must be one of {RANKINGS}, "
+            f"got {a.programmatic.rank!r}"
+        )
+    if a.frozen_pool_entries not in FROZEN_POOL_ENTRIES:
+        raise ValueError(
+            f"config.arise.frozen_pool_entries: must be one of {FROZEN_POOL_ENTRIES}, "
+            f"got {a.frozen_pool_entries!r}"
         )
     if a.frozen_pool_from:
         if a.evolve:

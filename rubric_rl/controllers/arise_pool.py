@@ -15,6 +15,10 @@ active      W = hide_window, rate ≥ hide_above (rising pass rate)             
 active      W = refine_window, rate < refine_below, < max_refinements so far        active
             (persistent failure with the skill shown: the reflection rewrites the
             skill, the rubric id is kept and the previous skill recorded as parent)
+active      W = refine_window, rate < refine_below, max_refinements reached         retired
+            (``retire_unlearnable``: still failing after its last rewrite, the pair
+            is unlearnable for this policy and frees its slot; ARISE "making room
+            for new learning needs". Without it such a pair holds a slot for good)
 hidden      W = retire_window, rate ≥ retire_above (consistent mastery)             retired
 hidden      W = activate_window, rate < activate_below (regressed without skill)   active
 ==========  =====================================================================  ==========
@@ -58,6 +62,9 @@ class AriseConfig:
     refine_below: float = 0.25
     refine_window: int = 4
     max_refinements: int = 2
+    # Ours (the seed names no exit for a pair that never improves): an active pair still below
+    # refine_below over refine_window after max_refinements rewrites retires. False keeps it.
+    retire_unlearnable: bool = True
     hide_above: float = 0.75
     hide_window: int = 3
     retire_above: float = 0.9
@@ -195,7 +202,7 @@ class RubricSkillPool:
         self.entries: dict[str, PoolEntry] = {}
         self.next_id = 0
         self.events: list[dict[str, Any]] = []
-        self.totals = {"added": 0, "retired": 0, "refined": 0}
+        self.totals = {"added": 0, "retired": 0, "refined": 0, "retired_unlearnable": 0}
 
     def live(self) -> list[PoolEntry]:
         return [e for e in self.entries.values() if e.live]
@@ -288,7 +295,16 @@ class RubricSkillPool:
                     self._move(step, e, "hide", HIDDEN, r, cfg.hide_window, cfg.hide_above)
                     continue
                 r = self._window(e, cfg.refine_window)
-                if r is None or r >= cfg.refine_below or e.refinements >= cfg.max_refinements:
+                if r is None or r >= cfg.refine_below:
+                    continue
+                if e.refinements >= cfg.max_refinements:
+                    if cfg.retire_unlearnable:
+                        w, t = cfg.refine_window, cfg.refine_below
+                        extra = {"reason": "unlearnable", "refinements": e.refinements}
+                        self._move(step, e, "retire", RETIRED, r, w, t, extra)
+                        self.totals["retired"] += 1
+                        self.totals["retired_unlearnable"] += 1
+                        retired.append(e)
                     continue
                 new_skill = refine(e) if refine is not None else None
                 if new_skill is None:
@@ -333,4 +349,7 @@ class RubricSkillPool:
         self.entries = {e.id: e for e in entries}
         self.next_id = int(state["next_id"])
         self.events = [dict(ev) for ev in state.get("events", [])]
-        self.totals = {k: int(state["totals"][k]) for k in ("added", "retired", "refined")}
+        totals = state["totals"]
+        self.totals = {k: int(totals[k]) for k in ("added", "retired", "refined")}
+        # Absent from checkpoints written before unlearnable pairs could retire.
+        self.totals["retired_unlearnable"] = int(totals.get("retired_unlearnable", 0))

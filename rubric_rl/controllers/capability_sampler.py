@@ -26,10 +26,16 @@ What this module computes:
 - Discovery: ``n_d = round(discovery_share · B)`` of each batch are the least-evaluated tasks
   (fewest observed groups; ties broken at random), distinct; the other ``B − n_d`` are drawn
   adaptively, with replacement.
-- Importance weights ``u = 1 / (N p_i)`` (HarnessRL §2.1) with ``p_i`` the per-draw mixture
+- Importance weights (``importance_weights=True`` only): ``u = 1 / (N p_i)`` (HarnessRL §2.1)
+  with ``p_i`` the per-draw mixture
   ``(1 − n_d/B)·q_i + (n_d/B)·d_i``: ``q_i = Σ_{c ∋ i} P(c) / |c|`` the adaptive marginal and
   ``d_i`` uniform over the tasks whose evaluation count is at most the largest one discovery
   picked (exact when those counts tie, which is the common case: unseen tasks all have 0).
+  ARISE "prioritizes" tasks: it trains on what it draws, every draw with u = 1, so the default is
+  ``importance_weights=False``. With the correction the objective returns to uniform in
+  expectation (the prioritisation cancels) and u ranged 0.16–51 on the embedded default, halving
+  the effective batch (Σu)² / Σu²; it is kept as a flag for HarnessRL-style corrected sampling
+  and as an ablation.
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ class CapabilitySamplerConfig:
     priority: str = "variance"
     min_priority: float = 1e-3
     min_cell_evidence: float = 1.0
+    importance_weights: bool = False  # u = 1/(N p_i) on each draw (HarnessRL §2.1); ARISE: off
     seed: int = 0
 
     def __post_init__(self):
@@ -231,10 +238,13 @@ class CapabilitySampler(Controller):
         else:
             adaptive = [int(i) for i in rng.choice(len(self.tasks), size=n_adapt)]
         idx = np.concatenate([discovered, np.asarray(adaptive, dtype=np.int64)]).astype(np.int64)
+        tasks = tuple(self.tasks[i] for i in idx)
+        if not cfg.importance_weights:
+            return TaskBatch(tasks, np.ones(len(idx)))
         share = len(discovered) / cfg.batch_size
         p = (1.0 - share) * self.task_probabilities() + share * d
         weights = 1.0 / (len(self.tasks) * p[idx])  # HarnessRL §2.1: u = 1 / (N p_i)
-        return TaskBatch(tuple(self.tasks[i] for i in idx), weights)
+        return TaskBatch(tasks, weights)
 
     # --- evidence ----------------------------------------------------------------------------
 

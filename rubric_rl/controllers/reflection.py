@@ -20,6 +20,18 @@ implementations share the ``Reflection`` interface:
   no partial progress) and is skipped. Ties: more failures explained first, then the key.
   Refinement makes the skill more specific by citing the criterion the window shows failing on the
   task itself (the ``{criterion}`` placeholder is filled per task at decoration time).
+
+  Two rankings (``rank``). ``"progress"`` (the default) follows ARISE's "rubrics evolve to reward
+  partial behavioral progress" where the task reward is silent: a group whose rollouts all failed
+  the task (a failing group) has zero task advantage, and a criterion helps there only if its
+  verdict varies inside the group. A candidate's score is its mean within-group verdict variance
+  ``q_g (1 − q_g)`` over the window's failing groups of at least two judged rollouts (``q_g`` its
+  satisfied share in group g; a group = one task in one step), and it must show partial progress
+  (satisfied by at least one failed rollout) and a variance above ``min_progress_variance``. So a
+  criterion no rollout meets (which the separation score ranks first when nothing succeeds yet:
+  it fails every failure) is never proposed; it would hold a slot without giving any group a
+  signal. Ours: the seed states the goal, not this statistic. ``"separation"`` is the previous
+  ranking (by separation, as above), kept as an ablation.
 - ``LLMReflection`` (``reflection_llm.py``, re-exported here): a versioned prompt through the
   ``LLMClient``; the reply is validated strictly (like judge output) and a reply with any invalid
   or duplicate pair is rejected whole — never half-applied.
@@ -64,6 +76,9 @@ from rubric_rl.rubrics.types import Criterion, Task, VerifierKind
 # --- programmatic reflection ---------------------------------------------------------------------
 
 
+RANKINGS = ("progress", "separation")
+
+
 @dataclasses.dataclass(frozen=True)
 class CandidateScore:
     """Separation statistics of one candidate over the window (see module docstring)."""
@@ -73,6 +88,8 @@ class CandidateScore:
     n_failure: int
     sat_success: int
     sat_failure: int
+    fail_groups: int = 0  # failing groups (no success) with >= 2 judged rollouts of this one
+    fail_group_variance: float = 0.0  # mean q_g (1 - q_g) over those groups
 
     @property
     def support(self) -> int:
@@ -126,6 +143,8 @@ class ProgrammaticReflection(Reflection):
         ``constraint_lexicon.SKILL_TEXTS``, the wording its warm-start corpus teaches). A
         capability without a text gets the criterion itself as its skill.
       min_support, min_failures, min_separation, redundant_agreement: see the module docstring.
+      rank: ``"progress"`` (within-group variance over failing groups) or ``"separation"``.
+      min_progress_variance: ``"progress"`` proposes only candidates whose score exceeds it.
     """
 
     name = "programmatic"
@@ -138,7 +157,13 @@ class ProgrammaticReflection(Reflection):
         min_failures: int = 4,
         min_separation: float = 0.1,
         redundant_agreement: float = 0.98,
+        rank: str = "progress",
+        min_progress_variance: float = 0.0,
     ):
+        if rank not in RANKINGS:
+            raise ValueError(
+                f"ProgrammaticReflection: rank must be one of {RANKINGS}, got {rank!r}"
+            )
         if skill_texts is None:
             from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
 
@@ -148,6 +173,8 @@ class ProgrammaticReflection(Reflection):
         self.min_failures = int(min_failures)
         self.min_separation = float(min_separation)
         self.redundant_agreement = float(redundant_agreement)
+        self.rank_by = rank
+        self.min_progress_variance = float(min_progress_variance)
         self._judge = ProgrammaticJudge()
 
     @staticmethod
@@ -164,9 +191,16 @@ class ProgrammaticReflection(Reflection):
 
     def score_candidates(self, records: Sequence[RolloutRecord]) -> dict[str, CandidateScore]:
         counts: dict[str, list[int]] = {}
+        # (step, task id) -> key -> [satisfied flags of its failed rollouts]; None = a success.
+        groups: dict[tuple[int, str], dict[str, list[bool]] | None] = {}
         for rec in records:
             if rec.success is None:
                 continue
+            gid = (int(rec.step), rec.task.id)
+            if rec.success:
+                groups[gid] = None
+            elif gid not in groups:
+                groups[gid] = {}
             for key, crit in self.candidates(rec.task):
                 met = self._judge.check(rec.task, rec.response, crit).met
                 if met is None:
@@ -179,19 +213,40 @@ class ProgrammaticReflection(Reflection):
                 else:
                     c[1] += 1
                     c[3] += sat
-        return {k: CandidateScore(k, *v) for k, v in counts.items()}
+                    if groups[gid] is not None:
+                        groups[gid].setdefault(key, []).append(bool(sat))
+        var: dict[str, list[float]] = {}
+        for per_key in groups.values():
+            for key, sats in (per_key or {}).items():
+                if len(sats) >= 2:
+                    q = sum(sats) / len(sats)
+                    var.setdefault(key, []).append(q * (1.0 - q))
+        return {
+            k: CandidateScore(
+                k, *v, len(var.get(k, ())), sum(var.get(k, ())) / max(len(var.get(k, ())), 1)
+            )
+            for k, v in counts.items()
+        }
 
     def eligible(self, s: CandidateScore) -> bool:
         if s.support < self.min_support or s.n_failure < self.min_failures:
             return False
-        if s.separation < self.min_separation:
+        if self.rank_by == "progress":
+            if s.sat_failure == 0 or s.fail_group_variance <= self.min_progress_variance:
+                return False  # no partial progress among failures, or no signal inside a group
+        elif s.separation < self.min_separation:
             return False
         both = s.n_success > 0 and s.n_failure > 0
         return not (both and s.agreement >= self.redundant_agreement)
 
     def rank(self, records: Sequence[RolloutRecord]) -> list[CandidateScore]:
-        """Eligible candidates, most separating first."""
+        """Eligible candidates, best first: by within-failing-group variance (``progress``) or
+        by separation; ties by failures explained, then the key."""
         scores = [s for s in self.score_candidates(records).values() if self.eligible(s)]
+        if self.rank_by == "progress":
+            return sorted(
+                scores, key=lambda s: (-s.fail_group_variance, -s.failures_explained, s.key)
+            )
         return sorted(scores, key=lambda s: (-s.separation, -s.failures_explained, s.key))
 
     def base_skill(self, capability: str) -> str:
@@ -229,6 +284,9 @@ class ProgrammaticReflection(Reflection):
                     weight=crit.weight,
                     source_id=crit.id,
                     evidence={
+                        "rank": self.rank_by,
+                        "fail_group_variance": round(s.fail_group_variance, 6),
+                        "fail_groups": s.fail_groups,
                         "separation": round(s.separation, 6),
                         "mutual_information": round(s.mutual_information, 6),
                         "support": s.support,

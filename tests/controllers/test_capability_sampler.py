@@ -56,7 +56,11 @@ def _bank():
 def test_probabilities_match_hand_computed_values():
     tasks = _bank()
     cfg = CapabilitySamplerConfig(
-        batch_size=4, discovery_share=0.0, min_priority=0.0, min_cell_evidence=0.0
+        batch_size=4,
+        discovery_share=0.0,
+        min_priority=0.0,
+        min_cell_evidence=0.0,
+        importance_weights=True,
     )
     s = CapabilitySampler(tasks, cfg)
     # (a, x): 3 satisfied + 1 unsatisfied -> Beta(4, 2), mean 2/3, p(1-p) = 2/9.
@@ -80,11 +84,20 @@ def test_probabilities_match_hand_computed_values():
     batch = s.sample_tasks(0, np.random.default_rng(0))
     ids = [int(t.id[1:]) for t in batch.tasks]
     np.testing.assert_allclose(batch.weights, 1.0 / (4 * expected_q[ids]))
+    # ARISE's own default: the prioritised draws are trained as drawn (u = 1), same draws.
+    plain = CapabilitySampler(tasks, dataclasses.replace(cfg, importance_weights=False))
+    plain.evidence, plain.evaluations = s.evidence, s.evaluations
+    again = plain.sample_tasks(0, np.random.default_rng(0))
+    assert [t.id for t in again.tasks] == [t.id for t in batch.tasks]
+    np.testing.assert_array_equal(again.weights, np.ones(4))
+    assert not CapabilitySamplerConfig(batch_size=4).importance_weights
 
 
 def test_unscored_cells_are_blank_and_left_to_discovery():
     tasks = _bank()
-    cfg = CapabilitySamplerConfig(batch_size=4, discovery_share=0.0, min_priority=0.0)
+    cfg = CapabilitySamplerConfig(
+        batch_size=4, discovery_share=0.0, min_priority=0.0, importance_weights=True
+    )
     s = CapabilitySampler(tasks, cfg)
     # No evidence at all (empty pool): no cell is scored, adaptive draws are uniform over tasks.
     assert s.probabilities() == {} and s.metrics()["scored_cells"] == 0.0
@@ -132,7 +145,7 @@ def test_draw_frequencies_follow_cell_probabilities():
 
 def test_discovery_share_draws_the_least_evaluated_tasks():
     tasks = [_task(f"t{i}", "a", ("x",)) for i in range(10)]
-    cfg = CapabilitySamplerConfig(batch_size=8, discovery_share=0.25)
+    cfg = CapabilitySamplerConfig(batch_size=8, discovery_share=0.25, importance_weights=True)
     assert cfg.num_discovery == 2
     s = CapabilitySampler(tasks, cfg)
     s.evaluations[:] = 5

@@ -97,7 +97,9 @@ def _counts(records, word):
 
 def test_programmatic_proposes_the_separating_criterion_first():
     recs = _records()
-    refl = ProgrammaticReflection(min_support=8, min_failures=4, min_separation=0.1)
+    refl = ProgrammaticReflection(
+        min_support=8, min_failures=4, min_separation=0.1, rank="separation"
+    )
     ranked = refl.rank(recs)
     assert ranked[0].key == "list/lexical/sep"
     # Separation = Laplace-smoothed P(sat | success) − P(sat | failure), by hand:
@@ -127,7 +129,7 @@ def test_programmatic_proposes_the_separating_criterion_first():
 
 def test_programmatic_skips_taken_weak_unsupported_and_redundant_candidates():
     recs = _records()
-    refl = ProgrammaticReflection(min_separation=0.1)
+    refl = ProgrammaticReflection(min_separation=0.1, rank="separation")
     # Already in the pool (or retired): the next best comes first.
     nxt = refl.propose(recs, [], max_new=5, step=0, exclude_keys=frozenset({"list/lexical/sep"}))
     assert all(p.key != "list/lexical/sep" for p in nxt)
@@ -151,13 +153,14 @@ def test_programmatic_skips_taken_weak_unsupported_and_redundant_candidates():
     recs2 = _records(task=task2)
     assert refl.rank(recs2)[0].key == "list/lexical/sep"
     assert (
-        ProgrammaticReflection(redundant_agreement=1.01).rank(recs2)[0].key == "list/lexical/nocap"
+        ProgrammaticReflection(redundant_agreement=1.01, rank="separation").rank(recs2)[0].key
+        == "list/lexical/nocap"
     )
 
 
 def test_programmatic_ranks_by_failures_when_no_success_yet():
     recs = [r for r in _records(80) if not r.success]  # 40 failures, no success
-    ranked = ProgrammaticReflection().rank(recs)
+    ranked = ProgrammaticReflection(rank="separation").rank(recs)
     # 'sep' fails in 32 of 40 failures, more than any other: the most frequent gap comes first.
     assert ranked[0].key == "list/lexical/sep"
 
@@ -297,3 +300,67 @@ def test_llm_reflection_client_error_is_a_rejection():
     other = LLMReflection(LocalEngineClient(broken))
     other.load_state_dict(state)
     assert other.counts == refl.counts and other.last_error == refl.last_error
+
+
+def _progress_task():
+    def crit(cid, word, cap):
+        return Criterion(
+            cid, f"includes {word}", 1.0, capability=cap,
+            verifier=Verifier.rule("cf_includes_word", word=word),
+        )  # fmt: skip
+
+    crits = (
+        crit("sep", "apple", "lexical"),
+        crit("noise", "pear", "counting"),
+        crit("common", "plum", "formatting"),
+        crit("never", "grape", "lexical"),  # no rollout ever meets it
+    )
+    return Task(
+        id="t0",
+        prompt=({"role": "user", "content": "q"},),
+        rubric=Rubric(crits),
+        task_type="list",
+        capabilities=("lexical", "counting", "formatting"),
+    )
+
+
+def _progress_records():
+    task = _progress_task()
+    rec = lambda step, words, ok: RolloutRecord(step, task, " ".join(words) + " .", ok, {})  # noqa: E731
+    groups = [
+        # step 0, all failed: apple 0/4, pear 2/4 (q(1-q) = 1/4), plum 4/4
+        [(["plum", "pear"], False), (["plum", "pear"], False)] + [(["plum"], False)] * 2,
+        # step 1, all failed: apple 1/4 (3/16), pear 0/4, plum 4/4
+        [(["plum", "apple"], False), (["plum"], False), (["plum"], False), (["plum"], False)],
+        # step 2: two successes, so not a failing group (no variance counted from it)
+        [(["plum", "apple", "pear"], True), (["plum", "apple"], True), (["pear"], False),
+         (["apple"], False)],
+    ]  # fmt: skip
+    return [rec(step, w, ok) for step, g in enumerate(groups) for w, ok in g]
+
+
+def test_progress_ranking_is_within_group_variance_over_failing_groups():
+    recs = _progress_records()
+    refl = ProgrammaticReflection(min_support=4, min_failures=2)  # rank="progress" by default
+    assert refl.rank_by == "progress"
+    scores = refl.score_candidates(recs)
+    # By hand: mean over the two failing groups of q_g (1 - q_g).
+    assert scores["list/counting/noise"].fail_group_variance == pytest.approx((1 / 4 + 0) / 2)
+    assert scores["list/lexical/sep"].fail_group_variance == pytest.approx((0 + 3 / 16) / 2)
+    assert scores["list/formatting/common"].fail_group_variance == 0.0
+    assert scores["list/lexical/never"].fail_group_variance == 0.0
+    assert {s.fail_groups for s in scores.values()} == {2}
+    ranked = [s.key for s in refl.rank(recs)]
+    # plum varies in no failing group, grape is met by no rollout (no partial progress): neither
+    # is proposed; pear's within-group spread beats apple's.
+    assert ranked == ["list/counting/noise", "list/lexical/sep"]
+    p = refl.propose(recs, [], max_new=2, step=3)
+    assert [x.key for x in p] == ranked
+    assert p[0].evidence["rank"] == "progress" and p[0].evidence["fail_groups"] == 2
+    assert p[0].evidence["fail_group_variance"] == pytest.approx(1 / 8)
+    # The separation ranking (the ablation) puts the never-met criterion among the proposals:
+    # it "explains" every failure, so it would take a pool slot that no group can learn from.
+    old = ProgrammaticReflection(min_support=4, min_failures=2, rank="separation")
+    assert "list/lexical/never" in [s.key for s in old.rank(recs)]
+    with pytest.raises(ValueError, match="rank must be one of"):
+        ProgrammaticReflection(rank="nope")

@@ -1,5 +1,5 @@
 """configs/arise.py: variants set the documented keys; ``arise_controller_kwargs`` builds the
-controller; ``frozen_rubrics=<run dir>`` installs that run's final pool (read from its last
+controller; ``frozen_rubrics=<run dir>`` installs that run's lifecycle pool (read from its last
 checkpoint) and keeps it fixed."""
 
 import json
@@ -67,6 +67,7 @@ def test_bad_variants_and_fields_are_named(tmp_path):
         ("hide_above", 0.1, r"config\.arise: AriseConfig thresholds"),
         ("pool_cap", -1, r"config\.arise: AriseConfig\.pool_cap must be >= 0"),
         ("frozen_pool_from", "/no/such/run", r"config\.arise\.frozen_pool_from: a frozen pool"),
+        ("frozen_pool_entries", "all", r"config\.arise\.frozen_pool_entries: must be one of"),
     ],
 )
 def test_start_up_validation_runs_the_arise_checks(field, value, match):
@@ -76,6 +77,13 @@ def test_start_up_validation_runs_the_arise_checks(field, value, match):
     validate_config(c, num_devices=8)
     c.arise[field] = value
     with pytest.raises(ValueError, match=match):
+        validate_config(c, num_devices=8)
+
+
+def test_a_bad_reflection_ranking_is_named_at_start_up():
+    c = arise.get_config("smoke")
+    c.arise.programmatic.rank = "oracle"
+    with pytest.raises(ValueError, match=r"config\.arise\.programmatic\.rank: must be one of"):
         validate_config(c, num_devices=8)
 
 

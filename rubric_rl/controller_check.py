@@ -1,0 +1,336 @@
+"""The scripted-policy controller check: a method's real controllers and the real reward path,
+driven by a stand-in policy instead of RL (seconds, deterministic, no model).
+
+Before any RL run a controller is checked here: does its pool fill and turn over, do slots stay
+stuck, do the all-failure groups (where the task reward gives no signal) get a rubric signal,
+what is the effective batch size of its sampling, what environment mix does it train on.
+
+- ``ScriptedPolicy``: per constraint kind of the embedded domain, the probability that a rollout
+  meets it follows a script over the steps (``CriterionScript``: from ``start`` towards ``end``
+  with time constant ``tau``; ``end = 0`` is a never-reachable criterion, e.g. copying a word
+  from the prompt for the 1M word-level policy), plus ``skill_gain`` while guidance for the
+  criterion's capability is in the prompt (the domain's skill texts, e.g. ARISE's skills). The
+  response is rendered by the domain (``render_response``), so the real judge and verifier grade
+  real text. The policy reads the task's hidden parameters to render: it stands in for the
+  policy, and no controller sees them.
+- ``run_check(config, policy, steps)``: the method's own pipeline (``step.build_pipeline``) with
+  its ``generate`` stage replaced by the policy; sample, decorate, judge, reward, advantage,
+  observe and select are the real stages, with the method's real controllers bound to real
+  ``Services`` (programmatic judge). Nothing is trained. Returns ``CheckReport``.
+
+Figures (``CheckReport.figures``):
+- ``pool/*`` (a controller with an ARISE-style ``pool``): added / retired / refined totals, live
+  at the end and on average, the share of steps with a full pool, and **stuck slots**: live
+  entries judged on at least ``stuck_window`` of the last steps whose pass rate over them is below
+  ``stuck_below`` (they hold a slot and give no group a signal);
+- ``all_fail_groups``: share of groups whose rollouts all failed the task verifier;
+  ``all_fail_rubric_signal``: of those, the share whose ``rubric`` signal varies inside the group;
+  ``all_fail_advantage``: the share with any non-zero advantage (what is actually trained);
+- ``effective_batch``: mean over steps of (Σu)² / Σu² (``_frac``: divided by the groups);
+  ``u_min`` / ``u_max``;
+- ``env_mix/<env>`` (share of trained groups per environment) against ``heldout_mix/<env>``, and
+  their total-variation distance ``env_mix_tv``;
+- ``prompt_tokens_max``: the longest decorated prompt (chat template included; the real
+  generate stage's ``model.max_prompt_len`` check runs on every prompt);
+- ``task_pass_rate_first`` / ``_last``: the scripted policy's pass rate over the first / last
+  tenth of the steps (a sanity check of the script, not of the controller).
+
+Ours throughout: the seed papers do not define these checks; the thresholds are arguments.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import hashlib
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rubric_rl import builders
+from rubric_rl.rollout.batch import Rollouts, Trajectory
+from rubric_rl.services import Services
+from rubric_rl.step import RUBRIC_SIGNAL, VERIFIER_SIGNAL, StepContext, build_pipeline
+
+
+@dataclasses.dataclass(frozen=True)
+class CriterionScript:
+    """P(met) at step s = end + (start − end)·exp(−s / tau), + skill_gain while guided (clipped
+    to [0, 1]). ``end = start = 0``: never reachable."""
+
+    start: float
+    end: float
+    tau: float = 50.0
+    skill_gain: float = 0.0
+
+    def __post_init__(self):
+        for name in ("start", "end", "skill_gain"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"CriterionScript.{name} must be in [0, 1], got {v}")
+        if self.tau <= 0:
+            raise ValueError(f"CriterionScript.tau must be > 0, got {self.tau}")
+
+    def p(self, step: int, guided: bool) -> float:
+        base = self.end + (self.start - self.end) * math.exp(-step / self.tau)
+        return min(1.0, base + (self.skill_gain if guided else 0.0))
+
+
+# The embedded domain's default script (ours), after what the 1M word-level policy does (issue
+# 13's review): formatting is mastered early, counting and ordering late; copying a word from
+# the prompt (rewrite sequences, rare include words) is never reachable; skills help where the
+# criterion is reachable at all. Keys: a constraint kind, or "<kind>:rare" for rare words.
+DEFAULT_SCRIPT: dict[str, CriterionScript] = {
+    "case": CriterionScript(0.5, 0.95, 20, 0.2),
+    "end": CriterionScript(0.5, 0.95, 20, 0.2),
+    "sep": CriterionScript(0.5, 0.95, 25, 0.2),
+    "start": CriterionScript(0.4, 0.9, 30, 0.2),
+    "numbered": CriterionScript(0.3, 0.9, 40, 0.2),
+    "category": CriterionScript(0.4, 0.9, 40, 0.2),
+    "exclude": CriterionScript(0.5, 0.9, 40, 0.2),
+    "include": CriterionScript(0.3, 0.8, 60, 0.2),
+    "include:rare": CriterionScript(0.0, 0.0),
+    "count": CriterionScript(0.2, 0.8, 80, 0.25),
+    "wcount": CriterionScript(0.2, 0.8, 80, 0.25),
+    "one_word": CriterionScript(0.4, 0.9, 40, 0.2),
+    "answer": CriterionScript(0.2, 0.7, 80, 0.25),
+    "order": CriterionScript(0.1, 0.6, 100, 0.25),
+    "sequence": CriterionScript(0.0, 0.0),
+}
+
+
+class ScriptedPolicy:
+    """A stand-in policy for the embedded constraint domain (module docstring)."""
+
+    def __init__(self, script: Mapping[str, CriterionScript] | None = None, *, seed: int = 0):
+        from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
+
+        self.script = dict(DEFAULT_SCRIPT if script is None else script)
+        self.seed = int(seed)
+        self.skill_texts = dict(SKILL_TEXTS)
+
+    def script_for(self, kind: str, rare: bool) -> CriterionScript:
+        key = f"{kind}:rare" if rare and f"{kind}:rare" in self.script else kind
+        if key not in self.script:
+            raise KeyError(f"ScriptedPolicy: no script for constraint kind {key!r}")
+        return self.script[key]
+
+    def guided(self, prompt_text: str, capability: str) -> bool:
+        text = self.skill_texts.get(capability)
+        return bool(text) and text in prompt_text
+
+    def respond(self, task: Any, messages: Sequence[Mapping[str, str]], step: int, j: int) -> str:
+        from rubric_rl.envs.constraints import hard_constraints, render_response
+
+        rng = np.random.default_rng([self.seed, step, j, _stable_hash(task.id)])
+        text = " ".join(m["content"] for m in messages)
+        keep = set()
+        for c in hard_constraints(task):
+            p = self.script_for(c.kind, c.rare).p(step, self.guided(text, c.capability))
+            if rng.random() < p:
+                keep.add(c.kind)
+        return render_response(task, keep, rng)
+
+
+def _stable_hash(s: str) -> int:
+    return int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "little")
+
+
+def scripted_generate(policy: ScriptedPolicy):
+    """A ``generate`` stage: J scripted responses for every group that has none."""
+
+    def generate(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
+        j_default = int(ctx.config.rollout.samples_per_task)
+        for g in rollouts.groups:
+            if g.trajectories:
+                continue
+            # The real generate stage's prompt check: over model.max_prompt_len is an error.
+            g.prompt_ids = ctx.services.encode_prompt(
+                g.messages, f"task {g.task.id} at step {ctx.step}"
+            )
+            texts = [
+                policy.respond(g.task, g.messages, ctx.step, j) for j in range(g.n or j_default)
+            ]
+            g.trajectories = [Trajectory((), (), "stop", ctx.step - 1, x) for x in texts]
+        return rollouts
+
+    return generate
+
+
+@dataclasses.dataclass
+class CheckReport:
+    figures: dict[str, float]
+    per_step: list[dict[str, float]]
+
+
+def _pool_controller(controllers) -> Any:
+    for c in controllers.controllers:
+        if hasattr(c, "pool"):
+            return c
+    return None
+
+
+def run_check(
+    config: Any,
+    policy: ScriptedPolicy,
+    steps: int,
+    *,
+    stuck_window: int = 20,
+    stuck_below: float = 0.05,
+    workdir: str | None = None,
+) -> CheckReport:
+    """Runs ``steps`` steps of ``config``'s pipeline with ``policy`` generating (module
+    docstring). ``config`` is a method config (e.g. ``configs/arise.py``); its model, engine and
+    optimizer are never built."""
+    owned = workdir is None
+    tmp = tempfile.TemporaryDirectory() if owned else None
+    workdir = tmp.name if owned else workdir
+    try:
+        return _run(config, policy, steps, stuck_window, stuck_below, workdir)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _run(config, policy, steps, stuck_window, stuck_below, workdir) -> CheckReport:
+    domain = builders.build_domain(config)
+    judge = builders.build_judge(config, workdir)
+    tokenizer = builders.build_tokenizer(config, domain, workdir)
+    buckets = functools.partial(builders.prompt_buckets, config)
+    services = Services(config, None, tokenizer, judge, domain, workdir, buckets)
+    controllers = builders.build_controllers(config, domain)
+    controllers.bind(services, os.path.join(workdir, "controllers"))
+    pipeline = build_pipeline(config).replace("generate", scripted_generate(policy))
+    pool_ctl = _pool_controller(controllers)
+    cap = int(pool_ctl.config.pool_cap) if pool_ctl is not None else 0
+    history: dict[str, collections.deque] = {}
+    per_step: list[dict[str, float]] = []
+    all_fail = rubric_signal = with_adv = 0
+    n_groups = 0
+    env_counts: collections.Counter = collections.Counter()
+    pass_rates: list[float] = []
+    for step in range(1, steps + 1):
+        rng = np.random.default_rng([int(config.train.seed), step])
+        services.begin_step(step)
+        ctx = StepContext(step, config, rng, services, controllers, domain)
+        r = pipeline(ctx)
+        controllers.pop_events()
+        sel = r.selected()
+        u = np.array([g.weight for g in sel], np.float64)
+        row = {
+            "prompt_tokens_max": float(max(len(g.prompt_ids) for g in r.groups)),
+            "effective_batch": float(u.sum() ** 2 / max((u**2).sum(), 1e-300)),
+            "groups": float(len(sel)),
+            "u_min": float(u.min()),
+            "u_max": float(u.max()),
+        }
+        passed = []
+        for g in sel:
+            env_counts[g.task.env_name or g.task.task_type or "?"] += 1
+            ver = np.array([t.signals.get(VERIFIER_SIGNAL, np.nan) for t in g.trajectories])
+            ok = ver[~np.isnan(ver)]
+            passed.extend(ok.tolist())
+            n_groups += 1
+            if ok.size and not ok.any():
+                all_fail += 1
+                rub = np.array([t.signals.get(RUBRIC_SIGNAL, np.nan) for t in g.trajectories])
+                rub = rub[~np.isnan(rub)]
+                rubric_signal += bool(rub.size > 1 and np.ptp(rub) > 1e-9)
+                adv = np.array([t.advantage for t in g.trajectories])
+                with_adv += bool(np.any(np.nan_to_num(adv) != 0))
+        pass_rates.append(float(np.mean(passed)) if passed else float("nan"))
+        row["task_pass_rate"] = pass_rates[-1]
+        if pool_ctl is not None:
+            row.update(_pool_row(pool_ctl, r, history, stuck_window, stuck_below))
+        per_step.append(row)
+    figures = _figures(per_step, cap, n_groups, all_fail, rubric_signal, with_adv, pass_rates)
+    total = sum(env_counts.values())
+    held = collections.Counter(t.env_name or t.task_type or "?" for t in domain.heldout)
+    tv = 0.0
+    for env in sorted(set(env_counts) | set(held)):
+        a = env_counts[env] / max(total, 1)
+        b = held[env] / max(sum(held.values()), 1)
+        figures[f"env_mix/{env}"] = a
+        figures[f"heldout_mix/{env}"] = b
+        tv += abs(a - b) / 2
+    figures["env_mix_tv"] = tv
+    return CheckReport(figures, per_step)
+
+
+def _pool_row(ctl, r: Rollouts, history, window: int, below: float) -> dict[str, float]:
+    """This step's pool state and stuck slots (live entries, judged on ≥ ``window`` of their
+    last steps, passing below ``below`` over them)."""
+    counts: dict[str, list[float]] = {}
+    for g in r.groups:
+        for t in g.trajectories:
+            for v in t.verdicts:
+                if v.met is None or v.criterion_id not in ctl.pool.entries:
+                    continue
+                e = ctl.pool.entries[v.criterion_id]
+                c = counts.setdefault(v.criterion_id, [0.0, 0.0])
+                c[0] += float(v.met if e.weight > 0 else not v.met)
+                c[1] += 1.0
+    for eid, c in counts.items():
+        history.setdefault(eid, collections.deque(maxlen=window)).append(c)
+    stuck = 0
+    live = ctl.pool.live()
+    for e in live:
+        h = history.get(e.id)
+        if h is not None and len(h) >= window:
+            rate = sum(x[0] for x in h) / max(sum(x[1] for x in h), 1.0)
+            stuck += rate < below
+    t = ctl.pool.totals
+    return {
+        "pool/live": float(len(live)),
+        "pool/stuck": float(stuck),
+        "pool/added": float(t["added"]),
+        "pool/retired": float(t["retired"]),
+        "pool/retired_unlearnable": float(t.get("retired_unlearnable", 0)),
+        "pool/refined": float(t["refined"]),
+        "pool/active": float(sum(e.state == "active" for e in live)),
+        "pool/hidden": float(sum(e.state == "hidden" for e in live)),
+    }
+
+
+def _figures(per_step, cap, n_groups, all_fail, rubric_signal, with_adv, pass_rates):
+    def mean(key):
+        return float(np.mean([row[key] for row in per_step]))
+
+    tenth = max(1, len(pass_rates) // 10)
+    out = {
+        "steps": float(len(per_step)),
+        "effective_batch": mean("effective_batch"),
+        "effective_batch_frac": float(
+            np.mean([row["effective_batch"] / row["groups"] for row in per_step])
+        ),
+        "prompt_tokens_max": float(max(row["prompt_tokens_max"] for row in per_step)),
+        "u_min": float(min(row["u_min"] for row in per_step)),
+        "u_max": float(max(row["u_max"] for row in per_step)),
+        "all_fail_groups": all_fail / max(n_groups, 1),
+        "all_fail_rubric_signal": rubric_signal / all_fail if all_fail else float("nan"),
+        "all_fail_advantage": with_adv / all_fail if all_fail else float("nan"),
+        "task_pass_rate_first": float(np.nanmean(pass_rates[:tenth])),
+        "task_pass_rate_last": float(np.nanmean(pass_rates[-tenth:])),
+    }
+    if "pool/live" in per_step[0]:
+        last = per_step[-1]
+        out.update({k: last[k] for k in last if k.startswith("pool/")})
+        out["pool/live_mean"] = mean("pool/live")
+        out["pool/stuck_mean"] = mean("pool/stuck")
+        out["pool/full_frac"] = float(np.mean([row["pool/live"] >= cap for row in per_step]))
+    return out
+
+
+__all__ = [
+    "DEFAULT_SCRIPT",
+    "CheckReport",
+    "CriterionScript",
+    "ScriptedPolicy",
+    "run_check",
+    "scripted_generate",
+]
