@@ -31,6 +31,7 @@ def apply_smoke(c: common.ConfigDict) -> None:
     c.domain.update(n_train=32, n_heldout=8, n_ood=8)
     c.warmstart.update(steps=4, batch=8, corpus_size=64)
     c.eval.update(every=2, n=8)
+    c.calibration.tasks = 8
     c.checkpoint.update(every=2, keep=2)
     c.train.steps = 4
     c.optim.mini_batches = 2  # two updates per step, so the resume tests cover the dealing

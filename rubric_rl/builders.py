@@ -65,6 +65,9 @@ class Domain:
     # "spaced" (units carry their leading space: decode(encode(text)) == text, needed where the
     # policy's text is parsed: tool-call JSON, SQL). See build_tokenizer.
     embedded_tokenizer: str = "word"
+    # The task's prompt with the domain's own guidance for it (the embedded domain: the skill texts
+    # of its capabilities), for calibration's guidance-following gain (rubric_rl/calibration.py).
+    guidance: Callable[[Task], list[dict]] | None = None
 
 
 DOMAINS: Registry[Callable[[ConfigDict], Domain]] = Registry("domain")
@@ -86,6 +89,7 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
         oracle=constraints.oracle_quality,
         corpus=lambda n, seed, p_keep: constraints.warmstart_corpus(n, seed, p_keep=p_keep),
         vocabulary=constraints.domain_vocabulary(),
+        guidance=constraints.skill_guidance,
     )
 
 
@@ -460,6 +464,8 @@ def arise_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
 def build_controllers(
     config: ConfigDict, domain: Domain, extra: Sequence[Controller] = ()
 ) -> ControllerSet:
+    from rubric_rl.calibration import build_calibration
+
     method = config.get("method", "grpo")
     built = CONTROLLER_BUILDERS.get(method)(config, domain)
-    return ControllerSet(built[0], [*built[1:], *extra])
+    return ControllerSet(built[0], [*built[1:], *build_calibration(config, domain), *extra])

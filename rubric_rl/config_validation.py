@@ -93,6 +93,9 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         _fail("rollout.samples_per_task", f"J must be > 1 (GRPO groups), got {r.samples_per_task}")
     if int(r.tasks_per_step) < 1:
         _fail("rollout.tasks_per_step", f"must be >= 1, got {r.tasks_per_step}")
+    cal = config.get("calibration")
+    if cal is not None and bool(cal.enabled) and int(cal.tasks) < 1:
+        _fail("calibration.tasks", f"must be >= 1, got {cal.tasks}")
     k = int(r.get("train_groups", 0))
     if not 0 <= k <= int(r.tasks_per_step):
         _fail(

@@ -198,6 +198,12 @@ def run_check(
 
 
 def _run(config, policy, steps, stuck_window, stuck_below, workdir) -> CheckReport:
+    if config.get("calibration") is not None and bool(config.calibration.enabled):
+        # Calibration samples the policy through the engine; the check has neither.
+        config = config.copy_and_resolve_references()
+        config.unlock()
+        config.calibration.enabled = False
+        config.lock()
     domain = builders.build_domain(config)
     judge = builders.build_judge(config, workdir)
     tokenizer = builders.build_tokenizer(config, domain, workdir)

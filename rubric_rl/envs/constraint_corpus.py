@@ -118,6 +118,14 @@ def decorate_prompt(task: Task, guidance: Mapping[str, str | Sequence[str] | Non
     return append_to_last_user(task.messages, " ".join(blocks), what=f"task {task.id!r}")
 
 
+def skill_guidance(task: Task) -> list[dict]:
+    """The task's prompt with the skill texts of its capabilities (``SKILL_TEXTS``, the wording
+    the warm-start corpus teaches and ARISE injects) as one ``skills`` block: the guided arm of
+    calibration (rubric_rl/calibration.py). Unchanged when no capability has a text."""
+    texts = [SKILL_TEXTS[c] for c in task.capabilities if c in SKILL_TEXTS]
+    return decorate_prompt(task, {"skills": texts}) if texts else task.messages
+
+
 def format_reference(good: str | None = None, bad: str | None = None) -> str:
     """The ``<reference>`` text: a positive and/or a negative response ("good : … bad : …")."""
     parts = ([f"good : {canonical(good)}"] if good else []) + (

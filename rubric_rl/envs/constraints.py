@@ -13,6 +13,7 @@ from rubric_rl.envs.constraint_corpus import (
     decorate_prompt,
     format_reference,
     render_guidance,
+    skill_guidance,
     warmstart_corpus,
 )
 from rubric_rl.envs.constraint_domain import (
@@ -54,6 +55,7 @@ __all__ = [
     "render_guidance",
     "render_response",
     "seed_rubric",
+    "skill_guidance",
     "task_bank",
     "verify",
     "warmstart_corpus",
