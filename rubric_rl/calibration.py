@@ -115,9 +115,8 @@ def summarise(tasks, responses, verdicts, verifier) -> dict[str, Any]:
     passed, all_fail, rows = [], [], []
     for task, rs, vs in zip(tasks, responses, verdicts, strict=True):
         weights = {c.id: c.weight for c in task.rubric.criteria}
-        ok = [verifier(task, r) for r in rs]
-        passed += [x for x in ok if not np.isnan(x)]
-        defined = [x for x in ok if not np.isnan(x)]
+        defined = [x for x in (verifier(task, r) for r in rs) if not np.isnan(x)]
+        passed += defined
         if defined:
             all_fail.append(float(not any(defined)))
         for r, row in zip(rs, vs, strict=True):

@@ -33,9 +33,10 @@ What this module computes:
   picked (exact when those counts tie, which is the common case: unseen tasks all have 0).
   ARISE "prioritizes" tasks: it trains on what it draws, every draw with u = 1, so the default is
   ``importance_weights=False``. With the correction the objective returns to uniform in
-  expectation (the prioritisation cancels) and u ranged 0.16–51 on the embedded default, halving
-  the effective batch (Σu)² / Σu²; it is kept as a flag for HarnessRL-style corrected sampling
-  and as an ablation.
+  expectation (the prioritisation cancels), and u ranged 0.16–51 on the embedded default; the
+  scripted-policy check (``benchmarks/controller_check.py``) measured the effective batch
+  (Σu)² / Σu² at 0.65 of the groups. It is kept as a flag for HarnessRL-style corrected
+  sampling and as an ablation.
 """
 
 from __future__ import annotations
