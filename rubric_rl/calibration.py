@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from rubric_rl.controllers.base import Controller
+from rubric_rl.controllers.reflection_base import satisfied
 from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.types import Task
 from rubric_rl.run_files import step_path
@@ -126,9 +127,8 @@ def summarise(tasks, responses, verdicts, verifier) -> dict[str, Any]:
                 if v.met is None:
                     continue
                 w = weights[v.criterion_id]
-                sat = v.met if w > 0 else not v.met
                 acc = crit.setdefault(v.criterion_id, [0.0, 0.0])
-                acc[0] += float(sat)
+                acc[0] += float(satisfied(v.met, w))
                 acc[1] += 1.0
                 weight[v.criterion_id] = w
     scores = Rollouts.from_responses(0, list(tasks), responses, verdicts).scores

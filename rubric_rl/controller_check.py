@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from rubric_rl import builders
+from rubric_rl.controllers.reflection_base import satisfied
 from rubric_rl.rollout.batch import Rollouts, Trajectory
 from rubric_rl.services import Services
 from rubric_rl.step import RUBRIC_SIGNAL, VERIFIER_SIGNAL, StepContext, build_pipeline
@@ -279,7 +280,7 @@ def _pool_row(ctl, r: Rollouts, history, window: int, below: float) -> dict[str,
                     continue
                 e = ctl.pool.entries[v.criterion_id]
                 c = counts.setdefault(v.criterion_id, [0.0, 0.0])
-                c[0] += float(v.met if e.weight > 0 else not v.met)
+                c[0] += float(satisfied(v.met, e.weight))
                 c[1] += 1.0
     for eid, c in counts.items():
         history.setdefault(eid, collections.deque(maxlen=window)).append(c)

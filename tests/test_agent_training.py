@@ -8,6 +8,7 @@ import sys
 
 from rubric_rl.metrics import read_metrics, read_rollouts
 from tests.launch_env import launch_env
+from tests.trainer_spy import record_train_batches
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -83,14 +84,7 @@ def test_agent_steps_train_model_turns_and_mask_tool_outputs(tmp_path):
             return run_agent(tasks, n, **kw)
 
         t.services.run_agent = recording
-        seen, real = [], t.train_step
-
-        def spy(state, batch, ref_params=None):
-            seen.append(batch)
-            return real(state, batch, ref_params)
-
-        spy.compute_logps = real.compute_logps
-        t.train_step = spy
+        seen = record_train_batches(t)
         m = t.train_one_step()
     finally:
         t.close()

@@ -30,6 +30,7 @@ from rubric_rl.rollout.batch import Group, Rollouts
 from rubric_rl.rubrics.types import Message
 from rubric_rl.run_files import append_jsonl, step_path
 from rubric_rl.trainer_batch import build_train_batch
+from tests.trainer_spy import record_train_batches
 
 
 def _config(**rollout):
@@ -47,16 +48,7 @@ def trainer(tmp_path_factory):
 
     t = Trainer(_config(), str(tmp_path_factory.mktemp("pipeline")))
     t._restore_or_warmstart(resume=False)
-    seen = []
-    real = t.train_step
-
-    def spy(state, batch, ref_params=None):
-        seen.append(batch)
-        return real(state, batch, ref_params)
-
-    spy.compute_logps = real.compute_logps
-    t.train_step = spy
-    t.seen = seen
+    t.seen = record_train_batches(t)
     yield t
     t.close()
 

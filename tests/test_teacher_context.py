@@ -10,6 +10,7 @@ from rubric_rl.builders import build_domain
 from rubric_rl.controllers.base import Controller
 from rubric_rl.rollout.batch import Group, Rollouts, Trajectory
 from rubric_rl.trainer_batch import build_train_batch
+from tests.trainer_spy import record_train_batches
 
 CONTEXT = "<coach> remember : end with ? </coach>"
 
@@ -125,15 +126,7 @@ def sd_trainer(tmp_path_factory):
     coach = _Coach()
     t = Trainer(c, str(tmp_path_factory.mktemp("sd")), extra_controllers=[coach])
     t._restore_or_warmstart(resume=False)
-    seen = []
-    real = t.train_step
-
-    def spy(state, batch, ref_params=None):
-        seen.append(batch)
-        return real(state, batch, ref_params)
-
-    spy.compute_logps = real.compute_logps
-    t.train_step = spy
+    seen = record_train_batches(t)
     yield t, coach, seen
     t.close()
 

@@ -221,12 +221,11 @@ class ProgrammaticReflection(Reflection):
                 if len(sats) >= 2:
                     q = sum(sats) / len(sats)
                     var.setdefault(key, []).append(q * (1.0 - q))
-        return {
-            k: CandidateScore(
-                k, *v, len(var.get(k, ())), sum(var.get(k, ())) / max(len(var.get(k, ())), 1)
-            )
-            for k, v in counts.items()
-        }
+        out = {}
+        for k, c in counts.items():
+            v = var.get(k, [])
+            out[k] = CandidateScore(k, *c, len(v), sum(v) / len(v) if v else 0.0)
+        return out
 
     def eligible(self, s: CandidateScore) -> bool:
         if s.support < self.min_support or s.n_failure < self.min_failures:
