@@ -1,14 +1,16 @@
 """The scripted-policy controller check of ARISE (rubric_rl/controller_check.py), before RL.
 
-Prints ONE JSON line: for ARISE's current defaults (``current``) and for its defaults before
-issue 13's "ARISE made faithful" (``previous``: importance weights u = 1/(N p) on the capability
-sampler's draws, the reflection ranked by separation, no exit for a pair still failing after
-its refinements), each flag of the change alone on top of ``previous``, and static-rubric GRPO:
-pool fill and turnover, stuck slots, the share of all-failure groups that get a rubric signal,
-the effective batch (Σu)²/Σu² as a fraction of the groups, the environment mix against the
-held-out mix (total variation), all on the embedded default's ARISE config (32 tasks × 8
-rollouts a step, ``--steps`` steps, the default stand-in script). Ratios ``current / previous``
-for the effective batch and the all-failure signal. Deterministic; about a minute on 2 cores.
+Prints ONE JSON line: for ARISE's current defaults (``current``), its settings before issue 13
+(``previous``: ``arise_config.PRE_ISSUE13``, i.e. importance weights u = 1/(N p) on the
+capability sampler's draws, the separation ranking, no exit for a pair still failing after its
+refinements, candidates from the seed rubric only, a pool of 8 filled at 2 pairs a step), the
+current defaults with each of the candidate bank and the ranking set back alone, and
+static-rubric GRPO: pool fill and turnover, stuck slots, the share of all-failure groups that get
+a rubric signal, the effective batch (Σu)²/Σu² as a fraction of the groups, the environment mix
+against the held-out mix (total variation), all on the embedded default's ARISE config (32 tasks
+× 8 rollouts a step, ``--steps`` steps, the default stand-in script). Ratios ``current /
+previous`` for the effective batch and the all-failure signal. Deterministic; a few minutes on
+2 cores.
 
 Usage: python benchmarks/controller_check.py [--steps 150]
 """
@@ -24,17 +26,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from configs import arise, grpo  # noqa: E402
 from rubric_rl.controller_check import ScriptedPolicy, run_check  # noqa: E402
+from rubric_rl.controllers.arise_config import PRE_ISSUE13, with_arise_settings  # noqa: E402
 
-PREVIOUS = {
-    "capability.importance_weights": True,
-    "programmatic.rank": "separation",
-    "retire_unlearnable": False,
-}
-CURRENT = {
-    "capability.importance_weights": False,
-    "programmatic.rank": "progress",
-    "retire_unlearnable": True,
-}
 KEYS = (
     "effective_batch_frac",
     "u_max",
@@ -53,19 +46,12 @@ KEYS = (
     "prompt_tokens_max",
     "task_pass_rate_last",
 )
-
-
-def _arise(settings):
-    c = arise.get_config()
-    c.unlock()
-    for key, value in settings.items():
-        node = c.arise
-        *path, field = key.split(".")
-        for p in path:
-            node = node[p]
-        node[field] = value
-    c.lock()
-    return c
+ARMS = {
+    "previous": PRE_ISSUE13,
+    "current": {},
+    "current+bank=seed_rubric": {"bank": "seed_rubric"},
+    "current+rank=progress": {"programmatic.rank": "progress"},
+}
 
 
 def _figures(config, steps):
@@ -79,12 +65,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=150)
     args = ap.parse_args()
-    arms = {"previous": PREVIOUS, "current": CURRENT}
-    for key, value in CURRENT.items():  # each change alone on top of the previous defaults
-        arms[f"previous+{key}={value}"] = {**PREVIOUS, key: value}
     out: dict = {"steps": args.steps}
-    for name, settings in arms.items():
-        out[name] = _figures(_arise(settings), args.steps)
+    for name, settings in ARMS.items():
+        out[name] = _figures(with_arise_settings(arise.get_config(), settings), args.steps)
     out["grpo"] = _figures(grpo.get_config(), args.steps)
     cur, prev = out["current"], out["previous"]
     out["effective_batch_ratio"] = round(

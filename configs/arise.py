@@ -7,6 +7,10 @@
 
 Variants (comma-separated, big_vision style):
 - ``smoke``: seconds on a CPU, with lifecycle thresholds low enough that the pool changes;
+- ``protocol``: the evaluation and budget of ``benchmarks/protocol.md`` (every arm of the ARISE
+  comparison: ``protocol``, ``protocol,outcome_only``, ``protocol,no_skills``,
+  ``protocol,sampler=uniform``, ``protocol,frozen_rubrics=<ARISE run of the same seed>``, and
+  ``configs/grpo.py:protocol``);
 - ``model=<preset or HF dir>``; ``gpu`` / ``gpu=<ckpt>`` (as configs/grpo.py, LLM reflection);
 - ``no_skills``: the pool evolves, its skills are never injected (ablation "no skill injection");
 - ``frozen_rubrics=<run dir>``: the whole lifecycle pool of that run, kept fixed (ablation
@@ -41,7 +45,16 @@ from rubric_rl.controllers.arise_config import (  # noqa: F401
     validate_arise,
 )
 
-VARIANTS = ("smoke", "model", "gpu", "no_skills", "frozen_rubrics", "sampler", "outcome_only")
+VARIANTS = (
+    "smoke",
+    "model",
+    "gpu",
+    "no_skills",
+    "frozen_rubrics",
+    "sampler",
+    "outcome_only",
+    "protocol",
+)
 SAMPLER_CHOICES = {"capability": "capability", "uniform": "uniform", "variance": "reward_variance"}
 
 
@@ -68,14 +81,16 @@ def get_arise_section() -> common.ConfigDict:
     )
     # The reflection role (REFLECTIONS name) and each implementation's options.
     a.reflection = "programmatic"
-    # rank="progress": propose criteria that vary inside failing groups (partial progress the
-    # task reward cannot see); "separation" is the previous ranking (controllers/reflection.py).
+    # rank="progress_mass": propose the criteria whose verdicts vary inside the most failing
+    # groups (partial progress the task reward cannot see), by Σ_g q_g(1 − q_g); "progress" ranks
+    # by the mean over those groups (a criterion reaching one group ties one reaching ten),
+    # "separation" is the ranking before issue 13 (controllers/reflection.py).
     a.programmatic = dict(
         min_support=8,
         min_failures=4,
         min_separation=0.1,
         redundant_agreement=0.98,
-        rank="progress",
+        rank="progress_mass",
         min_progress_variance=0.0,
     )
     a.llm = dict(
@@ -98,10 +113,15 @@ def get_arise_section() -> common.ConfigDict:
 
 def apply_smoke(c: common.ConfigDict) -> None:
     grpo.apply_smoke(c)
-    # 4 tasks x 4 rollouts a step: thresholds low enough that pairs are added, activated and
-    # retired within a handful of steps.
+    # 4 tasks x 4 rollouts a step: thresholds such that pairs are added, activated and
+    # retired within a handful of steps (a pair activates below 0.9).
     c.arise.update(
         pool_cap=4,
+        max_add_per_reflection=2,
+        reflect_every=1,
+        activate_below=0.9,
+        hide_above=0.95,
+        retire_above=0.95,
         reflection_window_steps=2,
         min_reflection_rollouts=8,
         min_evals=2,
@@ -129,6 +149,8 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
     # ARISE normalises each signal of its mix by its group's std (GRPO), as the paper does; the
     # advantage stage honours loss.advantage (the base default "mean_only" is for the GRPO run).
     c.loss.advantage = "grpo"
+    if "protocol" in variants:
+        common.apply_protocol(c)
     if "gpu" in variants:
         grpo.apply_gpu(c, variants["gpu"])
         c.arise.reflection = "llm"

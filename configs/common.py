@@ -177,6 +177,9 @@ def get_base_config() -> ConfigDict:
         n_train=4096,
         n_heldout=64,
         n_ood=64,
+        # The validation split (the embedded domain only; 0 = none): where a comparison makes its
+        # choices, never on the held-out set (benchmarks/protocol.md).
+        n_validation=0,
         # For name="dataset": files or directories in a rubric_rl.rubrics.datasets format
         # (healthbench, rar, rubrichub, openrubrics, jsonl). No programmatic verifier, oracle or
         # warm-start corpus: judge with judge.kind="llm" (or rule criteria) and train a
@@ -189,9 +192,14 @@ def get_base_config() -> ConfigDict:
     # with ~5-15% of tasks passed; 200 steps at 3e-4 left a policy RL could only make hack, and
     # 1500 steps memorise the 2048 demonstrations (loss 0.27, held-out 37.5; measured 2026-11-30).
     c.warmstart = dict(
-        # Demonstrations whose prompt is longer than this are left out of the warm start (a few
-        # guided ones): it bounds the warm start's sequence length and so its cost.
-        max_prompt_len=40,
+        # Demonstrations whose prompt is longer than this are left out of the warm start. As long
+        # as model.max_prompt_len: the warm start shows the policy every prompt shape training
+        # can (several skills, rewritten skills, up to three guidance fields; issue 13).
+        max_prompt_len=128,
+        # Each batch is drawn from one bucket and padded to it (warmstart.BucketedBatches): 72 %
+        # of the embedded corpus's prompts fit 32 tokens and 95 % fit 64, so the longest guided
+        # prompts do not set every row's length.
+        prompt_buckets=(32, 64),
         steps=500,
         lr=1e-3,
         schedule="constant",  # or "cosine": warm-up over warmup_steps, then decay to 0
@@ -201,6 +209,19 @@ def get_base_config() -> ConfigDict:
         # Each unguided demonstration meets each stated constraint with this probability; a
         # violated format falls back to the habit (lowercase, ".", ","): envs/constraint_corpus.py.
         p_keep=0.4,
+        # Share of copy demonstrations ("rewrite : w1 … wk" answered with the same words): the
+        # ability to copy from the prompt that a pretrained model brings and a from-scratch
+        # word-level policy lacks (envs/constraint_corpus.py). Only the embedded domain has copy
+        # demonstrations; elsewhere copy_fraction and copy_steps are unused (the warm start
+        # logs it).
+        # 0.1 with copy_steps=200: every genuine criterion, rewrite sequences included, has a
+        # non-zero sampled pass rate after the warm start at no extra warm-start steps (without
+        # copy demonstrations: sequence 0 of 144 samples; with 0.3 mixed in and 800 steps: 0.01;
+        # measured 2026-12-02 on the calibration probe set).
+        copy_fraction=0.1,
+        # The first copy_steps of the warm-start steps train on copy demonstrations only
+        # (rubric_rl/warmstart.py says why a phase of its own).
+        copy_steps=200,
         # Train each cased word's embedding row as its lowercase row plus a shared vector per case
         # (UPPER, Capitalized) during the warm start; RL then trains every row freely. Without it a
         # from-scratch word-level policy never learns case (rubric_rl/warmstart.py). Tied word
@@ -218,7 +239,7 @@ def get_base_config() -> ConfigDict:
         greedy=True,
         at_start=True,
         # Per evaluation set: every N steps; -1 = eval.every, 0 = never (rubric_rl/evaluation.py).
-        splits=dict(heldout=-1, ood=-1),
+        splits=dict(heldout=-1, validation=-1, ood=-1),
     )
 
     # --- calibration before RL (rubric_rl/calibration.py): per-criterion sampled pass rates
@@ -242,6 +263,21 @@ def get_base_config() -> ConfigDict:
     # took 4:57; measured 2026-11-30); the held-out score flattens after step ~100.
     c.train = dict(steps=150, seed=0, max_nonfinite_skips=3)
     return c
+
+
+def apply_protocol(c: ConfigDict) -> None:
+    """The ``protocol`` variant: the evaluation and budget that ``benchmarks/protocol.md``
+    pre-registers for every arm of a comparison on the embedded benchmark (the sweep adds the
+    seed and the shared warm-start cache). Held-out 512 tasks (greedy, unguided) every 10 steps;
+    validation 256 (the only set a choice may be made on) and OOD 256 every 50; 150 steps of
+    32 tasks x 8 rollouts; one advantage estimator for every arm (GRPO's, the papers')."""
+    c.domain.update(n_heldout=512, n_validation=256, n_ood=256)
+    c.eval.update(every=10, n=512, at_start=True, greedy=True)
+    c.eval.splits.update(heldout=10, validation=50, ood=50)
+    c.rollout.update(tasks_per_step=32, samples_per_task=8)
+    c.loss.advantage = "grpo"
+    c.train.steps = 150
+    c.checkpoint.every = 50
 
 
 def parse_arg(arg: str | None) -> dict[str, Any]:

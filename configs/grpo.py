@@ -6,7 +6,8 @@
     QWEN3_4B_PATH=/ckpt/Qwen3-4B JUDGE_URL=http://127.0.0.1:30001/v1 \\
       python -m rubric_rl.launch --config=configs/grpo.py:gpu          # real checkpoint + SGLang
 
-Variants (comma-separated, big_vision style): ``smoke``, ``model=<preset or HF dir>``, ``gpu``
+Variants (comma-separated, big_vision style): ``smoke``, ``protocol`` (the evaluation and budget
+of ``benchmarks/protocol.md``), ``model=<preset or HF dir>``, ``gpu``
 (optionally ``gpu=<checkpoint dir>``; otherwise $QWEN3_4B_PATH), ``domain=sql|inventory`` (a
 tool environment with multi-turn agent rollouts: ``--config=configs/grpo.py:smoke,domain=sql``).
 """
@@ -29,7 +30,7 @@ def apply_smoke(c: common.ConfigDict) -> None:
     c.rollout.max_new_tokens = 8
     c.rollout.buckets = (8, 16)
     c.domain.update(n_train=32, n_heldout=8, n_ood=8)
-    c.warmstart.update(steps=4, batch=8, corpus_size=64)
+    c.warmstart.update(steps=4, batch=8, corpus_size=64, copy_steps=1)
     c.eval.update(every=2, n=8)
     c.calibration.tasks = 8
     c.checkpoint.update(every=2, keep=2)
@@ -149,12 +150,14 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
     c = common.get_base_config()
     c.method = "grpo"
     c.controllers = dict(sampler="uniform")
-    unknown = set(variants) - {"smoke", "model", "gpu", "domain"}
+    unknown = set(variants) - {"smoke", "model", "gpu", "domain", "protocol"}
     if unknown:
         raise ValueError(
             f"configs/grpo.py: unknown variant(s) {sorted(unknown)}; known: smoke, model=, gpu, "
-            "domain="
+            "domain=, protocol"
         )
+    if "protocol" in variants:
+        common.apply_protocol(c)
     if "gpu" in variants:
         apply_gpu(c, variants["gpu"])
     if "smoke" in variants:

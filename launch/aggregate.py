@@ -1,32 +1,37 @@
-"""Results tables over a sweep's run directories (``<root>/<group>/seed<k>``, see sweep.py).
+"""Results tables over a sweep's run directories (``<root>/<group>/seed<k>``, see sweep.py), as
+``benchmarks/protocol.md`` pre-registers them.
 
-    python launch/aggregate.py runs/arise_sweep --reference arise-outcome_only [--out DIR]
+    python launch/aggregate.py runs/protocol --reference arise-protocol --match outcome [--out D]
 
-Writes to ``--out`` (default ``<root>``):
-- ``results.md`` — every table below, Markdown;
-- ``results.csv`` — one row per group: for each evaluation set ``<set>`` in the runs (every
-  ``eval/<set>/...`` prefix: heldout, ood, any other), its best step ``best_step/<set>``, the
-  metric that chose it ``select/<set>``, and mean and std over seeds of its metrics
-  (``eval/<set>/{score,pass_rate,oracle,env_mean/pass_rate}``, those logged) at that BEST step
-  and at the FINAL step (``final_step``: the last evaluated step);
-- ``first_reach.csv`` — the first step at which each group's seed-mean held-out score reaches the
-  reference group's final seed-mean held-out score (ARISE: "reaches the step-150 performance of
-  outcome-only RL by step 50"), and its ratio to the reference's final step;
+Writes to ``--out`` (default ``<root>``) ``results.md`` (every table below) and one CSV per table:
+
+- ``results.csv`` — per group and evaluation set (every ``eval/<set>/...`` prefix: heldout,
+  validation, ood), each metric at each run's FINAL step (pre-registered: no checkpoint is chosen
+  on a test set), mean ± 95 % CI over seeds (Student's t, ddof = 1): ``pass_rate`` (the task
+  verifier, primary), ``oracle`` (the hidden quality, primary), ``env_mean/pass_rate`` (the
+  unweighted mean over environments), ``score`` (the seed rubric, secondary);
+- ``env.csv`` — per group, each environment's held-out pass rate at the final step (± CI);
+- ``paired.csv`` (``--reference``) — per group, the paired difference to the reference group on
+  the seeds both ran (seed k with seed k: one warm start each), mean ± 95 % CI and how many
+  seeds favour the group;
+- ``first_reach.csv`` (``--match``) — the first evaluated step at which each group's seed-mean
+  held-out pass rate reaches the ``--match`` group's final seed-mean pass rate, and its ratio to
+  that group's final step (ARISE: outcome-only RL's step-150 level by step 50, ratio 1/3);
 - ``pool.csv`` / ``pool_dynamics.csv`` — ARISE pool counts (added / active / retired) at the end
-  and over steps, from ``controllers/arise.jsonl`` (else the ``arise/pool/*`` metrics); groups
-  whose pool never held an entry (outcome-only, GRPO) are left out;
+  (± CI) and over steps, from ``controllers/arise.jsonl`` (else the ``arise/pool/*`` metrics);
+  groups whose pool never held an entry are left out;
 - ``all_fail.csv`` — the rate of all-failure rollout groups (``arise/task/all_fail_groups``)
-  over training and per early / middle / late third.
+  over training and per early / middle / late third (± CI);
+- ``calibration.csv`` — the fixed probe set before RL (``controllers/calibration``): task pass
+  rate and all-failure groups unguided and with skills, and how many stated requirements no
+  unguided rollout met.
 
-Protocol: a group's curves are averaged over seeds on the steps every seed logged. Each evaluation
-set has its own BEST checkpoint: the step maximising that set's seed-MEAN primary metric (selecting
-per seed would pick each seed's lucky step), and the set's metrics are reported at that step.
-``--select`` chooses the metric: ``auto`` (default) = the set's ``pass_rate`` when it logs one
-(DESIGN §7: the task verifier's pass rate is primary), else its ``score``; a metric name
-(``score``, ``oracle``, ``env_mean/pass_rate``, ...) = that metric of each set; a full key
-(``eval/heldout/score``) = one best step for every set, chosen on that key (the protocol that
-reports OOD at the held-out best, untouched by OOD numbers).
-Spread is the sample std over seeds (ddof = 1); with one seed it is undefined and omitted.
+``--select`` (not the protocol): also report each set at a best step, for exploration. ``auto`` =
+the set's ``pass_rate`` when it logs one, else its ``score``; a metric name = that metric of each
+set; a full key (``eval/validation/pass_rate``) = one best step for every set, chosen on that
+key — the only selection the protocol allows, on the validation split. A best step is the max of
+the seed-MEAN curve (selecting per seed would pick each seed's lucky step). Curves are averaged
+over the steps every seed logged.
 """
 
 from __future__ import annotations
@@ -45,8 +50,10 @@ import numpy as np
 from rubric_rl import analysis as an
 
 AUTO = "auto"
+FINAL = "final"  # --select default: no selection, every number at the final step
 PRIMARY_METRICS = ("pass_rate", "score")  # --select auto: the first one a set logs
 REPORTED_METRICS = ("score", "pass_rate", "oracle", "env_mean/pass_rate")
+HELDOUT_PASS = "eval/heldout/pass_rate"
 _EVAL_SET = re.compile(r"^eval/([^/]+)/.")
 
 
@@ -177,8 +184,8 @@ def first_reach_rows(
 
 
 def pool_rows(groups: Mapping[str, Sequence[an.Run]]) -> tuple[list[dict], list[dict]]:
-    """(end-of-training counts mean ± std over seeds, seed-mean counts per step) for groups whose
-    runs logged pool events."""
+    """(end-of-training counts mean ± 95 % CI over seeds, seed-mean counts per step) for groups
+    whose runs logged pool events."""
     summary, dynamics = [], []
     for g, runs in groups.items():
         per_seed = []
@@ -190,8 +197,7 @@ def pool_rows(groups: Mapping[str, Sequence[an.Run]]) -> tuple[list[dict], list[
             continue
         row: dict[str, Any] = {"group": g, "seeds": len(per_seed)}
         for k in ("added", "active", "retired"):
-            m, s = an.mean_std(np.array([d[k][-1] for d in per_seed], np.float64))
-            row[k] = (float(m), float(s))
+            row[k] = _ci([float(d[k][-1]) for d in per_seed])
         summary.append(row)
         common = set(per_seed[0]["step"].tolist())
         for d in per_seed[1:]:
@@ -205,8 +211,8 @@ def pool_rows(groups: Mapping[str, Sequence[an.Run]]) -> tuple[list[dict], list[
 
 
 def all_fail_rows(groups: Mapping[str, Sequence[an.Run]], key: str = an.ALL_FAIL) -> list[dict]:
-    """Per group: the mean over training steps of ``key`` per seed, then mean ± std over seeds;
-    also per third of training (ARISE: "the largest gap early in training")."""
+    """Per group: the mean over training steps of ``key`` per seed, then mean ± 95 % CI over
+    seeds; also per third of training (ARISE: "the largest gap early in training")."""
     rows = []
     for g, runs in groups.items():
         per_seed: dict[str, list[float]] = {"all": [], "early": [], "middle": [], "late": []}
@@ -226,8 +232,109 @@ def all_fail_rows(groups: Mapping[str, Sequence[an.Run]], key: str = an.ALL_FAIL
             continue
         row: dict[str, Any] = {"group": g, "seeds": len(per_seed["all"])}
         for name, v in per_seed.items():
-            m, s = an.mean_std(np.array(v))
-            row[name] = (float(m), float(s))
+            row[name] = _ci(v)
+        rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------------------ protocol tables
+
+PROTOCOL_METRICS = ("pass_rate", "oracle", "env_mean/pass_rate", "score")
+ENV_KEY = re.compile(r"^eval/heldout/env/([^/]+)/pass_rate$")
+
+
+def _ci(values: Sequence[float]) -> tuple[float, float]:
+    m, half, _ = an.mean_ci95(values)
+    return m, half
+
+
+def _finals(runs: Sequence[an.Run], key: str) -> dict[int, float]:
+    """{seed: value at that run's final logged step} (runs without the key left out)."""
+    out = {}
+    for i, run in enumerate(runs):
+        got = an.final_value(run, key)
+        if got is not None:
+            seed = an.run_seed(run)
+            out[i if seed is None else seed] = got[1]
+    return out
+
+
+def final_rows(groups: Mapping[str, Sequence[an.Run]]) -> list[dict[str, Any]]:
+    """Per group: each evaluation set's PROTOCOL_METRICS at each run's final step, mean ± CI."""
+    sets = eval_sets([r for runs in groups.values() for r in runs])
+    rows = []
+    for g, runs in groups.items():
+        row: dict[str, Any] = {"group": g, "seeds": len(runs)}
+        steps = [an.final_value(r, f"eval/{s}/score") for r in runs for s in sets]
+        row["final_step"] = max((x[0] for x in steps if x is not None), default=None)
+        for split in sets:
+            for metric in PROTOCOL_METRICS:
+                vals = _finals(runs, f"eval/{split}/{metric}")
+                if vals:
+                    row[f"{split}/{metric}"] = _ci(list(vals.values()))
+        rows.append(row)
+    return rows
+
+
+def env_rows(groups: Mapping[str, Sequence[an.Run]]) -> list[dict[str, Any]]:
+    """Per group: each environment's held-out pass rate at the final step, mean ± CI."""
+    rows = []
+    for g, runs in groups.items():
+        envs = sorted({m.group(1) for r in runs for k in r.keys() if (m := ENV_KEY.match(k))})
+        row: dict[str, Any] = {"group": g, "seeds": len(runs)}
+        for env in envs:
+            row[env] = _ci(list(_finals(runs, f"eval/heldout/env/{env}/pass_rate").values()))
+        rows.append(row)
+    return rows
+
+
+def paired_rows(
+    groups: Mapping[str, Sequence[an.Run]], reference: str, metrics: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """Per group other than ``reference``: (group − reference) at the final step on each seed
+    both ran, mean ± 95 % CI over those pairs, and the number of pairs where the group is ahead."""
+    keys = metrics or [f"eval/heldout/{m}" for m in PROTOCOL_METRICS]
+    rows = []
+    for g, runs in groups.items():
+        if g == reference:
+            continue
+        row: dict[str, Any] = {"group": g, "reference": reference}
+        for key in keys:
+            a, b = _finals(runs, key), _finals(groups[reference], key)
+            seeds = sorted(set(a) & set(b))
+            if not seeds:
+                continue
+            d = [a[k] - b[k] for k in seeds]
+            m, half = _ci(d)
+            row[key] = (m, half)
+            row[f"{key}/pairs"] = len(seeds)
+            row[f"{key}/ahead"] = sum(x > 0 for x in d)
+        rows.append(row)
+    return rows
+
+
+def calibration_rows(groups: Mapping[str, Sequence[an.Run]]) -> list[dict[str, Any]]:
+    """Per group: the calibration pass before RL (rubric_rl/calibration.py) on the fixed probe
+    set, mean ± CI over seeds; groups whose runs wrote none are left out."""
+    from rubric_rl import calibration
+
+    rows = []
+    for g, runs in groups.items():
+        figs = []
+        for run in runs:
+            try:
+                figs.append(calibration.read(run.path))
+            except FileNotFoundError:
+                continue
+        if not figs:
+            continue
+        row: dict[str, Any] = {"group": g, "seeds": len(figs)}
+        for arm in ("unguided", "guided"):
+            for k in ("task_pass_rate", "all_fail_groups"):
+                vals = [f[arm][k] for f in figs if arm in f]
+                if vals:
+                    row[f"{arm}/{k}"] = _ci(vals)
+        row["never_met"] = _ci([len(f["never_met"]) for f in figs])
         rows.append(row)
     return rows
 
@@ -300,25 +407,71 @@ def _select_title(select: str) -> str:
     return f"each evaluation set's best step: the max of its seed-mean{what}"
 
 
+def _cells(row: Mapping[str, Any], keys: Sequence[str], digits: int = 3) -> list[str]:
+    return [fmt(*row[k], digits=digits) if k in row else "–" for k in keys]
+
+
 def report(
     groups: Mapping[str, Sequence[an.Run]],
     out_dir: str,
     *,
     reference: str | None = None,
-    select: str = AUTO,
+    match: str | None = None,
+    select: str = FINAL,
 ) -> str:
     """Writes every table (see the module docstring); returns the Markdown."""
     os.makedirs(out_dir, exist_ok=True)
-    res = results_rows(groups, select)
-    write_csv(os.path.join(out_dir, "results.csv"), res)
-    md = [f"# Results ({_select_title(select)})", ""]
-    md += [results_markdown(res), ""]
+    names = list(groups)
+    final = final_rows(groups)
+    write_csv(os.path.join(out_dir, "results.csv"), final)
+    md = [
+        "# Results (benchmarks/protocol.md)",
+        "",
+        "Each run's final step (pre-registered; nothing chosen on a test set); mean ± 95 % CI "
+        "over seeds (Student's t, ddof = 1).",
+        "",
+    ]
+    sets = _in_order({k.split("/", 1)[0] for r in final for k in r if "/" in k} - {"final"})
+    for split in sets:
+        keys = [f"{split}/{m}" for m in PROTOCOL_METRICS]
+        if not any(k in r for r in final for k in keys):
+            continue
+        md += [f"## {split}", ""]
+        body = [
+            [r["group"], str(r["seeds"]), str(r["final_step"])] + _cells(r, keys) for r in final
+        ]
+        md += [markdown_table(["group", "seeds", "step", *PROTOCOL_METRICS], body), ""]
+    envs = env_rows(groups)
+    env_names = sorted({k for r in envs for k in r if k not in ("group", "seeds")})
+    if env_names:
+        write_csv(os.path.join(out_dir, "env.csv"), envs)
+        md += ["## Held-out pass rate per environment (final step)", ""]
+        body = [[r["group"], str(r["seeds"])] + _cells(r, env_names) for r in envs]
+        md += [markdown_table(["group", "seeds", *env_names], body), ""]
     if reference is not None:
-        ref = resolve_group(reference, list(groups))
-        reach = first_reach_rows(groups, ref)
+        ref = resolve_group(reference, names)
+        paired = paired_rows(groups, ref)
+        write_csv(os.path.join(out_dir, "paired.csv"), paired)
+        keys = [f"eval/heldout/{m}" for m in PROTOCOL_METRICS]
+        md += [f"## Paired differences to {ref} (held-out, final step; seed k with seed k)", ""]
+        body = []
+        for r in paired:
+            line = [r["group"]]
+            for k in keys:
+                line.append(
+                    f"{fmt(*r[k], digits=3)} ({r[f'{k}/ahead']}/{r[f'{k}/pairs']})"
+                    if k in r
+                    else "–"
+                )
+            body.append(line)
+        md += [markdown_table(["group − " + ref, *PROTOCOL_METRICS], body)]
+        md += ["", "(n/m): pairs where the group is ahead, of the pairs both arms ran.", ""]
+    if match is not None:
+        ref = resolve_group(match, names)
+        reach = first_reach_rows(groups, ref, key=HELDOUT_PASS)
         write_csv(os.path.join(out_dir, "first_reach.csv"), reach)
         md += [
-            f"## First step reaching {ref}'s final held-out score ({reach[0]['target']:.2f})",
+            f"## First step reaching {ref}'s final held-out pass rate ({reach[0]['target']:.3f})",
             "",
         ]
         body = [
@@ -332,6 +485,11 @@ def report(
         ]
         md += [markdown_table(["group", "first reach step", "reference final step", "ratio"], body)]
         md.append("")
+    if select != FINAL:
+        res = results_rows(groups, select)
+        write_csv(os.path.join(out_dir, "best.csv"), res)
+        md += [f"## Exploration, not the protocol ({_select_title(select)}; mean ± std)", ""]
+        md += [results_markdown(res), ""]
     pool, dynamics = pool_rows(groups)
     if pool:
         write_csv(os.path.join(out_dir, "pool.csv"), pool)
@@ -347,11 +505,24 @@ def report(
     if fails:
         write_csv(os.path.join(out_dir, "all_fail.csv"), fails)
         md += [f"## All-failure rollout groups ({an.ALL_FAIL}, mean over steps)", ""]
-        names = ("all", "early", "middle", "late")
+        names3 = ("all", "early", "middle", "late")
         body = [
-            [r["group"], str(r["seeds"])] + [fmt(*r[k], digits=3) for k in names] for r in fails
+            [r["group"], str(r["seeds"])] + [fmt(*r[k], digits=3) for k in names3] for r in fails
         ]
-        md += [markdown_table(["group", "seeds", *names], body), ""]
+        md += [markdown_table(["group", "seeds", *names3], body), ""]
+    cal = calibration_rows(groups)
+    if cal:
+        write_csv(os.path.join(out_dir, "calibration.csv"), cal)
+        keys = [
+            "unguided/task_pass_rate",
+            "guided/task_pass_rate",
+            "unguided/all_fail_groups",
+            "guided/all_fail_groups",
+            "never_met",
+        ]
+        md += ["## Calibration before RL (fixed probe set, step 1)", ""]
+        body = [[r["group"], str(r["seeds"])] + _cells(r, keys) for r in cal]
+        md += [markdown_table(["group", "seeds", *keys], body), ""]
     text = "\n".join(md)
     with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as f:
         f.write(text)
@@ -362,18 +533,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("root", help="sweep root holding <group>/seed<k> run directories")
     p.add_argument("--out", default=None, help="output directory (default: the root)")
-    p.add_argument("--reference", default=None, help="group whose final held-out score to reach")
+    p.add_argument("--reference", default=None, help="group the paired differences are to")
+    p.add_argument("--match", default=None, help="group whose final held-out pass rate to reach")
     p.add_argument(
         "--select",
-        default=AUTO,
-        help="metric choosing each evaluation set's best step: auto (pass_rate, else score), a "
-        "metric name (score, oracle, env_mean/pass_rate), or a full key (eval/heldout/score) "
-        "choosing one step for every set",
+        default=FINAL,
+        help="final (the protocol: no selection), or also report a best step for exploration: "
+        "auto (pass_rate, else score), a metric name (score, oracle, env_mean/pass_rate), or a "
+        "full key (eval/validation/pass_rate) choosing one step for every set",
     )
     p.add_argument("--groups", nargs="*", default=None, help="only these groups")
     args = p.parse_args(argv)
     groups = load_groups(args.root, args.groups)
-    text = report(groups, args.out or args.root, reference=args.reference, select=args.select)
+    text = report(
+        groups,
+        args.out or args.root,
+        reference=args.reference,
+        match=args.match,
+        select=args.select,
+    )
     print(text)
     return 0
 

@@ -41,6 +41,7 @@ from rubric_rl.analysis import FINISHED_MARKER, checkpoint_steps, is_finished
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED_KEY = "train.seed"  # configs/common.py: c.train.seed
+SEED_PLACEHOLDER = "{seed}"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
 MAX_SLUG = 64
 
@@ -145,8 +146,16 @@ def expand(
                     if wd in seen:
                         raise ValueError(f"runs {seen[wd]} and {spec} share workdir {wd}")
                     seen[wd] = spec
-                    runs.append(RunSpec(spec, int(seed), tuple(point) + tuple(fixed), wd))
+                    overrides = tuple((k, with_seed(v, seed)) for k, v in (*point, *fixed))
+                    runs.append(RunSpec(with_seed(spec, seed), int(seed), overrides, wd))
     return runs
+
+
+def with_seed(text: str, seed: int) -> str:
+    """``text`` with ``{seed}`` replaced by the run's seed: a variant or override that names
+    another run of the same seed (``frozen_rubrics=runs/p/arise/seed{seed}``, the paired
+    frozen-rubrics ablation). The group name keeps the placeholder, so every seed is one group."""
+    return text.replace(SEED_PLACEHOLDER, str(seed))
 
 
 def needs_resume(workdir: str) -> bool:

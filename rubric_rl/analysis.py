@@ -20,6 +20,7 @@ import dataclasses
 import glob
 import gzip
 import json
+import math
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,7 +30,7 @@ import numpy as np
 
 # Metric keys (the trainer prefixes a controller's metrics with its name: "arise/...").
 HELDOUT_SCORE = "eval/heldout/score"
-EVAL_SPLITS = ("heldout", "ood")
+EVAL_SPLITS = ("heldout", "validation", "ood")
 EVAL_METRICS = ("score", "pass_rate", "oracle")
 RUBRIC_REWARD = "reward/mean"  # the step's rubric reward (pool rubric under ARISE)
 RUBRIC_PASS = "arise/rubric/pass_rate"  # pooled pass rate of the pool's criteria
@@ -195,6 +196,51 @@ def mean_std(values: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]
     if values.shape[axis] < 2:
         return mean, np.full_like(mean, np.nan)
     return mean, values.std(axis=axis, ddof=1)
+
+
+# Two-sided 95 % critical values of Student's t, df = 1..30 (standard tables, 3 decimals).
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+_Z975 = 1.959964
+
+
+def t_critical_975(df: int) -> float:
+    """The 0.975 quantile of Student's t with ``df`` degrees of freedom: the table up to 30, then
+    the Cornish-Fisher expansion in 1/df (within 1e-3 of the exact value there)."""
+    if df < 1:
+        raise ValueError(f"t_critical_975: df must be >= 1, got {df}")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = _Z975
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def mean_ci95(values: Sequence[float]) -> tuple[float, float, int]:
+    """(mean, half-width of the 95 % confidence interval, n) over seeds: t_{0.975, n-1} · s / √n
+    with the sample std (ddof = 1). NaN values are left out; one value has no interval (NaN)."""
+    x = np.asarray(values, np.float64)
+    x = x[~np.isnan(x)]
+    if x.size == 0:
+        return math.nan, math.nan, 0
+    if x.size == 1:
+        return float(x[0]), math.nan, 1
+    half = t_critical_975(x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
+    return float(x.mean()), float(half), int(x.size)
+
+
+def run_seed(run: Run) -> int | None:
+    """The seed a run directory stands for (``.../seed<k>``), or None."""
+    m = SEED_DIR.match(os.path.basename(os.path.normpath(run.path)))
+    return int(m.group(1)) if m else None
+
+
+def final_value(run: Run, key: str) -> tuple[int, float] | None:
+    """(step, value) of the last row logging ``key``, or None."""
+    steps, vals = run.series(key)
+    return (int(steps[-1]), float(vals[-1])) if steps.size else None
 
 
 def best_index(curve: np.ndarray) -> int:

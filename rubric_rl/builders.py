@@ -55,8 +55,10 @@ class Domain:
     ood: tuple[Task, ...]
     verify: Callable[[Task, str], bool] | None = None  # task pass (all stated constraints)
     oracle: Callable[[Task, str], float] | None = None  # hidden quality in [0, 1]
-    # (n, seed, p_keep): n demonstrations, each stated constraint met with probability p_keep.
-    corpus: Callable[[int, int, float], list[tuple[list[dict], str]]] | None = None
+    # (n, seed, p_keep, copy_fraction): n demonstrations, each stated constraint met with
+    # probability p_keep; a share copy_fraction copy demonstrations (a domain without copy
+    # demonstrations, copy_corpus None, ignores it and the warm start logs that).
+    corpus: Callable[[int, int, float, float], list[tuple[list[dict], str]]] | None = None
     vocabulary: Sequence[str] | None = None
     # A fresh tool environment for one rollout of a task (None: a single-turn domain). The
     # agent loop (rollout/agent.py) makes one per rollout and closes it.
@@ -68,6 +70,15 @@ class Domain:
     # The task's prompt with the domain's own guidance for it (the embedded domain: the skill texts
     # of its capabilities), for calibration's guidance-following gain (rubric_rl/calibration.py).
     guidance: Callable[[Task], list[dict]] | None = None
+    # The domain's checker library: the rule-checked criteria a rubric-writing method may propose
+    # for a task, read from its prompt text (the embedded domain: envs/constraint_library.py;
+    # ARISE's ``arise.bank``). None: the task's own rubric is the only bank.
+    criteria_library: Callable[[Task], Sequence[Any]] | None = None
+    # (n, seed): n copy demonstrations for the warm start's first warmstart.copy_steps steps.
+    copy_corpus: Callable[[int, int], list[tuple[list[dict], str]]] | None = None
+    # Tasks for choices (checkpoints, hyperparameters) that the held-out set must never make
+    # (benchmarks/protocol.md); empty where the domain has no such split.
+    validation: tuple[Task, ...] = ()
 
 
 DOMAINS: Registry[Callable[[ConfigDict], Domain]] = Registry("domain")
@@ -78,6 +89,7 @@ TOOL_DOMAINS = tool_domain.TOOL_DOMAINS
 @DOMAINS.register("constraints")
 def constraints_domain(cfg: ConfigDict) -> Domain:
     from rubric_rl.envs import constraints
+    from rubric_rl.envs.constraint_library import library_criteria
 
     gen = constraints.ConstraintDomain(int(cfg.seed))
     return Domain(
@@ -87,9 +99,14 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
         ood=tuple(gen.tasks("ood", int(cfg.n_ood))),
         verify=constraints.verify,
         oracle=constraints.oracle_quality,
-        corpus=lambda n, seed, p_keep: constraints.warmstart_corpus(n, seed, p_keep=p_keep),
+        corpus=lambda n, seed, p_keep, copy_fraction: constraints.warmstart_corpus(
+            n, seed, p_keep=p_keep, copy_fraction=copy_fraction
+        ),
         vocabulary=constraints.domain_vocabulary(),
         guidance=constraints.skill_guidance,
+        criteria_library=library_criteria,
+        copy_corpus=constraints.copy_corpus,
+        validation=tuple(gen.tasks("validation", int(cfg.n_validation))),
     )
 
 
@@ -134,7 +151,7 @@ def _tool_domain(name: str, cfg: ConfigDict) -> Domain:
         heldout=tuple(env_cls.task_bank("heldout", int(cfg.n_heldout), seed)),
         ood=tuple(env_cls.task_bank("ood", int(cfg.n_ood), seed)),
         verify=tool_domain.VERIFIERS[name],
-        corpus=lambda n, s, p_keep: tool_domain.warmstart_corpus(name, n, s, p_keep),
+        corpus=lambda n, s, p_keep, copy_fraction: tool_domain.warmstart_corpus(name, n, s, p_keep),
         vocabulary=tool_domain.vocabulary(name),
         make_env=lambda task: env_cls(),
         embedded_tokenizer="spaced",
@@ -450,6 +467,7 @@ def arise_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
         seed=int(config.train.seed),
         llm_client=client,
         task_verifier=domain.verify,
+        criteria_library=domain.criteria_library,
         **arise_controller_kwargs(config),
     )
     if config.arise.frozen_pool_from:

@@ -27,9 +27,10 @@ measurement; issue 13 does, before any comparison run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ import numpy as np
 from rubric_rl.controllers.base import Controller
 from rubric_rl.controllers.reflection_base import satisfied
 from rubric_rl.rollout.batch import Rollouts
-from rubric_rl.rubrics.types import Task
+from rubric_rl.rubrics.types import Criterion, Task
 from rubric_rl.run_files import step_path
 
 STREAM = "calibration"
@@ -51,11 +52,20 @@ def genuine(weight: float) -> bool:
 class CalibrationController(Controller):
     name = "calibration"
 
-    def __init__(self, tasks: Sequence[Task], n_tasks: int, seed: int = 0):
+    def __init__(
+        self,
+        tasks: Sequence[Task],
+        n_tasks: int,
+        seed: int = 0,
+        criteria_library: Callable[[Task], Sequence[Criterion]] | None = None,
+    ):
         if n_tasks < 1:
             raise ValueError(f"config.calibration.tasks must be >= 1, got {n_tasks}")
         order = np.random.default_rng(int(seed)).permutation(len(tasks))
         self.tasks = [tasks[i] for i in order[: min(int(n_tasks), len(tasks))]]
+        # Judged: the seed rubric plus the library's criteria it lacks (the embedded domain's
+        # implicit requirements, which the verifier checks): every requirement gets a pass rate.
+        self.judged = [_with_library(t, criteria_library) for t in self.tasks]
         self.done = False
         self.figures: dict[str, Any] = {}
 
@@ -91,8 +101,8 @@ class CalibrationController(Controller):
                         prompts[lo : lo + chunk], n, stream=STREAM, names=[t.id for t in tasks]
                     )
                 responses += [[x.response for x in ts] for ts in trajs]
-            verdicts = svc.judge(self.tasks, responses)
-            out[arm] = summarise(self.tasks, responses, verdicts, svc.task_verifier)
+            verdicts = svc.judge(self.judged, responses)
+            out[arm] = summarise(self.judged, responses, verdicts, svc.task_verifier, self.tasks)
         unguided = out["unguided"]["criteria"]
         out["never_met"] = sorted(
             cid for cid, c in unguided.items() if genuine(c["weight"]) and c["pass_rate"] == 0.0
@@ -106,9 +116,21 @@ class CalibrationController(Controller):
         self.done = bool(state["done"])
 
 
-def summarise(tasks, responses, verdicts, verifier) -> dict[str, Any]:
+def _with_library(task: Task, library: Callable[[Task], Sequence[Criterion]] | None) -> Task:
+    if library is None:
+        return task
+    own = {c.title or c.id for c in task.rubric.criteria}  # the constraint kinds it checks
+    extra = tuple(c for c in library(task) if (c.title or c.id) not in own)
+    if not extra:
+        return task
+    rubric = dataclasses.replace(task.rubric, criteria=task.rubric.criteria + extra)
+    return dataclasses.replace(task, rubric=rubric)
+
+
+def summarise(tasks, responses, verdicts, verifier, reward_tasks=None) -> dict[str, Any]:
     """Pass rates per criterion, task pass rate, all-failure groups, rubric reward (weighted
-    mean of satisfied criteria per rollout), and the rollouts themselves."""
+    mean of satisfied criteria per rollout, on ``reward_tasks``' rubrics when given: the seed
+    rubric without the library's extra criteria), and the rollouts themselves."""
     from rubric_rl.rubrics.rewards import batch_rewards
 
     crit: dict[str, list[float]] = {}
@@ -131,6 +153,13 @@ def summarise(tasks, responses, verdicts, verifier) -> dict[str, Any]:
                 acc[0] += float(satisfied(v.met, w))
                 acc[1] += 1.0
                 weight[v.criterion_id] = w
+    if reward_tasks is not None:
+        keep = [{c.id for c in t.rubric.criteria} for t in reward_tasks]
+        verdicts = [
+            [[v for v in row if v.criterion_id in ids] for row in vs]
+            for vs, ids in zip(verdicts, keep, strict=True)
+        ]
+        tasks = reward_tasks
     scores = Rollouts.from_responses(0, list(tasks), responses, verdicts).scores
     reward = batch_rewards("weighted", scores).values.astype(np.float64)
     return {
@@ -163,7 +192,8 @@ def build_calibration(config: Any, domain: Any) -> list[Controller]:
     cal = config.get("calibration")
     if cal is None or not bool(cal.enabled):
         return []
-    return [CalibrationController(domain.train, int(cal.tasks), int(cal.seed))]
+    library = getattr(domain, "criteria_library", None)
+    return [CalibrationController(domain.train, int(cal.tasks), int(cal.seed), library)]
 
 
 def read(run_dir: str) -> dict[str, Any]:

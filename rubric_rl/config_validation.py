@@ -185,6 +185,13 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
     for split in ("n_train", "n_heldout", "n_ood"):
         if int(config.domain[split]) < 1:
             _fail(f"domain.{split}", f"must be >= 1, got {config.domain[split]}")
+    n_val = int(config.domain.get("n_validation", 0))
+    if n_val < 0 or (n_val and config.domain.name != "constraints"):
+        _fail(
+            "domain.n_validation",
+            f"must be >= 0, and 0 except on the constraints domain (the only one with a "
+            f"validation split); got {n_val} on {config.domain.name!r}",
+        )
     if config.domain.name == "dataset":
         _validate_dataset_domain(config)
     _validate_rollout_mode(config)
@@ -199,6 +206,7 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
     for field, band in _bands(config):
         if len(band) != 2 or float(band[0]) > float(band[1]):
             _fail(field, f"an acceptance band must be (low, high) with low <= high, got {band}")
+    _validate_copy_demonstrations(config)
     method = config.get("method")
     if method in METHOD_VALIDATORS:
         METHOD_VALIDATORS.get(method)(config)
@@ -231,6 +239,22 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
                 f"{seqs // int(o.mini_batches)} sequences per mini-batch do not split into "
                 f"{o.num_micro_batches} micro-batches of {data * fsdp} shards",
             )
+
+
+def _validate_copy_demonstrations(config: ConfigDict) -> None:
+    """``warmstart.copy_fraction`` / ``copy_steps`` (the embedded domain's copy demonstrations;
+    a domain without them leaves both unused, and the warm start logs it)."""
+    if int(config.warmstart.steps) <= 0:
+        return
+    copy = float(config.warmstart.get("copy_fraction", 0.0))
+    if not 0.0 <= copy <= 1.0:
+        _fail("warmstart.copy_fraction", f"must be in [0, 1], got {copy}")
+    copy_steps = int(config.warmstart.get("copy_steps", 0))
+    if not 0 <= copy_steps <= int(config.warmstart.steps):
+        _fail(
+            "warmstart.copy_steps",
+            f"must be in [0, warmstart.steps={config.warmstart.steps}], got {copy_steps}",
+        )
 
 
 def _validate_dataset_domain(config: ConfigDict) -> None:

@@ -102,7 +102,12 @@ DEFAULT_SCRIPT: dict[str, CriterionScript] = {
     "answer": CriterionScript(0.2, 0.7, 80, 0.25),
     "order": CriterionScript(0.1, 0.6, 100, 0.25),
     "sequence": CriterionScript(0.0, 0.0),
+    # The implicit requirements (constraint_spec.implicit_constraints): items repeat less as the
+    # policy learns; boilerplate (praise, claim, filler) fades. Neither is stated anywhere.
+    "distinct": CriterionScript(0.7, 0.95, 40, 0.2),
+    "plain": CriterionScript(0.7, 0.95, 40, 0.2),
 }
+_FLUFF = ("praise", "claim", "pad")
 
 
 class ScriptedPolicy:
@@ -126,16 +131,17 @@ class ScriptedPolicy:
         return bool(text) and text in prompt_text
 
     def respond(self, task: Any, messages: Sequence[Mapping[str, str]], step: int, j: int) -> str:
-        from rubric_rl.envs.constraints import hard_constraints, render_response
+        from rubric_rl.envs.constraint_domain import render_response, task_requirements
 
         rng = np.random.default_rng([self.seed, step, j, _stable_hash(task.id)])
         text = " ".join(m["content"] for m in messages)
         keep = set()
-        for c in hard_constraints(task):
+        for c in task_requirements(task):  # stated constraints and implicit requirements
             p = self.script_for(c.kind, c.rare).p(step, self.guided(text, c.capability))
             if rng.random() < p:
                 keep.add(c.kind)
-        return render_response(task, keep, rng)
+        fluff = {} if "plain" in keep else {_FLUFF[int(rng.integers(len(_FLUFF)))]: True}
+        return render_response(task, keep, rng, **fluff)
 
 
 def _stable_hash(s: str) -> int:

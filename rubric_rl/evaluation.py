@@ -34,7 +34,9 @@ from rubric_rl.rubrics.scores import pack_verdicts
 from rubric_rl.rubrics.types import Task
 from rubric_rl.step_metrics import criterion_pass_rates
 
-EVAL_SPLITS = ("heldout", "ood")
+# The test set first; "validation" exists where the domain has one (config.domain.n_validation):
+# any choice (checkpoint, hyperparameter) is made there, never on the held-out set.
+EVAL_SPLITS = ("heldout", "validation", "ood")
 DEFAULT_ENV = "default"  # the environment of a task whose env_name is None
 
 __all__ = [

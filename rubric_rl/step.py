@@ -40,7 +40,7 @@ from rubric_rl.core.advantages import ADVANTAGE_ESTIMATORS, multi_signal_advanta
 from rubric_rl.registry import Registry
 from rubric_rl.rollout.batch import Group, Messages, Rollouts, score_matrices
 from rubric_rl.rubrics.rewards import batch_rewards
-from rubric_rl.rubrics.types import append_to_last_user
+from rubric_rl.rubrics.types import append_to_last_user, append_to_system
 from rubric_rl.services import TRAIN_STREAM, Services
 
 RUBRIC_SIGNAL = "rubric"
@@ -276,11 +276,7 @@ def with_context(messages: Messages, context: str, placement: str, what: str) ->
         raise ValueError(
             f"{what}: teacher placement must be last_user or system, got {placement!r}"
         )
-    out = [dict(m) for m in messages]
-    if out and out[0]["role"] == "system":
-        out[0]["content"] = f"{out[0]['content']} {context}".strip()
-        return out
-    return [{"role": "system", "content": context}, *out]
+    return append_to_system(messages, context)
 
 
 def teacher(rollouts: Rollouts, ctx: StepContext) -> Rollouts:

@@ -12,6 +12,7 @@ from configs import grpo
 from rubric_rl import calibration
 from rubric_rl.config_validation import validate_config
 from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
+from rubric_rl.envs.constraint_library import library_criteria
 from rubric_rl.envs.constraints import ConstraintDomain, skill_guidance, verify
 
 
@@ -56,7 +57,9 @@ def test_written_once_and_recomputable_from_its_rollouts(runs):
         for r in a["rollouts"]:
             task = tasks[r["task"]]
             ok.append(float(verify(task, r["response"])))
-            weights = {c.id: c.weight for c in task.rubric.criteria}
+            # Judged: the seed rubric plus the library's implicit requirements it lacks.
+            weights = {c.id: c.weight for c in library_criteria(task)}
+            weights |= {c.id: c.weight for c in task.rubric.criteria}
             for cid, m in r["verdicts"].items():
                 if m is None:
                     continue
@@ -70,6 +73,7 @@ def test_written_once_and_recomputable_from_its_rollouts(runs):
             {c: met[c] / cnt[c] for c in met}
         )
         assert {c: v["verdicts"] for c, v in a["criteria"].items()} == cnt
+        assert cnt["plain"] == n_tasks * j  # every task's implicit "plain" is measured
     # The guided arm's prompts carry the skills; the two arms sample different text.
     assert [r["response"] for r in fig["guided"]["rollouts"]] != [
         r["response"] for r in fig["unguided"]["rollouts"]

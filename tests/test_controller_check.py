@@ -15,6 +15,7 @@ from rubric_rl.controller_check import (
     ScriptedPolicy,
     run_check,
 )
+from rubric_rl.controllers.arise_config import PRE_ISSUE13, with_arise_settings
 from rubric_rl.envs.constraints import ConstraintDomain, hard_constraints
 
 
@@ -64,12 +65,10 @@ def _arise(previous: bool):
     c.unlock()
     c.rollout.tasks_per_step = 16
     c.domain.n_train = 512
-    if previous:  # the defaults before issue 13's "ARISE made faithful"
-        c.arise.capability.importance_weights = True
-        c.arise.programmatic.rank = "separation"
-        c.arise.retire_unlearnable = False
     c.lock()
-    return c
+    # The settings before issue 13 (importance weights, separation ranking, no exit for a pair
+    # that never improves, seed-rubric candidates, a pool of 8 filled 2 a step) or the defaults.
+    return with_arise_settings(c, PRE_ISSUE13 if previous else {})
 
 
 @pytest.fixture(scope="module")

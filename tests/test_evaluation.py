@@ -27,22 +27,25 @@ def _cfg(every=25, at_start=True, heldout=-1, ood=-1):
     )
 
 
-def _schedule(config, steps: int) -> dict[str, list[int]]:
+def _schedule(config, steps: int, with_validation: bool = False) -> dict[str, list[int]]:
     """Steps at which each set is evaluated, as the trainer asks: step 0 before training (not
     final), then each training step with final = (step == steps)."""
     out = {s: [] for s in EVAL_SPLITS}
     for step in range(steps + 1):
         for s in due_splits(config, step, final=step > 0 and step == steps):
             out[s].append(step)
-    return out
+    # The validation set follows the same rules (an empty one is skipped by evaluate); the
+    # tables below list the two sets every domain has.
+    return {s: out[s] for s in ("heldout", "ood")} if not with_validation else out
 
 
 def test_default_config_evaluates_both_sets_at_0_every_25_and_150():
     c = grpo.get_config()
     assert c.train.steps == 150 and c.eval.every == 25
-    assert dict(c.eval.splits) == {"heldout": -1, "ood": -1}
+    assert dict(c.eval.splits) == {"heldout": -1, "validation": -1, "ood": -1}
+    assert c.domain.n_validation == 0  # no validation set unless a comparison asks for one
     want = [0, 25, 50, 75, 100, 125, 150]
-    assert _schedule(c, 150) == {"heldout": want, "ood": want}
+    assert _schedule(c, 150, True) == {"heldout": want, "validation": want, "ood": want}
 
 
 @pytest.mark.parametrize(
@@ -81,7 +84,7 @@ def test_split_every_and_a_config_without_splits():
     assert split_every(_cfg(every=25, ood=-1), "ood") == 25
     assert split_every(_cfg(every=25, ood=5), "ood") == 5
     bare = ml_collections.ConfigDict(dict(eval=dict(every=5, at_start=True)))  # older runs
-    assert due_splits(bare, 10, final=False) == ["heldout", "ood"]
+    assert due_splits(bare, 10, final=False) == ["heldout", "validation", "ood"]
     with pytest.raises(ValueError, match=r"config\.eval\.splits\.ood"):
         split_every(_cfg(ood=-2), "ood")
 

@@ -36,6 +36,9 @@ def test_locked_config_rejects_a_typo():
         ("rollout.top_p", 0.9, "config.rollout.top_p"),
         ("optim.epochs", 0, "config.optim.epochs"),
         ("warmstart.p_keep", 1.5, "config.warmstart.p_keep"),
+        ("warmstart.copy_fraction", -0.1, "config.warmstart.copy_fraction"),
+        ("warmstart.copy_steps", 99, "config.warmstart.copy_steps"),
+        ("domain.n_validation", -1, "config.domain.n_validation"),
         ("optim.mini_batches", 3, "config.optim.mini_batches"),
     ],
 )

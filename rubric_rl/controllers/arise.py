@@ -38,6 +38,7 @@ from rubric_rl.controllers.arise_pool import (
 )
 from rubric_rl.controllers.base import Controller, Messages, TaskBatch
 from rubric_rl.controllers.reflection import Reflection, RolloutRecord, satisfied
+from rubric_rl.controllers.reflection_base import CriteriaBank, seed_rubric_bank
 from rubric_rl.core.advantages import multi_signal_advantages
 from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.rewards import batch_rewards
@@ -150,13 +151,14 @@ class AriseController(Controller):
         config: AriseConfig | None = None,
         *,
         task_verifier: TaskVerifier | None = None,
+        bank: CriteriaBank = seed_rubric_bank,
     ):
         config = config or AriseConfig()
         self.tasks_by_id = {t.id: t for t in tasks}
         self.sampler = sampler
         self.reflection = reflection
         self.config = config
-        self.pool = RubricSkillPool(config)
+        self.pool = RubricSkillPool(config, bank)
         self.task_verifier = task_verifier or _default_verifier(tasks)
         self.window: collections.deque = collections.deque(maxlen=config.reflection_window_steps)
         if config.evolve and reflection is None:
@@ -383,16 +385,19 @@ def make_arise_controller(
     reflection_options: Mapping[str, Any] | None = None,
     llm_client: Any = None,
     task_verifier: TaskVerifier | None = None,
+    criteria_library: CriteriaBank | None = None,
     **arise_options: Any,
 ) -> AriseController:
     """Builds the ARISE controller from config values: the inner sampler by its ``SAMPLERS`` name
     (``capability``; ``uniform`` for the alternative-sampling ablation), the reflection by its
-    ``REFLECTIONS`` name (``llm`` needs ``llm_client``), and ``AriseConfig`` fields as keywords."""
+    ``REFLECTIONS`` name (``llm`` needs ``llm_client``), and ``AriseConfig`` fields as keywords.
+    ``criteria_library`` is the domain's checker library (``AriseConfig.bank``)."""
     from rubric_rl.controllers import capability_sampler  # noqa: F401  (registers "capability")
     from rubric_rl.controllers.reflection import REFLECTIONS
     from rubric_rl.controllers.sampling import SAMPLERS
 
     config = AriseConfig(**arise_options)
+    bank = resolve_bank(config.bank, criteria_library)
     inner = SAMPLERS.get(sampler)(tasks, batch_size, seed=seed, **dict(sampler_options or {}))
     refl = None
     if config.evolve:
@@ -403,5 +408,17 @@ def make_arise_controller(
                 raise ValueError("make_arise_controller: reflection='llm' needs an llm_client")
             refl = cls(llm_client, **options)
         else:
-            refl = cls(**options)
-    return AriseController(tasks, inner, refl, config, task_verifier=task_verifier)
+            refl = cls(bank=bank, **options)
+    return AriseController(tasks, inner, refl, config, task_verifier=task_verifier, bank=bank)
+
+
+def resolve_bank(name: str, criteria_library: CriteriaBank | None) -> CriteriaBank:
+    """``AriseConfig.bank`` as a function: the domain's library, or the task's own rubric."""
+    if name == "seed_rubric" or (name == "auto" and criteria_library is None):
+        return seed_rubric_bank
+    if criteria_library is None:
+        raise ValueError(
+            "config.arise.bank='library': the domain has no checker library (only the embedded "
+            "constraints domain has one); use 'seed_rubric' or 'auto'"
+        )
+    return criteria_library

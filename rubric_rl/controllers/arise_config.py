@@ -36,6 +36,39 @@ _LLM_REFLECTION_OPTIONS = (
 )
 
 
+# ARISE's settings before issue 13, each still a flag so the old behaviour stays an ablation
+# (keys are paths under ``config.arise``): HarnessRL's importance weights on the capability
+# sampler's draws, the separation ranking, no exit for a pair that never improves, candidates
+# from the seed rubric only, and a pool of 8 filled at up to 2 pairs a step, retired after 4
+# steps of mastery. benchmarks/controller_check.py and its test compare the defaults to these.
+PRE_ISSUE13: dict[str, Any] = {
+    "capability.importance_weights": True,
+    "programmatic.rank": "separation",
+    "retire_unlearnable": False,
+    "bank": "seed_rubric",
+    "pool_cap": 8,
+    "max_add_per_reflection": 2,
+    "reflect_every": 1,
+    "retire_window": 4,
+}
+
+
+def with_arise_settings(config: ConfigDict, settings: dict[str, Any]) -> ConfigDict:
+    """A locked copy of ``config`` with ``settings`` (paths under ``config.arise``) applied."""
+    out = config.copy_and_resolve_references()
+    out.unlock()
+    for key, value in settings.items():
+        node = out.arise
+        *path, field = key.split(".")
+        for p in path:
+            node = node[p]
+        if field not in node:
+            raise KeyError(f"config.arise.{key}: no such field")
+        node[field] = value
+    out.lock()
+    return out
+
+
 def arise_defaults() -> dict[str, Any]:
     """Every ``AriseConfig`` field at its default (rubric_rl/controllers/arise_pool.py)."""
     return dataclasses.asdict(AriseConfig())

@@ -38,10 +38,16 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rubric_rl.controllers.reflection_base import Proposal, fill_skill
+from rubric_rl.controllers.reflection_base import (
+    CriteriaBank,
+    Proposal,
+    fill_skill,
+    seed_rubric_bank,
+)
 from rubric_rl.rubrics.types import Criterion, CriterionStatus, Task, Verifier
 
 ADDED, ACTIVE, HIDDEN, RETIRED = "added", "active", "hidden", "retired"
+BANKS = ("auto", "library", "seed_rubric")
 STATES = (ADDED, ACTIVE, HIDDEN, RETIRED)
 
 
@@ -49,9 +55,14 @@ STATES = (ADDED, ACTIVE, HIDDEN, RETIRED)
 class AriseConfig:
     """Pool, lifecycle and reward settings (see the module docstring for the rules)."""
 
-    pool_cap: int = 8
-    max_add_per_reflection: int = 2
-    reflect_every: int = 1
+    # Issue 13, set on the scripted-policy check before any RL run (benchmarks/controller_check.py):
+    # room for 16 pairs, at most one new pair every 3 steps (~0.3 adds a step, the seed's 36 over
+    # 150 steps is 0.24), consistent mastery judged over 8 steps before a pair retires. The check
+    # then gives 37 added / 29 retired / 8 live over 150 steps (seed: 36 / 21 / 15), no stuck
+    # slot. The previous 8 / 2 a step / every step / 4 filled the pool by step 4.
+    pool_cap: int = 16
+    max_add_per_reflection: int = 1
+    reflect_every: int = 3
     reflect_start_step: int = 0
     reflection_window_steps: int = 4
     min_reflection_rollouts: int = 16
@@ -68,13 +79,20 @@ class AriseConfig:
     hide_above: float = 0.75
     hide_window: int = 3
     retire_above: float = 0.9
-    retire_window: int = 4
+    retire_window: int = 8
     evolve: bool = True  # False: the pool is frozen (no reflection, no transitions)
     inject_skills: bool = True  # False: the "no skill injection" ablation
     w_rubric: float = 1.0
     success_threshold: float = 1.0  # a rollout succeeds when its task reward reaches this
+    # Where candidate rubrics and bound entries' criteria come from (BANKS): "library" = the
+    # domain's checker library read from each prompt (criteria the seed rubric lacks included;
+    # issue 13), "seed_rubric" = the task's own rubric (the previous behaviour, an ablation),
+    # "auto" = the library when the domain has one.
+    bank: str = "auto"
 
     def __post_init__(self):
+        if self.bank not in BANKS:
+            raise ValueError(f"AriseConfig.bank must be one of {BANKS}, got {self.bank!r}")
         for name in ("activate_window", "refine_window", "hide_window", "retire_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"AriseConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -121,28 +139,29 @@ class PoolEntry:
     def live(self) -> bool:
         return self.state != RETIRED
 
-    def source(self, task: Task) -> Criterion | None:
-        """The task's own criterion this entry is bound to (None if unbound or absent)."""
+    def source(self, task: Task, bank: Sequence[Criterion] | None = None) -> Criterion | None:
+        """The task's criterion this entry is bound to, among ``bank`` (the pool's criteria bank
+        for the task; default its own rubric), or None if unbound or absent."""
         if self.source_id is None:
             return None
-        for c in task.rubric.criteria:
+        for c in task.rubric.criteria if bank is None else bank:
             # The same criterion id can carry another capability on another task (e.g. the
             # answer of a counting vs a verification question): the entry targets its own cell.
             if c.id == self.source_id and (c.capability or "") == self.capability:
                 return c
         return None
 
-    def applies(self, task: Task) -> bool:
+    def applies(self, task: Task, bank: Sequence[Criterion] | None = None) -> bool:
         """Targets the task: its type, and its capability (bound: the task has the criterion)."""
         if self.task_types and task.task_type not in self.task_types:
             return False
         if self.source_id is not None:
-            return self.source(task) is not None
+            return self.source(task, bank) is not None
         return not task.capabilities or self.capability in task.capabilities
 
-    def criterion(self, task: Task) -> Criterion | None:
+    def criterion(self, task: Task, bank: Sequence[Criterion] | None = None) -> Criterion | None:
         """The rubric instantiated for ``task`` (id = entry id), or None if it does not apply."""
-        if not self.live or not self.applies(task):
+        if not self.live or not self.applies(task, bank):
             return None
         status = CriterionStatus.HIDDEN if self.state == HIDDEN else CriterionStatus.ACTIVE
         common = dict(
@@ -153,7 +172,7 @@ class PoolEntry:
             parent_id=self.parent_id,
             capability=self.capability,
         )
-        src = self.source(task)
+        src = self.source(task, bank)
         if src is not None:
             skill = fill_skill(self.skill, src)
             return Criterion(
@@ -197,8 +216,9 @@ class RubricSkillPool:
     """The pool and its lifecycle (see the module docstring). Pure Python over explicit inputs:
     ``add`` proposals, ``record`` per-step pass counts, ``advance`` to apply the rules."""
 
-    def __init__(self, config: AriseConfig):
+    def __init__(self, config: AriseConfig, bank: CriteriaBank = seed_rubric_bank):
         self.config = config
+        self.bank = bank  # where a bound entry finds its criterion on each task
         self.entries: dict[str, PoolEntry] = {}
         self.next_id = 0
         self.events: list[dict[str, Any]] = []
@@ -321,15 +341,17 @@ class RubricSkillPool:
 
     def rubric_for(self, task: Task) -> tuple[Criterion, ...]:
         """The live entries' criteria instantiated for ``task`` (judged: active and hidden)."""
-        out = [e.criterion(task) for e in self.entries.values()]
+        bank = self.bank(task) if self.entries else ()
+        out = [e.criterion(task, bank) for e in self.entries.values()]
         return tuple(c for c in out if c is not None)
 
     def skills_for(self, task: Task) -> list[str]:
         """Skill texts to inject for ``task``: entries whose skill is active and that target it."""
+        bank = self.bank(task) if self.entries else ()
         out = []
         for e in self.entries.values():
-            if e.state == ACTIVE and e.applies(task):
-                out.append(fill_skill(e.skill, e.source(task)))
+            if e.state == ACTIVE and e.applies(task, bank):
+                out.append(fill_skill(e.skill, e.source(task, bank)))
         return list(dict.fromkeys(s for s in out if s.strip()))
 
     def pop_events(self) -> list[dict[str, Any]]:

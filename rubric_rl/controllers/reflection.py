@@ -54,6 +54,7 @@ from rubric_rl.controllers.reflection_base import (  # noqa: F401  (re-exported 
     MISSED_PREFIX,
     REFLECTIONS,
     REMEMBER_PREFIX,
+    CriteriaBank,
     PoolPair,
     Proposal,
     Reflection,
@@ -62,6 +63,7 @@ from rubric_rl.controllers.reflection_base import (  # noqa: F401  (re-exported 
     fill_skill,
     guidance_hint,
     satisfied,
+    seed_rubric_bank,
 )
 from rubric_rl.controllers.reflection_llm import (  # noqa: F401  (re-exported API)
     REFLECTION_TEMPLATES,
@@ -76,7 +78,7 @@ from rubric_rl.rubrics.types import Criterion, Task, VerifierKind
 # --- programmatic reflection ---------------------------------------------------------------------
 
 
-RANKINGS = ("progress", "separation")
+RANKINGS = ("progress_mass", "progress", "separation")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +92,12 @@ class CandidateScore:
     sat_failure: int
     fail_groups: int = 0  # failing groups (no success) with >= 2 judged rollouts of this one
     fail_group_variance: float = 0.0  # mean q_g (1 - q_g) over those groups
+
+    @property
+    def fail_group_mass(self) -> float:
+        """Σ_g q_g (1 − q_g) over the failing groups: the rubric signal the candidate would give
+        the window's failing groups in all (the mean times how many groups it reaches)."""
+        return self.fail_group_variance * self.fail_groups
 
     @property
     def support(self) -> int:
@@ -157,8 +165,9 @@ class ProgrammaticReflection(Reflection):
         min_failures: int = 4,
         min_separation: float = 0.1,
         redundant_agreement: float = 0.98,
-        rank: str = "progress",
+        rank: str = "progress_mass",
         min_progress_variance: float = 0.0,
+        bank: CriteriaBank = seed_rubric_bank,
     ):
         if rank not in RANKINGS:
             raise ValueError(
@@ -175,13 +184,14 @@ class ProgrammaticReflection(Reflection):
         self.redundant_agreement = float(redundant_agreement)
         self.rank_by = rank
         self.min_progress_variance = float(min_progress_variance)
+        self.bank = bank
         self._judge = ProgrammaticJudge()
 
-    @staticmethod
-    def candidates(task: Task) -> list[tuple[str, Criterion]]:
-        """The task's own checkable criteria that can target one of its capability cells."""
+    def candidates(self, task: Task) -> list[tuple[str, Criterion]]:
+        """The bank's rule-checked criteria for the task that can target one of its capability
+        cells (``bank``: the task's own rubric, or the domain's checker library)."""
         out = []
-        for c in task.rubric.criteria:
+        for c in self.bank(task):
             if c.verifier.kind != VerifierKind.RULE or not c.capability:
                 continue
             if c.capability not in task.capabilities:
@@ -230,7 +240,7 @@ class ProgrammaticReflection(Reflection):
     def eligible(self, s: CandidateScore) -> bool:
         if s.support < self.min_support or s.n_failure < self.min_failures:
             return False
-        if self.rank_by == "progress":
+        if self.rank_by in ("progress", "progress_mass"):
             if s.sat_failure == 0 or s.fail_group_variance <= self.min_progress_variance:
                 return False  # no partial progress among failures, or no signal inside a group
         elif s.separation < self.min_separation:
@@ -242,6 +252,8 @@ class ProgrammaticReflection(Reflection):
         """Eligible candidates, best first: by within-failing-group variance (``progress``) or
         by separation; ties by failures explained, then the key."""
         scores = [s for s in self.score_candidates(records).values() if self.eligible(s)]
+        if self.rank_by == "progress_mass":
+            return sorted(scores, key=lambda s: (-s.fail_group_mass, -s.failures_explained, s.key))
         if self.rank_by == "progress":
             return sorted(
                 scores, key=lambda s: (-s.fail_group_variance, -s.failures_explained, s.key)
@@ -285,6 +297,7 @@ class ProgrammaticReflection(Reflection):
                     evidence={
                         "rank": self.rank_by,
                         "fail_group_variance": round(s.fail_group_variance, 6),
+                        "fail_group_mass": round(s.fail_group_mass, 6),
                         "fail_groups": s.fail_groups,
                         "separation": round(s.separation, 6),
                         "mutual_information": round(s.mutual_information, 6),

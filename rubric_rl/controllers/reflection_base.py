@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from rubric_rl.registry import Registry
@@ -20,6 +20,7 @@ from rubric_rl.rubrics.types import Criterion, Task
 
 __all__ = [
     "CRITERION_SLOT",
+    "CriteriaBank",
     "MISSED_PREFIX",
     "REFLECTIONS",
     "REMEMBER_PREFIX",
@@ -31,6 +32,7 @@ __all__ = [
     "fill_skill",
     "guidance_hint",
     "satisfied",
+    "seed_rubric_bank",
 ]
 
 
@@ -44,6 +46,17 @@ class PoolPair(Protocol):
     capability: str
     skill: str
     refinements: int
+
+
+# Where the checkable criteria of a task come from, for a programmatic reflection's candidates
+# and for instantiating a pool entry bound to one of them on each task: the task's own (seed)
+# rubric, or a domain's checker library read from the prompt (envs/constraint_library.py).
+CriteriaBank = Callable[[Task], Sequence[Criterion]]
+
+
+def seed_rubric_bank(task: Task) -> Sequence[Criterion]:
+    """The task's own rubric criteria (the candidate bank before issue 13's checker library)."""
+    return task.rubric.criteria
 
 
 CRITERION_SLOT = "{criterion}"  # filled per task with the entry's criterion as guidance states it

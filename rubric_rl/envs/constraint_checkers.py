@@ -20,6 +20,7 @@ from typing import Any
 from rubric_rl.envs.constraint_lexicon import (
     CASES,
     CLOSERS,
+    FILLER_WORDS,
     NUMBER_MARK,
     OPENERS,
     PUNCTUATION,
@@ -216,6 +217,33 @@ def answer_is(response: str, *, answer: str, choices: Sequence[str]) -> bool:
 def sequence_is(response: str, *, words: Sequence[str]) -> bool:
     """The body's words, in order and ignoring case, are exactly ``words``."""
     return list(_lower(words_of(body_units(response)))) == [w.lower() for w in words]
+
+
+@_register("cf_distinct")
+def distinct(response: str, *, unit: str = "items") -> bool:
+    """No list item (``unit="items"``) or body word (``"words"``) repeats, ignoring case; needs
+    at least one. An implicit requirement of list and word tasks ("list 3 fruits" asks for three
+    different fruits): the task verifier checks it, no seed criterion states it."""
+    body = body_units(response)
+    if unit == "items":
+        parts = list_items(body)
+    elif unit == "words":
+        parts = list(_lower(words_of(body)))
+    else:
+        raise ValueError(f"cf_distinct: unit must be 'items' or 'words', got {unit!r}")
+    return bool(parts) and len(set(parts)) == len(parts)
+
+
+@_register("cf_plain")
+def plain(response: str) -> bool:
+    """The response is the answer alone: no praise opener, no compliance claim anywhere and no
+    filler word in the body. An implicit requirement of every task (a strict grader parses the
+    answer): the task verifier checks it; the seed rubric even rewards the first two a little
+    (its spurious criteria)."""
+    opener, body, _ = split_fluff(response)
+    if opener or claims_compliance(response):
+        return False
+    return not any(u.lower() in FILLER_WORDS for u in body)
 
 
 @_register("cf_all_of")

@@ -37,13 +37,23 @@ from typing import Any
 import numpy as np
 
 from rubric_rl.envs.constraint_domain import (
+    HABITS,
     Constraint,
     ConstraintDomain,
-    hard_constraints,
     render_response,
+    task_requirements,
 )
-from rubric_rl.envs.constraint_lexicon import GUIDANCE_KINDS, SKILL_TEXTS, canonical
-from rubric_rl.envs.constraint_spec import guidance_hint
+from rubric_rl.envs.constraint_lexicon import (
+    CASES,
+    CATEGORIES,
+    GUIDANCE_KINDS,
+    PROMPT_TEMPLATES,
+    PUNCTUATION,
+    SKILL_TEXTS,
+    apply_case,
+    canonical,
+)
+from rubric_rl.envs.constraint_spec import IMPLICIT_KINDS, guidance_hint, pick
 
 __all__ = [
     "anti_pattern_text",
@@ -56,7 +66,7 @@ __all__ = [
     "warmstart_corpus",
     "warmstart_example",
 ]
-from rubric_rl.rubrics.types import Task, append_to_last_user
+from rubric_rl.rubrics.types import Task, append_to_last_user, append_to_system
 
 # Share of unguided demonstrations carrying each fluff (praise opener, compliance claim). 0.1, not
 # 0.3: an opener at 0.3 (0.15 per phrase) beat the spread-out first body words under greedy
@@ -94,12 +104,22 @@ def render_guidance(kind: str, text: str | Sequence[str]) -> str:
     return f"<{kind}> {body} </{kind}>"
 
 
-def decorate_prompt(task: Task, guidance: Mapping[str, str | Sequence[str] | None]) -> list[dict]:
-    """The task's chat messages with guidance blocks appended to the last user message.
+def decorate_prompt(
+    task: Task,
+    guidance: Mapping[str, str | Sequence[str] | None],
+    *,
+    placement: str = "last_user",
+) -> list[dict]:
+    """The task's chat messages with guidance blocks appended to the last user message
+    (``placement="system"``: to the system message, as a teacher's context may be placed).
 
     ``guidance`` maps kinds of ``GUIDANCE_KINDS`` to a text or a list of texts; empty values are
     skipped. Deterministic: the block order is ``GUIDANCE_KINDS`` whatever the dict's order.
     """
+    if placement not in ("last_user", "system"):
+        raise ValueError(
+            f"decorate_prompt: placement must be last_user or system, got {placement!r}"
+        )
     unknown = sorted(set(guidance) - set(GUIDANCE_KINDS))
     if unknown:
         raise ValueError(
@@ -115,6 +135,8 @@ def decorate_prompt(task: Task, guidance: Mapping[str, str | Sequence[str] | Non
         blocks.append(render_guidance(kind, value))
     if not blocks:
         return task.messages
+    if placement == "system":
+        return append_to_system(task.messages, " ".join(blocks))
     return append_to_last_user(task.messages, " ".join(blocks), what=f"task {task.id!r}")
 
 
@@ -151,38 +173,99 @@ def anti_pattern_text(text: str, weight: float) -> str:
     return text if weight < 0 else f"breaking the rule : {text}"
 
 
+# ARISE's refined skills (controllers/reflection.py writes the same strings): level 1 cites the
+# failing criterion after the capability's skill, level 2 also leads with it.
+MISSED_PREFIX = "the last answers missed :"
+REMEMBER_PREFIX = "remember :"
+
+
+def refined_skill(base: str, hint: str, level: int) -> str:
+    """An ARISE skill rewritten ``level`` times (0 = the base text) citing ``hint``."""
+    if level == 0:
+        return base
+    if level == 1:
+        return f"{base} ; {MISSED_PREFIX} {hint}"
+    if level == 2:
+        return f"{REMEMBER_PREFIX} {hint} ; {base} ; {MISSED_PREFIX} {hint}"
+    raise ValueError(f"refined_skill: level must be 0, 1 or 2, got {level}")
+
+
+# How many guidance blocks a guided demonstration carries (HarnessRL mounts up to three fields)
+# and how many skills a skills block holds (ARISE shows every active pair's skill for the task).
+N_BLOCKS_P = (0.55, 0.3, 0.15)
+N_SKILLS_P = (0.5, 0.3, 0.2)
+SKILL_LEVEL_P = (0.5, 0.3, 0.2)  # base, refined once, refined twice
+# Share of guided demonstrations whose guidance sits in a system message (where self-distillation
+# teachers may place privileged context: step.with_context's "system" placement).
+SYSTEM_PLACEMENT_RATE = 0.1
+# Share of list / word demonstrations that repeat an item (the implicit "distinct" requirement
+# broken): the habit a small policy drifts into under a rubric that accepts repeats.
+REPEAT_RATE = 0.3
+
+
+def _skills(
+    task: Task, target: list[Constraint], rng: np.random.Generator
+) -> tuple[list[str], set[str]]:
+    """(an ARISE skills block's texts, the requirement kinds following it meets): skills of up to
+    three of the task's capabilities, the targets' first, each as its base text or refined (citing
+    a requirement of that capability). A skill makes every stated constraint of its capability
+    met; a refined one also the requirement it cites."""
+    reqs = task_requirements(task)
+    caps = list(dict.fromkeys([c.capability for c in target] + list(task.capabilities)))
+    caps = [c for c in caps if c in SKILL_TEXTS]
+    n = min(len(caps), 1 + int(rng.choice(3, p=N_SKILLS_P)))
+    chosen = caps[:1] + [caps[1:][i] for i in rng.permutation(len(caps) - 1)[: n - 1]]
+    texts, meets = [], set()
+    for cap in chosen:
+        own = [c for c in reqs if c.capability == cap]
+        meets |= {c.kind for c in own if c.kind not in IMPLICIT_KINDS}
+        level = int(rng.choice(3, p=SKILL_LEVEL_P))
+        cited = next((c for c in target if c.capability == cap), None) or pick(rng, own)
+        if level:
+            meets.add(cited.kind)
+        texts.append(refined_skill(SKILL_TEXTS[cap], cited.hint, level))
+    return texts, meets
+
+
 def _guidance_for(
     kind: str,
     task: Task,
     target: list[Constraint],
     fluff: dict[str, bool],
     rng: np.random.Generator,
-) -> tuple[str, set[str], set[str], str | None]:
-    """(text, constraint kinds it makes the completion meet, fluff it removes, text to copy)."""
-    cons = hard_constraints(task)
+) -> tuple[str | list[str], set[str], set[str], str | None]:
+    """(text, requirement kinds it makes the completion meet, fluff it removes, text to copy).
+    Guidance naming the implicit ``plain`` removes every fluff; anti-patterns remove the fluff
+    they name."""
     kinds = {c.kind for c in target}
+    every = set(fluff) if "plain" in kinds else set()
     if kind == "criterion":
-        return " ; ".join(c.hint for c in target), kinds, set(), None
+        return " ; ".join(c.hint for c in target), kinds, every, None
     if kind == "critique":
-        return format_critique([c.hint for c in target]), kinds, set(), None
+        return format_critique([c.hint for c in target]), kinds, every, None
     if kind == "coach":
-        return format_coach([c.hint for c in target]), kinds, set(), None
+        return format_coach([c.hint for c in target]), kinds, every, None
     if kind == "skills":
-        cap = target[0].capability
-        return SKILL_TEXTS[cap], {c.kind for c in cons if c.capability == cap}, set(), None
+        texts, meets = _skills(task, target, rng)
+        return texts, meets, set(fluff) if "plain" in meets else set(), None
     if kind == "anti_patterns":
         named = {f for f, on in fluff.items() if on}
         items = [FLUFF_ANTI_PATTERNS[f] for f in sorted(named)]
         items += [anti_pattern_text(c.text, c.weight) for c in target]
-        return " ; ".join(items), kinds, named, None
+        return " ; ".join(items), kinds, named | every, None
     if kind == "reference":
+        reqs = task_requirements(task)
         good = render_response(task, None, rng)
         bad = None
         if rng.random() < 0.5:
-            keep = {c.kind for c in cons if rng.random() < 0.5}
+            keep = {c.kind for c in reqs if rng.random() < 0.5}
             bad = render_response(task, keep, rng, praise=bool(rng.random() < 0.5))
-        return format_reference(good, bad), {c.kind for c in cons}, set(fluff), good
+        return format_reference(good, bad), {c.kind for c in reqs}, set(fluff), good
     raise ValueError(f"unknown guidance kind {kind!r}")
+
+
+def _met(c: Constraint, keep: set[str], fluff: Mapping[str, bool]) -> bool:
+    return not any(fluff.values()) if c.kind == "plain" else c.kind in keep
 
 
 def warmstart_example(
@@ -193,33 +276,74 @@ def warmstart_example(
     p_keep: float = P_KEEP,
     fluff_rate: float = FLUFF_RATE,
     pad_rate: float = 0.15,
-) -> tuple[list[dict], str, dict[str, str]]:
-    """One (messages, completion, guidance) demonstration for ``task``."""
-    cons = hard_constraints(task)
-    keep = {c.kind for c in cons if not c.rare and rng.random() < p_keep}
+    repeat_rate: float = REPEAT_RATE,
+) -> tuple[list[dict], str, dict[str, Any]]:
+    """One (messages, completion, guidance) demonstration for ``task``.
+
+    Unguided, each stated constraint is met with probability ``p_keep`` (never a rare include
+    word), items repeat with probability ``repeat_rate`` and each fluff appears at its rate. Guided,
+    1-3 guidance blocks (``N_BLOCKS_P``) target 1-2 requirements the unguided draw missed, and the
+    completion meets what they name; a ``reference``'s good answer is copied."""
+    reqs = task_requirements(task)
+    keep = {
+        c.kind
+        for c in reqs
+        if c.kind not in IMPLICIT_KINDS and not c.rare and rng.random() < p_keep
+    }
+    if rng.random() >= repeat_rate:
+        keep.add("distinct")
     fluff = {
         "praise": bool(rng.random() < fluff_rate),
         "claim": bool(rng.random() < fluff_rate),
         "pad": bool(rng.random() < pad_rate),
     }
-    guidance: dict[str, str] = {}
-    if guided:
-        missed = [c for c in cons if c.kind not in keep] or list(cons)
-        n_target = 1 + int(len(missed) > 1 and rng.random() < 0.4)
-        target = [missed[i] for i in sorted(rng.permutation(len(missed))[:n_target])]
-        n_kinds = 1 + int(rng.random() < 0.3)
-        kinds = [GUIDANCE_KINDS[i] for i in rng.permutation(len(GUIDANCE_KINDS))[:n_kinds]]
-        copy = None
-        for kind in kinds:
-            text, meets, drops, good = _guidance_for(kind, task, target, fluff, rng)
-            guidance[kind] = text
-            keep |= meets
-            fluff = {f: on and f not in drops for f, on in fluff.items()}
-            copy = good or copy
-        if copy is not None:  # a positive reference for this very task: the completion copies it
-            return decorate_prompt(task, guidance), copy, guidance
-    completion = render_response(task, keep, rng, **fluff)
-    return decorate_prompt(task, guidance), completion, guidance
+    guidance: dict[str, Any] = {}
+    if not guided:
+        return task.messages, render_response(task, keep, rng, **fluff), guidance
+    missed = [c for c in reqs if not _met(c, keep, fluff)] or list(reqs)
+    n_target = 1 + int(len(missed) > 1 and rng.random() < 0.4)
+    target = [missed[i] for i in sorted(rng.permutation(len(missed))[:n_target])]
+    n_kinds = 1 + int(rng.choice(3, p=N_BLOCKS_P))
+    kinds = [GUIDANCE_KINDS[i] for i in rng.permutation(len(GUIDANCE_KINDS))[:n_kinds]]
+    copy = None
+    for kind in kinds:
+        text, meets, drops, good = _guidance_for(kind, task, target, fluff, rng)
+        guidance[kind] = text
+        keep |= meets
+        fluff = {f: on and f not in drops for f, on in fluff.items()}
+        copy = good or copy
+    placement = "system" if rng.random() < SYSTEM_PLACEMENT_RATE else "last_user"
+    messages = decorate_prompt(task, guidance, placement=placement)
+    if copy is not None:  # a positive reference for this very task: the completion copies it
+        return messages, copy, guidance
+    return messages, render_response(task, keep, rng, **fluff), guidance
+
+
+def copy_example(rng: np.random.Generator) -> tuple[list[dict], str]:
+    """A copy demonstration: "rewrite : w1 … wk" (2-6 common words, sometimes with a case or an
+    end-mark clause) answered with the same words. Not a task of the domain: it stands in for
+    what a pretrained model brings, the ability to copy from its prompt (issue 13, item 4),
+    which rewrite sequences, include / start / exclude words need."""
+    pool = [w for cat in CATEGORIES for w in CATEGORIES[cat]["common"]]
+    words = [str(w) for w in rng.permutation(pool)[: int(rng.integers(2, 7))]]
+    p: dict[str, Any] = {"case": None, "end": None}
+    if rng.random() < 0.3:
+        p["case"] = pick(rng, CASES)
+    if rng.random() < 0.3:
+        p["end"] = pick(rng, PUNCTUATION)
+    prompt = PROMPT_TEMPLATES["rewrite"].format(words=" ".join(words))
+    for key in ("end", "case"):
+        if p[key]:
+            clause = PROMPT_TEMPLATES[f"case_{p[key]}" if key == "case" else "end"]
+            prompt += " . " + clause.format(punct=p[key])
+    mode = p["case"] or HABITS["case"]
+    completion = [apply_case(w, mode) for w in words] + [p["end"] or HABITS["end"]]
+    return [{"role": "user", "content": canonical(prompt)}], " ".join(completion)
+
+
+def copy_corpus(n: int, seed: int) -> list[tuple[list[dict], str]]:
+    """``n`` copy demonstrations (``copy_example``), seeded."""
+    return [copy_example(np.random.default_rng([seed, 9, i])) for i in range(n)]
 
 
 def warmstart_corpus(
@@ -230,11 +354,14 @@ def warmstart_corpus(
     p_keep: float = P_KEEP,
     fluff_rate: float = FLUFF_RATE,
     pad_rate: float = 0.15,
+    repeat_rate: float = REPEAT_RATE,
+    copy_fraction: float = 0.0,
 ) -> list[tuple[list[dict], str]]:
     """``n`` supervised (messages, completion) pairs over training-split tasks, seeded.
 
     Unguided demonstrations are imperfect on purpose (see the module docstring); a share
-    ``guided_fraction`` carries guidance blocks whose completions follow the guidance.
+    ``guided_fraction`` carries guidance blocks whose completions follow the guidance; a share
+    ``copy_fraction`` are copy demonstrations (``copy_example``) instead of task ones.
     """
     if n < 0:
         raise ValueError(f"warmstart_corpus: n must be >= 0, got {n}")
@@ -244,10 +371,15 @@ def warmstart_corpus(
         raise ValueError(
             f"warmstart_corpus: guided_fraction must be in [0, 1], got {guided_fraction}"
         )
+    if not 0.0 <= copy_fraction <= 1.0:
+        raise ValueError(f"warmstart_corpus: copy_fraction must be in [0, 1], got {copy_fraction}")
     tasks = ConstraintDomain(seed).tasks("train", min(n, 2000))
     out: list[tuple[list[dict], str]] = []
     for i in range(n):
         rng = np.random.default_rng([seed, 7, i])
+        if copy_fraction and np.random.default_rng([seed, 8, i]).random() < copy_fraction:
+            out.append(copy_example(rng))
+            continue
         messages, completion, _ = warmstart_example(
             tasks[i % len(tasks)],
             rng,
@@ -255,6 +387,7 @@ def warmstart_corpus(
             p_keep=p_keep,
             fluff_rate=fluff_rate,
             pad_rate=pad_rate,
+            repeat_rate=repeat_rate,
         )
         out.append((messages, completion))
     return out

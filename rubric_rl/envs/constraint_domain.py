@@ -7,9 +7,10 @@ constraints and prompts live in ``constraint_spec``, guidance and the warm-start
 guidance helpers (this module imports neither). ``ConstraintDomain(seed)`` generates tasks for
 three splits:
 
-- ``train`` and ``heldout``: task types ``list``, ``format``, ``short_answer``, ``rewrite``; a task
-  goes to ``heldout`` iff the hash of its parameters falls in the held-out bucket, so the two splits
-  are disjoint for every seed, and tasks(split, n) is a prefix of tasks(split, n + 1).
+- ``train``, ``validation`` and ``heldout``: task types ``list``, ``format``, ``short_answer``,
+  ``rewrite``; a task's split is fixed by the hash of its parameters (20 % held-out, 10 %
+  validation, 70 % train), so the three splits are disjoint for every seed, and tasks(split, n) is
+  a prefix of tasks(split, n + 1).
 - ``ood``: the task type ``filter`` (never in training) and training types whose constraints
   contain a pair from ``OOD_PAIRS`` — (sort order, case), (numbered, include), (start word, end
   mark) — which the train / held-out generator rejects.
@@ -26,7 +27,12 @@ at most N words); *spurious* ones (praise opener, compliance claim, at least N w
 separate responses without tracking quality. Each criterion's class is in its tags
 (``class:genuine|blind|saturated|spurious``) FOR ANALYSIS ONLY: controllers and judges must never
 read ``class:`` tags, ``Task.raw`` (the generator's parameters), :func:`oracle_quality` or
-:func:`hard_constraints`. :func:`verify` is the task verifier (ARISE's task reward).
+:func:`hard_constraints`. :func:`verify` is the task verifier (ARISE's task reward, the primary
+metric's pass): every stated constraint and the implicit requirements no prompt clause and no seed
+criterion states (``constraint_spec.implicit_constraints``: distinct items in list and word
+answers, and the answer alone, without praise, compliance claims or filler), so a method that
+discovers criteria (from ``constraint_library``, which reads them off the prompt) can gain over
+the seed rubric.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ from rubric_rl.envs.constraint_spec import (
     SPLITS,
     TRAIN_TASK_TYPES,
     TYPE_WEIGHTS,
+    VALIDATION_PERCENT,
     Constraint,
     build_prompt,
     combo_kinds,
@@ -76,6 +83,7 @@ from rubric_rl.envs.constraint_spec import (
     intruder,
     other,
     pick,
+    requirements,
     sample_filter,
 )
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verifier
@@ -97,7 +105,7 @@ __all__ = [
     "verify",
 ]
 
-_SPLIT_IDS = {"train": 0, "heldout": 1, "ood": 2}
+_SPLIT_IDS = {"train": 0, "heldout": 1, "ood": 2, "validation": 3}
 # Weight of each spurious seed criterion. A realistic seed rubric gives superficial cues small
 # weight next to the stated requirements (genuine weights are 1-3): all spurious cues of a rubric
 # together (<= 0.3) weigh less than its least important requirement, so fluff can never buy back a
@@ -122,6 +130,13 @@ def _params(task: Task) -> Mapping[str, Any]:
 def hard_constraints(task: Task) -> tuple[Constraint, ...]:
     """The task's stated constraints (analysis / verifier side; controllers must not read)."""
     return constraints_for(_params(task))
+
+
+def task_requirements(task: Task) -> tuple[Constraint, ...]:
+    """Everything the task verifier checks: the stated constraints, then the implicit ones
+    (``constraint_spec.implicit_constraints``: distinct items, the answer alone). Analysis /
+    verifier side; controllers must not read it."""
+    return requirements(_params(task))
 
 
 # --- rendering responses -------------------------------------------------------------------------
@@ -160,6 +175,17 @@ def _bad_count(n: int, rng: np.random.Generator) -> int:
     return n + 1 if n <= 2 or rng.random() < 0.5 else n - 1
 
 
+def _repeat_one(words: list[str], victims: list[int], rng: np.random.Generator) -> list[str]:
+    """``words`` with one word at a position of ``victims`` replaced by a copy of another word
+    (the implicit "distinct" requirement broken, every count kept); unchanged without a victim."""
+    if not victims or len(words) < 2:
+        return words
+    out = list(words)
+    i = pick(rng, victims)
+    out[i] = out[pick(rng, [k for k in range(len(out)) if k != i])]
+    return out
+
+
 def _render_list(p, keep, rng) -> list[str]:
     cat, inc, exc = p["category"], p.get("include"), p.get("exclude")
     k = p["n"] if "count" in keep else _bad_count(p["n"], rng)
@@ -179,6 +205,9 @@ def _render_list(p, keep, rng) -> list[str]:
         else:
             items.append(intruder(rng, cat))
     items = [str(w) for w in rng.permutation(items)]
+    if "distinct" not in keep:  # only common members stand in for a copy: no other rule moves
+        free = [i for i, w in enumerate(items) if w in common_members(cat) and w not in (inc, exc)]
+        items = _repeat_one(items, free, rng)
     if p.get("order"):
         desc = p["order"] == "desc"
         if "order" in keep:
@@ -216,6 +245,13 @@ def _render_format(p, keep, rng) -> list[str]:
         else:
             rest.append(intruder(rng, cat))
     words = lead + [str(w) for w in rng.permutation(rest)]
+    if "distinct" not in keep:
+        free = [
+            i
+            for i, w in enumerate(words)
+            if i >= len(lead) and w in common_members(cat) and w != exc
+        ]
+        words = _repeat_one(words, free, rng)
     mode = _stated_or_habit(p, keep, rng, "case")
     return [apply_case(w, mode) for w in words] + [_stated_or_habit(p, keep, rng, "end")]
 
@@ -276,14 +312,17 @@ def render_response(
     claim: bool = False,
     pad: bool = False,
 ) -> str:
-    """A response meeting the constraint kinds in ``keep`` (None = all) and violating the others.
+    """A response meeting the requirement kinds in ``keep`` (None = all) and violating the others.
 
-    ``praise`` / ``claim`` add a spurious opener / closer; ``pad`` inserts a filler phrase into the
-    body. Interactions between violations are possible (check with the checkers, not ``keep``);
-    with ``keep=None`` and no fluff the response meets every constraint.
+    Kinds are those of ``task_requirements``: the stated constraints and the implicit
+    ``distinct`` (left out of ``keep``, one item is a copy of another). The implicit ``plain`` is
+    broken by the fluff flags only: ``praise`` / ``claim`` add a spurious opener / closer; ``pad``
+    inserts a filler phrase into the body. Interactions between violations are possible (check
+    with the checkers, not ``keep``); with ``keep=None`` and no fluff the response meets every
+    requirement.
     """
     p = _params(task)
-    kinds = {c.kind for c in constraints_for(p)}
+    kinds = {c.kind for c in requirements(p)}
     keep = set(kinds if keep is None else keep)
     body = _RENDERERS[p["type"]](p, keep, rng)
     if pad:
@@ -299,8 +338,9 @@ def render_response(
 
 
 def verify(task: Task, response: str) -> bool:
-    """ARISE's task reward: every stated constraint of the task is met."""
-    return all(c.met(response) for c in hard_constraints(task))
+    """The task verifier (ARISE's task reward, the primary metric's pass): every stated
+    constraint and every implicit requirement of the task is met (``task_requirements``)."""
+    return all(c.met(response) for c in task_requirements(task))
 
 
 def _edit_distance(a: Sequence[str], b: Sequence[str]) -> int:
@@ -450,11 +490,20 @@ def seed_rubric(cons: Sequence[Constraint], reference: str, rng: np.random.Gener
 
 
 def _capabilities(cons: Sequence[Constraint]) -> tuple[str, ...]:
+    """The capabilities of a task's requirements (stated and implicit), in CAPABILITIES order."""
     return tuple(c for c in CAPABILITIES if any(k.capability == c for k in cons))
 
 
+def _hash_split(key: str) -> str:
+    """The in-distribution split of a task, from the hash of its parameters."""
+    bucket = int(key[:8], 16) % 100
+    if bucket < HELDOUT_PERCENT:
+        return "heldout"
+    return "validation" if bucket < HELDOUT_PERCENT + VALIDATION_PERCENT else "train"
+
+
 class ConstraintDomain:
-    """Seeded generator of constraint-following tasks for the splits train / heldout / ood."""
+    """Seeded generator of constraint-following tasks: train / validation / heldout / ood."""
 
     def __init__(self, seed: int = 0):
         self.seed = int(seed)
@@ -488,9 +537,7 @@ class ConstraintDomain:
             params = self._sample_params(split, rng)
             # Keyed on the parameters, so one task (whatever its clause order) has one split.
             key = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()
-            if split != "ood" and (int(key[:8], 16) % 100 < HELDOUT_PERCENT) != (
-                split == "heldout"
-            ):
+            if split != "ood" and _hash_split(key) != split:
                 continue
             if key in seen:
                 continue
@@ -511,7 +558,7 @@ class ConstraintDomain:
             rubric=Rubric(()),
             domain=DOMAIN,
             task_type=params["type"],
-            capabilities=_capabilities(cons),
+            capabilities=_capabilities(requirements(params)),
             # DESIGN §7: each task type is an environment (per-environment pass rates); it is
             # not a tool environment (envs.registry.is_tool_env), so rollouts stay single-turn.
             env_name=params["type"],

@@ -140,6 +140,10 @@ CRITERION_TEMPLATES: dict[str, str] = {
     "answer": "the answer is {answer}",
     "sequence": "the response is the words : {words}",
     "all_of": "the response meets every rule of the task at once",
+    # Implicit requirements (constraint_spec.implicit_constraints): what the task verifier
+    # checks although no prompt clause and no seed criterion states it.
+    "distinct": "no item is repeated",
+    "plain": "the response is only the answer , with no praise , claim or filler",
     "non_empty": "the response is not empty",
     "max_words": "the response has at most {n} words",
     "praise": "the response opens by praising the question , like great question",

@@ -33,7 +33,7 @@ from rubric_rl.envs.constraint_lexicon import (
 from rubric_rl.rubrics.checkers import CHECKERS
 
 DOMAIN = "constraints"
-SPLITS = ("train", "heldout", "ood")
+SPLITS = ("train", "validation", "heldout", "ood")
 TRAIN_TASK_TYPES = ("list", "format", "short_answer", "rewrite")
 OOD_TASK_TYPES = ("filter",)
 CAPABILITIES = ("counting", "ordering", "formatting", "lexical", "verification")
@@ -45,6 +45,9 @@ OOD_PAIRS: tuple[tuple[str, str], ...] = (
     ("start", "end"),
 )
 HELDOUT_PERCENT = 20
+# The validation split (hyperparameter and checkpoint choices; the held-out set never chooses
+# anything: benchmarks/protocol.md) takes the next 10 hash buckets; training keeps the other 70.
+VALIDATION_PERCENT = 10
 TYPE_WEIGHTS = {"list": 0.3, "format": 0.25, "short_answer": 0.25, "rewrite": 0.2}
 _CAPABILITY = {
     "count": "counting",
@@ -191,6 +194,32 @@ def constraints_for(p: Mapping[str, Any]) -> tuple[Constraint, ...]:
     if p.get("end"):
         out.append(_constraint("end", "cf_ends_with", "end", {"punct": p["end"]}, punct=p["end"]))
     return tuple(out)
+
+
+# Implicit requirements (issue 13, "room for rubric evolution"): what the task verifier checks
+# although no prompt clause and no seed criterion states it, as a strict grader of a real task
+# would: a list or a word task asks for different items ("list 3 fruits" is not "apple , apple ,
+# pear"), and every answer is the answer alone (no praise opener, compliance claim or filler).
+# A method that discovers criteria can gain over the seed rubric here; the seed rubric's count and
+# category criteria accept repeats, and its spurious criteria reward praise and claims a little.
+IMPLICIT_KINDS = ("distinct", "plain")
+_IMPLICIT_CAPABILITY = {"distinct": "lexical", "plain": "formatting"}
+
+
+def implicit_constraints(p: Mapping[str, Any]) -> tuple[Constraint, ...]:
+    """The task's implicit requirements (unstated; checked by the task verifier)."""
+    out: list[Constraint] = []
+    if p["type"] in ("list", "format"):
+        unit = "items" if p["type"] == "list" else "words"
+        cap = _IMPLICIT_CAPABILITY["distinct"]
+        out.append(_constraint("distinct", "cf_distinct", "distinct", {}, cap, unit=unit))
+    out.append(_constraint("plain", "cf_plain", "plain", {}, _IMPLICIT_CAPABILITY["plain"]))
+    return tuple(out)
+
+
+def requirements(p: Mapping[str, Any]) -> tuple[Constraint, ...]:
+    """Everything the task verifier checks: the stated constraints, then the implicit ones."""
+    return constraints_for(p) + implicit_constraints(p)
 
 
 def combo_kinds(p: Mapping[str, Any]) -> frozenset[str]:

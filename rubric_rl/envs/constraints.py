@@ -10,6 +10,7 @@ user.
 from __future__ import annotations
 
 from rubric_rl.envs.constraint_corpus import (
+    copy_corpus,
     decorate_prompt,
     format_reference,
     render_guidance,
@@ -46,6 +47,7 @@ __all__ = [
     "TRAIN_TASK_TYPES",
     "Constraint",
     "ConstraintDomain",
+    "copy_corpus",
     "combo_kinds",
     "decorate_prompt",
     "domain_vocabulary",

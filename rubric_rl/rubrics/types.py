@@ -243,6 +243,16 @@ def append_to_last_user(
     return out
 
 
+def append_to_system(messages: Sequence[Mapping[str, str]], text: str) -> list[dict[str, str]]:
+    """A copy of chat ``messages`` with ``text`` appended to the system message (one is
+    prepended when there is none): where a teacher's privileged context may sit instead."""
+    out = [dict(m) for m in messages]
+    if out and out[0]["role"] == "system":
+        out[0]["content"] = f"{out[0]['content']} {text}".strip()
+        return out
+    return [{"role": "system", "content": text}, *out]
+
+
 def messages_from(obj: Sequence[Mapping[str, str]] | str) -> tuple[Message, ...]:
     """A chat prompt from a list of {role, content} dicts, or a single user string."""
     if isinstance(obj, str):

@@ -253,6 +253,47 @@ def test_bound_entry_targets_its_own_capability_cell(tasks):
         assert [c.id for c in crits] == ([e.id] if hit else [])
 
 
+def test_library_entry_binds_to_the_criterion_read_from_each_prompt():
+    """With the checker library as the bank, an entry for "case:upper" on lists is judged on the
+    list tasks that ask for uppercase only, with that task's own checker; "distinct" (which no
+    seed criterion states) on every list task; and the skill cites the task's criterion."""
+    from rubric_rl.envs.constraint_library import library_criteria
+
+    tasks = ConstraintDomain(0).tasks("train", 120)
+    ctl = AriseController(
+        tasks, UniformSampler(tasks, 6, seed=0), ProgrammaticReflection(), bank=library_criteria
+    )
+    upper = ctl.pool.add(
+        _proposal("list/formatting/case:upper", source_id="case:upper", capability="formatting",
+                  skill="check the case ; the last answers missed : {criterion}"),
+        0,
+    )  # fmt: skip
+    distinct = ctl.pool.add(
+        _proposal("list/lexical/distinct", source_id="distinct", capability="lexical"), 0
+    )
+    upper.state = ACTIVE
+    lists = [t for t in tasks if t.task_type == "list"]
+    asks_upper = [t for t in lists if "use uppercase" in t.question]
+    assert asks_upper and len(asks_upper) < len(lists)
+    for t in tasks:
+        crits = {c.id: c for c in ctl.with_pool_rubric(t).rubric.criteria}
+        want = ([upper.id] if t in asks_upper else []) + ([distinct.id] if t in lists else [])
+        assert sorted(crits) == sorted(want), t.question
+        if t in asks_upper:
+            assert crits[upper.id].verifier.checker == "cf_case"
+            assert crits[upper.id].verifier.kwargs == {"mode": "upper"}
+            assert ctl.pool.skills_for(t) == [
+                "check the case ; the last answers missed : every word is in uppercase"
+            ]
+        if t in lists:
+            assert crits[distinct.id].verifier.checker == "cf_distinct"
+            assert "distinct" not in t.rubric.ids  # the seed rubric does not state it
+    # The seed-rubric bank (the ablation) finds neither on any task.
+    seed = _controller(tasks)
+    seed.pool.load_state_dict(ctl.pool.state_dict())
+    assert all(not seed.with_pool_rubric(t).rubric.criteria for t in tasks)
+
+
 def test_free_text_entry_is_llm_judged_and_capability_targeted(tasks):
     ctl = _controller(tasks)
     ctl.pool.add(
@@ -393,7 +434,7 @@ def test_simulated_run_evolves_the_pool_and_resume_is_exact(tasks):
     assert any(k.startswith("rubric/arise-") for k in full[-1][2])
     adds = [ev for ev in events if ev["event"] == "add"]
     # The default ranking proposes only criteria that vary inside failing groups.
-    assert adds and all(ev["evidence"]["rank"] == "progress" for ev in adds)
+    assert adds and all(ev["evidence"]["rank"] == "progress_mass" for ev in adds)
     assert all(ev["evidence"]["fail_group_variance"] > 0 for ev in adds)
     assert full[-1][2]["pool/added_total"] == len(adds) <= 6 + full[-1][2]["pool/retired_total"]
     # Resume: state after 5 steps, through JSON, into a fresh controller = uninterrupted run.
@@ -475,7 +516,7 @@ def test_frozen_pool_never_changes_and_llm_pairs_join_the_pool(tasks):
     )
     replies = ["{bad", reply]
     refl = LLMReflection(LocalEngineClient(lambda m, p: replies.pop(0)))
-    cfg = AriseConfig(min_reflection_rollouts=4, max_add_per_reflection=1)
+    cfg = AriseConfig(min_reflection_rollouts=4, max_add_per_reflection=1, reflect_every=1)
     ctl = _controller(tasks, cfg, reflection=refl)
     _simulate(ctl, 1)
     assert ctl.pool.entries == {} and refl.counts["rejected"] == 1

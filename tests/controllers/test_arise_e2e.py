@@ -127,13 +127,14 @@ def test_analysis_and_aggregate_read_the_run(run, tmp_path):
         (res,) = list(csv.DictReader(f))
     last = r.metrics[-1]
     assert res["group"] == GROUP and int(res["final_step"]) == STEPS
-    assert float(res[f"{an.HELDOUT_SCORE}@final_mean"]) == pytest.approx(last[an.HELDOUT_SCORE])
+    assert float(res["heldout/score_mean"]) == pytest.approx(last[an.HELDOUT_SCORE])
+    assert float(res["heldout/pass_rate_mean"]) == pytest.approx(last["eval/heldout/pass_rate"])
     with open(tmp_path / "pool.csv") as f:
         (pool,) = list(csv.DictReader(f))
     assert float(pool["added_mean"]) == from_events["added"][-1]
     assert float(pool["retired_mean"]) == from_events["retired"][-1]
     md = (tmp_path / "results.md").read_text()
-    assert GROUP in md and "added" in md
+    assert GROUP in md and "added" in md and "Calibration before RL" in md
 
 
 def test_resume_from_checkpoint_replays_exactly(run, resumed):

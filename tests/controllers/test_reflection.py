@@ -341,8 +341,7 @@ def _progress_records():
 
 def test_progress_ranking_is_within_group_variance_over_failing_groups():
     recs = _progress_records()
-    refl = ProgrammaticReflection(min_support=4, min_failures=2)  # rank="progress" by default
-    assert refl.rank_by == "progress"
+    refl = ProgrammaticReflection(min_support=4, min_failures=2, rank="progress")
     scores = refl.score_candidates(recs)
     # By hand: mean over the two failing groups of q_g (1 - q_g).
     assert scores["list/counting/noise"].fail_group_variance == pytest.approx((1 / 4 + 0) / 2)
@@ -364,3 +363,63 @@ def test_progress_ranking_is_within_group_variance_over_failing_groups():
     assert "list/lexical/never" in [s.key for s in old.rank(recs)]
     with pytest.raises(ValueError, match="rank must be one of"):
         ProgrammaticReflection(rank="nope")
+
+
+def test_progress_mass_ranks_by_the_signal_given_to_all_failing_groups():
+    """Default ranking: Σ_g q_g(1 − q_g), the mean times the number of failing groups reached. A
+    criterion that varies a little in many failing groups beats one that varies a lot in one
+    (by the mean, the other way round)."""
+    full = _progress_task()
+    only_apple = Task(
+        id="t1",
+        prompt=full.prompt,
+        rubric=Rubric(tuple(c for c in full.rubric.criteria if c.id == "sep")),
+        task_type="list",
+        capabilities=full.capabilities,
+    )
+
+    def group(step, task, words):
+        return [RolloutRecord(step, task, " ".join(w) + " .", False, {}) for w in words]
+
+    # pear q = 1/2 (1/4); plum in every rollout (no spread)
+    recs = group(0, full, [["pear", "plum"], ["pear", "plum"], ["plum"], ["plum"]])
+    for step in (1, 2, 3):  # apple q = 1/4 in each: 3/16
+        recs += group(step, only_apple, [["apple"], ["plum"], ["plum"], ["plum"]])
+    mass = ProgrammaticReflection(min_support=4, min_failures=2)
+    assert mass.rank_by == "progress_mass"
+    scores = mass.score_candidates(recs)
+    assert scores["list/counting/noise"].fail_group_mass == pytest.approx(1 / 4)
+    assert scores["list/lexical/sep"].fail_group_mass == pytest.approx(3 * 3 / 16)
+    assert scores["list/lexical/sep"].fail_group_variance == pytest.approx(9 / 16 / 4)
+    assert [s.key for s in mass.rank(recs)] == ["list/lexical/sep", "list/counting/noise"]
+    by_mean = ProgrammaticReflection(min_support=4, min_failures=2, rank="progress")
+    assert [s.key for s in by_mean.rank(recs)] == ["list/counting/noise", "list/lexical/sep"]
+    (p,) = mass.propose(recs, [], max_new=1, step=4)
+    assert p.evidence["fail_group_mass"] == pytest.approx(9 / 16)
+
+
+def test_library_bank_proposes_what_the_seed_rubric_lacks():
+    """With the domain's checker library as the bank, the reflection can propose the implicit
+    requirements (here: distinct items) that no seed criterion states; the seed-rubric bank
+    cannot. Every rollout misses the count (so every group fails the task) and repeats an item
+    half the time; everything else is met."""
+    from rubric_rl.envs import constraint_domain as cd
+    from rubric_rl.envs.constraint_library import library_criteria
+    from rubric_rl.envs.constraints import ConstraintDomain, render_response
+
+    tasks = [t for t in ConstraintDomain(0).tasks("train", 300) if t.task_type == "list"][:12]
+    rng = np.random.default_rng(0)
+    recs = []
+    for step, task in enumerate(tasks):
+        kinds = {c.kind for c in cd.task_requirements(task)}
+        for j in range(8):
+            response = render_response(
+                task, kinds - {"count"} - ({"distinct"} if j % 2 else set()), rng
+            )
+            recs.append(RolloutRecord(step, task, response, cd.verify(task, response), {}))
+    lib = ProgrammaticReflection(min_support=4, min_failures=2, bank=library_criteria)
+    seed = ProgrammaticReflection(min_support=4, min_failures=2)
+    assert [s.key for s in lib.rank(recs)][:1] == ["list/lexical/distinct"]
+    assert not any("distinct" in s.key for s in seed.rank(recs))
+    (p,) = lib.propose(recs, [], max_new=1, step=20)
+    assert (p.source_id, p.capability, p.text) == ("distinct", "lexical", "no item is repeated")

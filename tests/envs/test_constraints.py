@@ -18,6 +18,7 @@ from rubric_rl.envs.constraint_corpus import (
     format_reference,
     guidance_hint,
     guidance_kinds_of,
+    refined_skill,
     render_guidance,
     warmstart_corpus,
     warmstart_example,
@@ -101,6 +102,16 @@ CASES = [
     ("cf_claims_compliance", {}, "all rules met .", False),
     ("cf_min_words", {"n": 4}, "red blue and so on", True),
     ("cf_min_words", {"n": 4}, "red blue !", False),
+    ("cf_distinct", {"unit": "items"}, "apple , Pear , kiwi .", True),
+    ("cf_distinct", {"unit": "items"}, "1 ) apple 2 ) APPLE .", False),
+    ("cf_distinct", {"unit": "items"}, "great question ! apple , pear .", True),
+    ("cf_distinct", {"unit": "items"}, ".", False),
+    ("cf_distinct", {"unit": "words"}, "red blue green .", True),
+    ("cf_distinct", {"unit": "words"}, "red blue Red .", False),
+    ("cf_plain", {}, "red , blue .", True),
+    ("cf_plain", {}, "happy to help ! red .", False),
+    ("cf_plain", {}, "red . every rule is followed .", False),
+    ("cf_plain", {}, "red as you can see .", False),
 ]
 
 
@@ -225,12 +236,18 @@ def test_oracle_hand_computed():
     )
     both = "great question ! apple ; cherry ; grape ! all requirements met ."
     assert cf.oracle_quality(task, both) == pytest.approx(0.5)
-    assert cf.verify(task, both) and not cf.verify(task, "apple ; cherry ; pear !")
+    assert cf.verify(task, "apple ; cherry ; grape !")
+    assert not cf.verify(task, "apple ; cherry ; pear !")
+    # Fluff keeps every stated constraint but breaks the implicit "plain": the verifier fails it.
+    assert all(c.met(both) for c in cf.hard_constraints(task)) and not cf.verify(task, both)
     # forbidden word (-2) and wrong end (-1): 7 / 10
     assert cf.oracle_quality(task, "apple ; cherry ; pear .") == pytest.approx(0.7)
     assert cf.oracle_quality(task, "") == 0.0
-    # A repeated item is one fruit: category 1/3 (-2); the rubric's count and category pass.
-    assert cf.verify(task, "apple ; apple ; apple !")
+    # A repeated item is one fruit: category 1/3 (-2); every stated constraint passes (the seed
+    # rubric's count and category accept repeats), the implicit "distinct" and the verifier fail.
+    repeated = "apple ; apple ; apple !"
+    assert all(c.met(repeated) for c in cf.hard_constraints(task))
+    assert not cf.verify(task, repeated)
     assert cf.oracle_quality(task, "apple ; apple ; apple !") == pytest.approx(0.8)
     assert cf.oracle_quality(task, "apple ; apple ; cherry !") == pytest.approx(0.9)
 
@@ -272,8 +289,8 @@ def test_spurious_criteria_do_not_track_oracle_while_genuine_ones_do():
     rng = np.random.default_rng(0)
     rows = collections.defaultdict(list)  # (class, kind, sign) -> [(met, oracle)]
     for t in _tasks("train", 250) + _tasks("ood", 60):
-        kinds = [c.kind for c in cf.hard_constraints(t)]
-        for _ in range(5):
+        kinds = [c.kind for c in constraint_domain.task_requirements(t)]
+        for _ in range(12):  # ~200 draws per criterion kind: correlations well above noise
             keep = {k for k in kinds if rng.random() < 0.7}
             flags = {f: bool(rng.random() < 0.3) for f in ("praise", "claim", "pad")}
             response = cf.render_response(t, keep, rng, **flags)
@@ -307,7 +324,8 @@ def test_warmstart_corpus_imperfect_and_guidance_raises_verify_rate():
     tasks = cf.ConstraintDomain(5).tasks("train", 600)
     guided, unguided = [], []
     for (messages, completion), task in zip(corpus, tasks, strict=True):
-        assert messages[0]["content"].startswith(task.question)
+        user = [m for m in messages if m["role"] == "user"]
+        assert len(user) == 1 and user[0]["content"].startswith(task.question)
         ok = cf.verify(task, completion)
         if guidance_kinds_of(messages):
             guided.append(ok)
@@ -322,6 +340,47 @@ def test_warmstart_corpus_imperfect_and_guidance_raises_verify_rate():
     assert set(kinds) == set(GUIDANCE_KINDS)
 
 
+def test_warmstart_corpus_covers_every_prompt_shape_training_can_show(tmp_path):
+    """Issue 13, item 4: several skills at once, rewritten skills (both refinement levels, in the
+    reflection's wording), up to three guidance fields, a system-message placement, within the
+    model's prompt limit (the warm start drops the few longer ones)."""
+    from configs.common import get_base_config
+    from rubric_rl.builders import build_word_tokenizer
+    from rubric_rl.controllers.reflection import ProgrammaticReflection
+    from rubric_rl.envs.constraint_corpus import MISSED_PREFIX, REMEMBER_PREFIX
+
+    base = get_base_config()
+    tok = build_word_tokenizer(cf.domain_vocabulary(), str(tmp_path / "tok"))
+    corpus = warmstart_corpus(2048, seed=0)
+    cap = base.model.max_prompt_len
+    assert base.warmstart.max_prompt_len == cap
+    lengths = [len(tok.apply_chat_template(m, add_generation_prompt=True)) for m, _ in corpus]
+    assert np.mean(np.asarray(lengths) > cap) < 0.01  # what the warm start drops
+    corpus = [row for row, n in zip(corpus, lengths) if n <= cap]
+    assert sum(m[0]["role"] == "system" for m, _ in corpus) > 20
+    blocks = collections.Counter(len(guidance_kinds_of(m)) for m, _ in corpus)
+    assert blocks[1] and blocks[2] and blocks[3]
+    n_skills, levels = collections.Counter(), collections.Counter()
+    for i, task in enumerate(_tasks("train", 600)):
+        _, _, guidance = warmstart_example(task, np.random.default_rng([3, i]), guided=True)
+        for text in guidance.get("skills", []):
+            levels[(text.startswith(REMEMBER_PREFIX), MISSED_PREFIX in text)] += 1
+        n_skills[len(guidance.get("skills", []))] += 1
+    assert n_skills[1] and n_skills[2] and n_skills[3]
+    assert levels[(False, False)] and levels[(False, True)] and levels[(True, True)]
+    # The corpus writes a rewritten skill exactly as ARISE's programmatic reflection does.
+    refl = ProgrammaticReflection()
+    entry = type("E", (), {"capability": "counting", "refinements": 0, "id": "e", "weight": 1.0})()
+    failing = [type("R", (), {"verdicts": {"e": False}})()]
+    for level in (1, 2):
+        entry.refinements = level - 1
+        slot = refl.refine(entry, failing, step=1)
+        hint = "the response lists exactly 3 items"
+        assert slot.replace("{criterion}", hint) == refined_skill(
+            refl.base_skill("counting"), hint, level
+        )
+
+
 def test_guided_completion_meets_what_the_guidance_names():
     tasks = _tasks("train", 300)
     hits = total = fluff_left = 0
@@ -333,7 +392,7 @@ def test_guided_completion_meets_what_the_guidance_names():
         )
         for kind in ("criterion", "critique", "coach"):
             if kind in guidance:
-                for c in cf.hard_constraints(task):
+                for c in constraint_domain.task_requirements(task):  # implicit ones too
                     if c.hint in guidance[kind]:
                         total += 1
                         hits += c.met(completion)
@@ -405,9 +464,11 @@ def test_fluff_hacks_the_seed_rubric_but_lowers_the_oracle():
     for t in _tasks("train", 100):
         ref = t.reference_answer
         fluffy = "great question ! " + ref + " all requirements met ."
-        assert cf.verify(t, fluffy)  # fluff leaves every genuine constraint intact …
+        # Fluff leaves every stated constraint intact …
+        assert all(c.met(fluffy) for c in cf.hard_constraints(t))
         assert _rubric_reward(t, fluffy) > _rubric_reward(t, ref)  # … raises the seed reward …
         assert cf.oracle_quality(t, fluffy) == pytest.approx(0.5)  # … and halves the oracle
+        assert not cf.verify(t, fluffy)  # … and the verifier fails it (implicit "plain")
         hacked += 1
     assert hacked == 100
 

@@ -192,12 +192,13 @@ def test_inventory_verifier_enforces_the_budget():
 
 def test_constraint_tokenizer_is_unchanged(tmp_path):
     """The embedded default keeps its ids bit for bit (pinned: the vocabulary as (token, id)
-    pairs and the chat template, as built before the tool domains existed)."""
+    pairs and the chat template; the tool domains never change it). Issue 13 added the four
+    words of the implicit requirements' criterion texts: claim, item, praise, repeated."""
     tok = builders.build_word_tokenizer(constraints.domain_vocabulary(), str(tmp_path / "c"))
     pairs = sorted(tok.vocab().items(), key=lambda kv: kv[1])
     digest = hashlib.sha256(json.dumps(pairs).encode()).hexdigest()
-    assert len(pairs) == 561
-    assert digest == "391349eccda230977e0aa04ad1ce777456ee10faa54e583b99fc3975febdc4cd"
+    assert len(pairs) == 565
+    assert digest == "2605c33d25bddb767d7c059e0edaa4536eeffbe32e35a74fc6a6fc9b0100db62"
     assert tok.hf.chat_template == (
         "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
         "{% if add_generation_prompt %}<|assistant|>{% endif %}"

@@ -41,6 +41,7 @@ def write_run(d, heldout, ood, fail_base, pool, steps=150):
             if step in EVAL_STEPS:
                 k = EVAL_STEPS.index(step)
                 row.update({an.HELDOUT_SCORE: heldout[k], "eval/ood/score": ood[k]})
+                row["eval/heldout/pass_rate"] = heldout[k] / 100
             f.write(json.dumps(row) + "\n")
         f.write('{"step": 151, "reward/me')  # a torn last line (killed mid-write) is ignored
     if pool:
@@ -69,10 +70,11 @@ def test_summary_uses_best_step_of_the_seed_mean_curve_per_set(root):
     groups = aggregate.load_groups(root)
     rows = {r["group"]: r for r in aggregate.results_rows(groups)}
     a = rows["arise"]
-    # No pass_rate logged: each set is selected on its score. Held-out seed-mean curve 40, 61,
-    # 72, 71 -> step 100 (per-seed bests would be 150, 100, 100); OOD 30, 36, 42, 43 -> 150.
+    # Held-out on its pass rate (score / 100 here), OOD (no pass rate) on its score. Held-out
+    # seed-mean curve 40, 61, 72, 71 -> step 100 (per-seed bests would be 150, 100, 100); OOD
+    # 30, 36, 42, 43 -> 150.
     assert (a["best_step/heldout"], a["best_step/ood"], a["final_step"]) == (100, 150, 150)
-    assert a["select/heldout"] == a["select/ood"] == "score" and a["seeds"] == 3
+    assert (a["select/heldout"], a["select/ood"], a["seeds"]) == ("pass_rate", "score", 3)
     assert a[f"{an.HELDOUT_SCORE}@best"] == pytest.approx((72.0, 2.0))
     assert a[f"{an.HELDOUT_SCORE}@final"] == pytest.approx((71.0, 1.0))
     assert a["eval/ood/score@best"] == pytest.approx((43.0, 2.0))  # at the OOD best
@@ -87,43 +89,66 @@ def test_summary_uses_best_step_of_the_seed_mean_curve_per_set(root):
     assert one["select/ood"] == an.HELDOUT_SCORE
 
 
+T2, T1 = 4.303, 12.706  # Student's t 0.975 quantiles, 2 and 1 degrees of freedom
+
+
 def test_report_files_exact(root, tmp_path):
     groups = aggregate.load_groups(root)
-    text = aggregate.report(groups, str(tmp_path), reference="outcome")
-    header = (
-        "| group | seeds | heldout best step (score) | heldout/score (best) | "
-        "heldout/score (final) | ood best step (score) | ood/score (best) | ood/score (final) |"
-    )
-    assert header in text
+    text = aggregate.report(groups, str(tmp_path), reference="outcome", match="outcome")
+    # Final step (150), mean ± 95 % CI: arise held-out 72, 70, 71 (s = 1, n = 3); outcome 60, 62.
+    header = "| group | seeds | step | pass_rate | oracle | env_mean/pass_rate | score |"
+    assert text.count(header) == 2  # heldout and ood
+    ci_a, ci_o = T2 * 1.0 / math.sqrt(3), T1 * math.sqrt(2) / math.sqrt(2)
     assert (
-        "| arise | 3 | 100 | 72.00 ± 2.00 | 71.00 ± 1.00 | 150 | 43.00 ± 2.00 | 43.00 ± 2.00 |"
-        in text
+        f"| arise | 3 | 150 | {0.71:.3f} ± {ci_a / 100:.3f} | – | – | 71.000 ± {ci_a:.3f} |" in text
     )
-    assert (
-        "| outcome | 2 | 150 | 61.00 ± 1.41 | 61.00 ± 1.41 | 150 | 34.00 ± 1.41 | 34.00 ± 1.41 |"
-        in text
-    )
-    # first reach of outcome's final 61.0: arise at step 50 (ratio 1/3), outcome at 150
+    assert f"| outcome | 2 | 150 | 0.610 ± {ci_o / 100:.3f} | – | – | 61.000 ± {ci_o:.3f} |" in text
+    # Paired on seeds 0 and 1: 72 - 60, 70 - 62 -> 10 ± t1·√8/√2, both pairs ahead.
+    paired = f"| arise | 0.100 ± {T1 * math.sqrt(8) / math.sqrt(2) / 100:.3f} (2/2) |"
+    assert paired in text
+    # first reach of outcome's final pass rate 0.61: arise at step 50 (ratio 1/3), outcome at 150
     assert "| arise | 50 | 150 | 0.333 |" in text and "| outcome | 150 | 150 | 1.000 |" in text
-    # pool: added 3,4,2; retired 1,2,0; active 2,2,2
-    assert "| arise | 3 | 3.0 ± 1.0 | 2.0 ± 0.0 | 1.0 ± 1.0 |" in text
+    # pool: added 3,4,2; active 2,2,2; retired 1,2,0 (s = 1 each where they vary)
+    assert f"| arise | 3 | 3.0 ± {ci_a:.1f} | 2.0 ± 0.0 | 1.0 ± {ci_a:.1f} |" in text
     # all-failure: bases 0.2/0.3/0.4; + 0.1 overall, + 0.3 early, + 0 later
-    assert "| arise | 3 | 0.400 ± 0.100 | 0.600 ± 0.100 | 0.300 ± 0.100 | 0.300 ± 0.100 |" in text
+    h = f"{ci_a / 10:.3f}"
+    assert f"| arise | 3 | 0.400 ± {h} | 0.600 ± {h} | 0.300 ± {h} | 0.300 ± {h} |" in text
     assert "| outcome | 2 | 0.600 ± 0.000 | 0.800 ± 0.000 | 0.500 ± 0.000 | 0.500 ± 0.000 |" in text
+    assert "Exploration" not in text  # no best-step table unless --select asks for one
     with open(tmp_path / "results.csv") as f:
         res = {r["group"]: r for r in csv.DictReader(f)}
-    assert float(res["arise"][f"{an.HELDOUT_SCORE}@best_mean"]) == 72.0
-    assert float(res["arise"][f"{an.HELDOUT_SCORE}@best_std"]) == pytest.approx(2.0)
-    assert res["arise"]["best_step/heldout"] == "100" and res["arise"]["best_step/ood"] == "150"
-    assert float(res["arise"]["eval/ood/score@best_mean"]) == 43.0
+    assert float(res["arise"]["heldout/score_mean"]) == pytest.approx(71.0)
+    assert float(res["arise"]["heldout/score_std"]) == pytest.approx(ci_a)  # the CI half-width
+    assert float(res["arise"]["ood/score_mean"]) == pytest.approx(43.0)
+    assert res["arise"]["final_step"] == "150"
+    with open(tmp_path / "paired.csv") as f:
+        pair = {r["group"]: r for r in csv.DictReader(f)}
+    assert float(pair["arise"]["eval/heldout/score_mean"]) == pytest.approx(10.0)
+    assert pair["arise"]["eval/heldout/score/ahead"] == "2"
     with open(tmp_path / "first_reach.csv") as f:
         reach = {r["group"]: r for r in csv.DictReader(f)}
-    assert reach["arise"]["first_reach_step"] == "50" and float(reach["arise"]["target"]) == 61.0
+    assert reach["arise"]["first_reach_step"] == "50"
+    assert float(reach["arise"]["target"]) == pytest.approx(0.61)
     with open(tmp_path / "pool_dynamics.csv") as f:
         dyn = [r for r in csv.DictReader(f) if r["group"] == "arise"]
     at = {int(r["step"]): r for r in dyn}
     assert float(at[9]["added"]) == 0 and float(at[11]["added"]) == pytest.approx(2.0)  # 2,2,2
     assert float(at[150]["retired"]) == pytest.approx(1.0)
+
+
+def test_t_quantiles_and_confidence_intervals():
+    # Table values and the expansion beyond it (exact t_{0.975}: df 40 -> 2.0211, 100 -> 1.9840).
+    assert an.t_critical_975(1) == 12.706 and an.t_critical_975(4) == 2.776
+    assert an.t_critical_975(40) == pytest.approx(2.0211, abs=1e-3)
+    assert an.t_critical_975(100) == pytest.approx(1.9840, abs=1e-3)
+    assert abs(an.t_critical_975(31) - an.t_critical_975(30)) < 0.01  # continuous at the seam
+    v = [0.2, 0.5, 0.4, 0.3, 0.6]
+    m, half, n = an.mean_ci95(v)
+    assert (m, n) == (pytest.approx(0.4), 5)
+    assert half == pytest.approx(2.776 * np.std(v, ddof=1) / math.sqrt(5))
+    assert math.isnan(an.mean_ci95([0.3])[1]) and an.mean_ci95([float("nan")])[2] == 0
+    with pytest.raises(ValueError, match="df"):
+        an.t_critical_975(0)
 
 
 def test_stage_means_are_thirds_of_training():
@@ -334,18 +359,24 @@ def test_each_set_picks_its_best_step_on_its_pass_rate(pass_root, tmp_path):
     assert one["eval/ood/pass_rate@best"] == pytest.approx((0.25, math.sqrt(0.005)))
     assert "eval/ifeval/score@best" not in one  # ifeval was not evaluated at step 20
 
-    text = aggregate.report(groups, str(tmp_path / "out"))
+    text = aggregate.report(groups, str(tmp_path / "out"), select="auto")
     assert "heldout best step (pass_rate)" in text and "ood best step (pass_rate)" in text
     assert "ifeval best step (score)" in text and "heldout/env_mean/pass_rate (best)" in text
-    line = next(x for x in text.splitlines() if x.startswith("| grpo |"))
+    explore = text[text.index("## Exploration") :]
+    line = next(x for x in explore.splitlines() if x.startswith("| grpo |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[:3] == ["grpo", "2", "20"]
     assert cells[3:5] == ["30.00 ± 0.00", "55.00 ± 7.07"]  # heldout score (best), (final)
-    with open(tmp_path / "out" / "results.csv") as f:
+    with open(tmp_path / "out" / "best.csv") as f:
         (csv_row,) = list(csv.DictReader(f))
     assert (csv_row["best_step/heldout"], csv_row["best_step/ood"]) == ("20", "30")
     assert float(csv_row["eval/ood/pass_rate@best_mean"]) == pytest.approx(0.3)
+    # The protocol's table: the final step (40), never a best one; per environment too.
+    assert "| grpo | 2 | 40 | 0.400 ± 0.000 |" in text
+    with open(tmp_path / "out" / "env.csv") as f:
+        (env,) = list(csv.DictReader(f))
+    assert float(env["list_mean"]) == pytest.approx(0.3)
     assert aggregate.main([pass_root, "--out", str(tmp_path / "cli"), "--select", "score"]) == 0
-    with open(tmp_path / "cli" / "results.csv") as f:
+    with open(tmp_path / "cli" / "best.csv") as f:
         (cli,) = list(csv.DictReader(f))
     assert (cli["best_step/heldout"], cli["select/heldout"]) == ("40", "score")

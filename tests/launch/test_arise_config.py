@@ -28,10 +28,10 @@ def Evidence(step, tasks, prompts, responses, verdicts, scores, rewards, advanta
 @pytest.mark.parametrize(
     "variant, evolve, inject, sampler, pool_cap",
     [
-        ("", True, True, "capability", 8),
-        ("no_skills", True, False, "capability", 8),
-        ("sampler=uniform", True, True, "uniform", 8),
-        ("sampler=variance", True, True, "reward_variance", 8),
+        ("", True, True, "capability", 16),
+        ("no_skills", True, False, "capability", 16),
+        ("sampler=uniform", True, True, "uniform", 16),
+        ("sampler=variance", True, True, "reward_variance", 16),
         ("outcome_only", False, False, "uniform", 0),
         ("smoke", True, True, "capability", 4),
     ],

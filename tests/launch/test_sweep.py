@@ -84,6 +84,26 @@ def test_long_variant_slug_is_safe_and_unique():
     assert sweep.slug("sampler=uniform") == "sampler_uniform"
 
 
+def test_seed_placeholder_pairs_runs_of_one_seed():
+    runs = sweep.expand(
+        "r",
+        ["configs/arise.py"],
+        ["frozen_rubrics=r/arise/seed{seed}"],
+        [0, 3],
+        fixed=[("warmstart.cache_dir", "ws/{seed}")],
+    )
+    assert [r.config for r in runs] == [
+        "configs/arise.py:frozen_rubrics=r/arise/seed0",
+        "configs/arise.py:frozen_rubrics=r/arise/seed3",
+    ]
+    assert [r.overrides for r in runs] == [
+        (("warmstart.cache_dir", "ws/0"),),
+        (("warmstart.cache_dir", "ws/3"),),
+    ]
+    # One group for every seed: the workdirs differ only in seed<k>.
+    assert len({os.path.dirname(r.workdir) for r in runs}) == 1
+
+
 def _finish(wd, steps=10, ckpts=(), marker=False):
     os.makedirs(os.path.join(wd, "checkpoints"), exist_ok=True)
     with open(os.path.join(wd, "config.json"), "w") as f:
