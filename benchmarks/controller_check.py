@@ -7,10 +7,10 @@ refinements, candidates from the seed rubric only, a pool of 8 filled at 2 pairs
 current defaults with each of the candidate bank and the ranking set back alone, and
 static-rubric GRPO: pool fill and turnover, stuck slots, the share of all-failure groups that get
 a rubric signal, the effective batch (Σu)²/Σu² as a fraction of the groups, the environment mix
-against the held-out mix (total variation), all on the embedded default's ARISE config (32 tasks
-× 8 rollouts a step, ``--steps`` steps, the default stand-in script). Ratios ``current /
-previous`` for the effective batch and the all-failure signal. Deterministic; a few minutes on
-2 cores.
+against the held-out mix (total variation), all on the comparison's budget (the ``protocol``
+variant: 32 tasks × 8 rollouts a step; ``--steps`` steps; the default stand-in script).
+Ratios ``current / previous`` for the effective batch and the all-failure signal.
+Deterministic; a few minutes on 2 cores.
 
 Usage: python benchmarks/controller_check.py [--steps 150]
 """
@@ -67,8 +67,9 @@ def main() -> None:
     args = ap.parse_args()
     out: dict = {"steps": args.steps}
     for name, settings in ARMS.items():
-        out[name] = _figures(with_arise_settings(arise.get_config(), settings), args.steps)
-    out["grpo"] = _figures(grpo.get_config(), args.steps)
+        config = with_arise_settings(arise.get_config("protocol"), settings)
+        out[name] = _figures(config, args.steps)
+    out["grpo"] = _figures(grpo.get_config("protocol"), args.steps)
     cur, prev = out["current"], out["previous"]
     out["effective_batch_ratio"] = round(
         cur["effective_batch_frac"] / prev["effective_batch_frac"], 4

@@ -16,9 +16,12 @@ Each run is ``python -m rubric_rl.launch --config=<file>[:<variant>] --workdir=<
 configs' own syntax (``smoke,no_skills``), crossed with every ``--config``; a ``--config`` may
 also carry its variant (``configs/arise.py:smoke``). ``--grid key=v1,v2`` overrides are crossed
 with each other and named in the slug; ``--set key=value`` overrides apply to every run and are
-NOT in the slug. A run is skipped when finished (``SWEEP_DONE.json`` written after exit 0, or a
-checkpoint at its ``train.steps``) unless ``--force`` (which deletes its workdir first); a run with
-checkpoints but unfinished is continued with ``--resume``. Local runs log to ``<wd>/launch.log``.
+NOT in the slug. ``{seed}`` in a variant or an override is the run's seed
+(``frozen_rubrics=runs/p/arise-protocol/seed{seed}`` pairs each seed with the same seed's ARISE
+run); the group name keeps the placeholder. A run is skipped when finished (``SWEEP_DONE.json``
+written after exit 0, or a checkpoint at its ``train.steps``) unless ``--force`` (which deletes
+its workdir first); a run with checkpoints but unfinished is continued with ``--resume``. Local
+runs log to ``<wd>/launch.log``.
 """
 
 from __future__ import annotations
