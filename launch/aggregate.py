@@ -10,6 +10,8 @@ Writes to ``--out`` (default ``<root>``) ``results.md`` (every table below) and 
   on a test set), mean ± 95 % CI over seeds (Student's t, ddof = 1): ``pass_rate`` (the task
   verifier, primary), ``oracle`` (the hidden quality, primary), ``env_mean/pass_rate`` (the
   unweighted mean over environments), ``score`` (the seed rubric, secondary);
+- ``rise.csv`` — per group, each held-out metric at step 0 (the warm start, before the first
+  update) and its change to the final step on each seed (± CI; how many seeds rose);
 - ``env.csv`` — per group, each environment's held-out pass rate at the final step (± CI);
 - ``paired.csv`` (``--reference``) — per group, the paired difference to the reference group on
   the seeds both ran (seed k with seed k: one warm start each), mean ± 95 % CI and how many
@@ -276,6 +278,39 @@ def final_rows(groups: Mapping[str, Sequence[an.Run]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _at_step(runs: Sequence[an.Run], key: str, step: int) -> dict[int, float]:
+    """{seed: value of ``key`` at ``step``} over the runs that logged it there."""
+    out = {}
+    for i, run in enumerate(runs):
+        steps, vals = run.series(key)
+        hit = np.flatnonzero(steps == step)
+        if hit.size:
+            seed = an.run_seed(run)
+            out[i if seed is None else seed] = float(vals[hit[0]])
+    return out
+
+
+def rise_rows(groups: Mapping[str, Sequence[an.Run]]) -> list[dict[str, Any]]:
+    """Per group: each held-out metric at step 0 (the policy RL starts from, evaluated before
+    the first update) and its change to the final step on each seed, mean ± 95 % CI, with the
+    number of seeds on which it rose."""
+    rows = []
+    for g, runs in groups.items():
+        row: dict[str, Any] = {"group": g, "seeds": len(runs)}
+        for metric in PROTOCOL_METRICS:
+            key = f"eval/heldout/{metric}"
+            start, final = _at_step(runs, key, 0), _finals(runs, key)
+            seeds = sorted(set(start) & set(final))
+            if not seeds:
+                continue
+            d = [final[k] - start[k] for k in seeds]
+            row[f"{metric}/start"] = _ci([start[k] for k in seeds])
+            row[f"{metric}/change"] = _ci(d)
+            row[f"{metric}/rose"] = sum(x > 0 for x in d)
+        rows.append(row)
+    return rows
+
+
 def env_rows(groups: Mapping[str, Sequence[an.Run]]) -> list[dict[str, Any]]:
     """Per group: each environment's held-out pass rate at the final step, mean ± CI."""
     rows = []
@@ -441,6 +476,22 @@ def report(
             [r["group"], str(r["seeds"]), str(r["final_step"])] + _cells(r, keys) for r in final
         ]
         md += [markdown_table(["group", "seeds", "step", *PROTOCOL_METRICS], body), ""]
+    rise = rise_rows(groups)
+    if any(len(r) > 2 for r in rise):
+        write_csv(os.path.join(out_dir, "rise.csv"), rise)
+        md += ["## Over the warm start (held-out: step 0 -> final step, per seed)", ""]
+        body = []
+        for r in rise:
+            line = [r["group"], str(r["seeds"])]
+            for m in PROTOCOL_METRICS:
+                if f"{m}/start" not in r:
+                    line += ["–", "–"]
+                    continue
+                rose = f" ({r[f'{m}/rose']}/{r['seeds']})"
+                line += [fmt(*r[f"{m}/start"], digits=3), fmt(*r[f"{m}/change"], digits=3) + rose]
+            body.append(line)
+        head = [x for m in PROTOCOL_METRICS for x in (f"{m} at 0", f"{m} change")]
+        md += [markdown_table(["group", "seeds", *head], body), ""]
     envs = env_rows(groups)
     env_names = sorted({k for r in envs for k in r if k not in ("group", "seeds")})
     if env_names:

@@ -106,6 +106,14 @@ def test_report_files_exact(root, tmp_path):
     # Paired on seeds 0 and 1: 72 - 60, 70 - 62 -> 10 ± t1·√8/√2, both pairs ahead.
     paired = f"| arise | 0.100 ± {T1 * math.sqrt(8) / math.sqrt(2) / 100:.3f} (2/2) |"
     assert paired in text
+    # Over the warm start: arise's held-out pass rate 0.40, 0.42, 0.38 at step 0 and
+    # 0.72, 0.70, 0.71 at 150 -> start 0.40 (s 0.02), change 0.32, 0.28, 0.33 (all three rose).
+    s_change = np.std([0.32, 0.28, 0.33], ddof=1)
+    rise = (
+        f"| arise | 3 | 0.400 ± {T2 * 0.02 / math.sqrt(3):.3f} | "
+        f"0.310 ± {T2 * s_change / math.sqrt(3):.3f} (3/3) |"
+    )
+    assert rise in text
     # first reach of outcome's final pass rate 0.61: arise at step 50 (ratio 1/3), outcome at 150
     assert "| arise | 50 | 150 | 0.333 |" in text and "| outcome | 150 | 150 | 1.000 |" in text
     # pool: added 3,4,2; active 2,2,2; retired 1,2,0 (s = 1 each where they vary)
