@@ -29,7 +29,9 @@ Variants (comma-separated, big_vision style):
   outcome-only RL baseline under the same per-step rollout budget.
 
 Builders: ``make_arise_controller(domain.train, config.rollout.tasks_per_step,
-seed=config.train.seed, llm_client=..., **arise_controller_kwargs(config))`` and, when
+seed=config.train.seed, llm_client=..., criteria_library=<the domain's checker library>,
+**arise_controller_kwargs(config))`` (without the library, ``arise.bank="auto"`` falls back to
+the seed rubric's criteria) and, when
 ``config.arise.frozen_pool_from`` is set, ``controller.load_pool(final_pool_state(<dir>))``.
 """
 

@@ -9,7 +9,10 @@ Writes to ``--out`` (default ``<root>``) ``results.md`` (every table below) and 
   validation, ood), each metric at each run's FINAL step (pre-registered: no checkpoint is chosen
   on a test set), mean ± 95 % CI over seeds (Student's t, ddof = 1): ``pass_rate`` (the task
   verifier, primary), ``oracle`` (the hidden quality, primary), ``env_mean/pass_rate`` (the
-  unweighted mean over environments), ``score`` (the seed rubric, secondary);
+  unweighted mean over environments), ``score`` (the seed rubric, secondary). Every ± in a CSV
+  is the 95 % CI half-width (``<metric>_mean``, ``<metric>_ci95``). A run that stopped before
+  its ``train.steps`` is an error naming it (``--allow-incomplete``: tabulated at its last step
+  and listed);
 - ``rise.csv`` — per group, each held-out metric at step 0 (the warm start, before the first
   update) and its change to the final step on each seed (± CI; how many seeds rose);
 - ``env.csv`` — per group, each environment's held-out pass rate at the final step (± CI);
@@ -22,11 +25,12 @@ Writes to ``--out`` (default ``<root>``) ``results.md`` (every table below) and 
 - ``pool.csv`` / ``pool_dynamics.csv`` — ARISE pool counts (added / active / retired) at the end
   (± CI) and over steps, from ``controllers/arise.jsonl`` (else the ``arise/pool/*`` metrics);
   groups whose pool never held an entry are left out;
-- ``all_fail.csv`` — the rate of all-failure rollout groups (``arise/task/all_fail_groups``)
-  over training and per early / middle / late third (± CI);
+- ``all_fail.csv`` — the rate of all-failure rollout groups (``task/all_fail_groups``, logged
+  by every method; ARISE's ``arise/task/all_fail_groups`` for runs before it) over training and
+  per early / middle / late third (± CI);
 - ``calibration.csv`` — the fixed probe set before RL (``controllers/calibration``): task pass
-  rate and all-failure groups unguided and with skills, and how many stated requirements no
-  unguided rollout met.
+  rate and all-failure groups unguided and with skills, and how many requirements no unguided
+  rollout met (the stated ones and the implicit ones the checker library adds).
 
 ``--select`` (not the protocol): also report each set at a best step, for exploration. ``auto`` =
 the set's ``pass_rate`` when it logs one, else its ``score``; a metric name = that metric of each
@@ -80,13 +84,14 @@ def load_groups(root: str, groups: Sequence[str] | None = None) -> dict[str, lis
     return {g: [an.load_run(p) for _, p in sorted(seeds.items())] for g, seeds in found.items()}
 
 
-def resolve_group(name: str, groups: Sequence[str]) -> str:
-    """An exact group name, else the unique group containing ``name``."""
+def resolve_group(name: str, groups: Sequence[str], flag: str = "--reference") -> str:
+    """An exact group name, else the unique group containing ``name`` (``flag``: the option
+    that named it, for the error)."""
     if name in groups:
         return name
     hits = [g for g in groups if name in g]
     if len(hits) != 1:
-        raise ValueError(f"--reference {name!r} matches {hits or 'no group'}; groups: {groups}")
+        raise ValueError(f"{flag} {name!r} matches {hits or 'no group'}; groups: {groups}")
     return hits[0]
 
 
@@ -212,14 +217,20 @@ def pool_rows(groups: Mapping[str, Sequence[an.Run]]) -> tuple[list[dict], list[
     return summary, dynamics
 
 
-def all_fail_rows(groups: Mapping[str, Sequence[an.Run]], key: str = an.ALL_FAIL) -> list[dict]:
-    """Per group: the mean over training steps of ``key`` per seed, then mean ± 95 % CI over
-    seeds; also per third of training (ARISE: "the largest gap early in training")."""
+def all_fail_rows(
+    groups: Mapping[str, Sequence[an.Run]], keys: Sequence[str] = an.ALL_FAIL_KEYS
+) -> list[dict]:
+    """Per group: the mean over training steps of the all-failure rate per seed (the first of
+    ``keys`` the run logs: every method's ``task/all_fail_groups``, else ARISE's own from runs
+    that predate it), then mean ± 95 % CI over seeds; also per third of training (ARISE: "the
+    largest gap early in training")."""
     rows = []
     for g, runs in groups.items():
         per_seed: dict[str, list[float]] = {"all": [], "early": [], "middle": [], "late": []}
         for run in runs:
-            steps, vals = run.series(key)
+            steps, vals = next(
+                (got for key in keys if (got := run.series(key))[0].size), run.series(keys[0])
+            )
             keep = steps >= 1
             steps, vals = steps[keep], vals[keep]
             if steps.size == 0:
@@ -258,6 +269,19 @@ def _finals(runs: Sequence[an.Run], key: str) -> dict[int, float]:
         if got is not None:
             seed = an.run_seed(run)
             out[i if seed is None else seed] = got[1]
+    return out
+
+
+def incomplete_runs(groups: Mapping[str, Sequence[an.Run]]) -> list[str]:
+    """The runs whose last logged step is below their config's ``train.steps``, as
+    ``"<run dir> (step s of n)"``: a final-step table would mix them with finished runs."""
+    out = []
+    for runs in groups.values():
+        for run in runs:
+            want = run.config.get("train", {}).get("steps")
+            last = max((int(r["step"]) for r in run.metrics if "step" in r), default=None)
+            if want is not None and (last is None or last < int(want)):
+                out.append(f"{run.path} (step {last} of {int(want)})")
     return out
 
 
@@ -307,6 +331,7 @@ def rise_rows(groups: Mapping[str, Sequence[an.Run]]) -> list[dict[str, Any]]:
             row[f"{metric}/start"] = _ci([start[k] for k in seeds])
             row[f"{metric}/change"] = _ci(d)
             row[f"{metric}/rose"] = sum(x > 0 for x in d)
+            row[f"{metric}/pairs"] = len(seeds)
         rows.append(row)
     return rows
 
@@ -381,7 +406,7 @@ def _flat(row: Mapping[str, Any]) -> dict[str, Any]:
     out = {}
     for k, v in row.items():
         if isinstance(v, tuple):
-            out[f"{k}_mean"], out[f"{k}_std"] = v
+            out[f"{k}_mean"], out[f"{k}_ci95"] = v  # the 95 % CI half-width, not a std
         else:
             out[k] = v
     return out
@@ -453,8 +478,20 @@ def report(
     reference: str | None = None,
     match: str | None = None,
     select: str = FINAL,
+    allow_incomplete: bool = False,
 ) -> str:
-    """Writes every table (see the module docstring); returns the Markdown."""
+    """Writes every table (see the module docstring); returns the Markdown. A run that stopped
+    before its ``train.steps`` is an error naming it (resume it: ``launch/sweep.py`` resumes
+    unfinished runs) unless ``allow_incomplete``: then it is tabulated at its last step and
+    listed under the tables."""
+    short = incomplete_runs(groups)
+    if short and not allow_incomplete:
+        raise ValueError(
+            "launch/aggregate.py: runs stopped before their config's train.steps: "
+            + "; ".join(short)
+            + ". Resume them (launch/sweep.py resumes unfinished runs; or rubric_rl.launch "
+            "--resume), or pass --allow-incomplete to tabulate them at their last step"
+        )
     os.makedirs(out_dir, exist_ok=True)
     names = list(groups)
     final = final_rows(groups)
@@ -487,7 +524,7 @@ def report(
                 if f"{m}/start" not in r:
                     line += ["–", "–"]
                     continue
-                rose = f" ({r[f'{m}/rose']}/{r['seeds']})"
+                rose = f" ({r[f'{m}/rose']}/{r[f'{m}/pairs']})"
                 line += [fmt(*r[f"{m}/start"], digits=3), fmt(*r[f"{m}/change"], digits=3) + rose]
             body.append(line)
         head = [x for m in PROTOCOL_METRICS for x in (f"{m} at 0", f"{m} change")]
@@ -518,7 +555,7 @@ def report(
         md += [markdown_table(["group − " + ref, *PROTOCOL_METRICS], body)]
         md += ["", "(n/m): pairs where the group is ahead, of the pairs both arms ran.", ""]
     if match is not None:
-        ref = resolve_group(match, names)
+        ref = resolve_group(match, names, "--match")
         reach = first_reach_rows(groups, ref, key=HELDOUT_PASS)
         write_csv(os.path.join(out_dir, "first_reach.csv"), reach)
         md += [
@@ -555,7 +592,10 @@ def report(
     fails = all_fail_rows(groups)
     if fails:
         write_csv(os.path.join(out_dir, "all_fail.csv"), fails)
-        md += [f"## All-failure rollout groups ({an.ALL_FAIL}, mean over steps)", ""]
+        md += [
+            f"## All-failure rollout groups ({' or '.join(an.ALL_FAIL_KEYS)}, mean over steps)",
+            "",
+        ]
         names3 = ("all", "early", "middle", "late")
         body = [
             [r["group"], str(r["seeds"])] + [fmt(*r[k], digits=3) for k in names3] for r in fails
@@ -574,6 +614,9 @@ def report(
         md += ["## Calibration before RL (fixed probe set, step 1)", ""]
         body = [[r["group"], str(r["seeds"])] + _cells(r, keys) for r in cal]
         md += [markdown_table(["group", "seeds", *keys], body), ""]
+    if short:
+        md += ["## Incomplete runs (tabulated at their last step: --allow-incomplete)", ""]
+        md += [f"- {x}" for x in short] + [""]
     text = "\n".join(md)
     with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as f:
         f.write(text)
@@ -594,6 +637,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "full key (eval/validation/pass_rate) choosing one step for every set",
     )
     p.add_argument("--groups", nargs="*", default=None, help="only these groups")
+    p.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="tabulate runs that stopped before train.steps at their last step (listed in "
+        "results.md) instead of stopping with an error naming them",
+    )
     args = p.parse_args(argv)
     groups = load_groups(args.root, args.groups)
     text = report(
@@ -602,6 +651,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         reference=args.reference,
         match=args.match,
         select=args.select,
+        allow_incomplete=args.allow_incomplete,
     )
     print(text)
     return 0

@@ -36,6 +36,8 @@ RUBRIC_REWARD = "reward/mean"  # the step's rubric reward (pool rubric under ARI
 RUBRIC_PASS = "arise/rubric/pass_rate"  # pooled pass rate of the pool's criteria
 TASK_PASS = "arise/task/pass_rate"  # task verifier pass rate of the training rollouts
 ALL_FAIL = "arise/task/all_fail_groups"  # share of groups where no rollout passed the task
+# The same share logged by every method's step (step_metrics); ARISE's own for older runs.
+ALL_FAIL_KEYS = ("task/all_fail_groups", ALL_FAIL)
 CRITERION_RE = re.compile(r"^arise/rubric/([^/]+)/pass_rate$")
 SAMPLER_PREFIX = "arise/sampler/p/"  # + "<task type>/<capability>": P(cell), discovery excluded
 POOL_EVENTS = "arise"  # controllers/arise.jsonl

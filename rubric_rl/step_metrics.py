@@ -3,7 +3,9 @@ lengths, times, the oracle diagnostics, and the sampled rollouts written for the
 
 ``reward/*`` describes the signal that is trained (``Trajectory.reward``: ``loss.reward``, or
 the first signal of a controller's mix) over the selected groups; every named signal is logged
-as ``reward/<signal>/mean``. Analysis only: nothing here is shown to a controller.
+as ``reward/<signal>/mean``. ``task/pass_rate`` and ``task/all_fail_groups`` are over every
+generated group (rollouts and groups that passed the task verifier). Analysis only: nothing
+here is shown to a controller.
 """
 
 from __future__ import annotations
@@ -62,6 +64,15 @@ def step_metrics(
         s = s[~np.isnan(s)]
         if s.size:
             m[f"reward/{name}/mean"] = float(s.mean())
+    # Every method's all-failure groups (ARISE's analysis: skill guidance should lower them;
+    # ARISE's own arise/task/* are the same numbers): over every generated group, the share of
+    # rollouts and of groups that passed the task verifier (a verifier that failed: omitted).
+    task = rollouts.signal("task_verifier")
+    defined = ~np.isnan(task)
+    if defined.any():
+        solved = defined & (np.nan_to_num(task) >= 1.0)
+        m["task/pass_rate"] = float(solved.sum() / defined.sum())
+        m["task/all_fail_groups"] = float(np.mean(~solved.any(axis=1)[defined.any(axis=1)]))
     m.update(failure_counts(sel.scores))
     for cid, rate in criterion_pass_rates(sel.scores).items():
         m[f"criteria/{cid}/pass_rate"] = rate

@@ -125,8 +125,10 @@ def encode_bucketed(corpus, tokenizer, buckets, completion_len: int):
 class BucketedBatches:
     """Batches of ``batch`` demonstrations, all of one bucket: each step picks a bucket with
     probability proportional to its size (every demonstration is as likely to be drawn as in one
-    shuffled pool), then the next rows of that bucket's own shuffled order. Deterministic in
-    ``rng``."""
+    shuffled pool), then the next rows of that bucket's own shuffled order; a bucket whose order
+    runs out mid-batch is reshuffled and the batch continues from the new order, so a batch that
+    straddles the wrap may hold a row twice (kept: the protocol's warm starts were made so).
+    Deterministic in ``rng``."""
 
     def __init__(self, packed, batch: int, rng: np.random.Generator):
         self.packed = {b: a for b, a in packed.items() if len(a[0])}

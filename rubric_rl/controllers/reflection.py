@@ -5,10 +5,13 @@ discover emerging gaps and add new pairs"; "persistent failures prompt refinemen
 implementations share the ``Reflection`` interface:
 
 - ``ProgrammaticReflection`` (verifiable domains, e.g. the embedded constraint domain): a
-  data-driven miner. Its candidate bank is derived from the window's tasks themselves: every
-  rule-verified criterion of a task, keyed ``<task type>/<capability>/<criterion id>``, whose
-  capability is one the task declares (the pool targets task-type × capability cells, so a
-  criterion without one has nothing to target). Each candidate's checker is run on every rollout
+  data-driven miner. Its candidate bank is derived from the window's tasks: with
+  ``AriseConfig.bank="library"`` (``"auto"`` on a domain that has one) the domain's checker
+  library read from each task's prompt (``envs/constraint_library.py``: every stated clause and
+  the implicit requirements no seed criterion states), with ``"seed_rubric"`` every
+  rule-verified criterion of the task's own rubric; keyed ``<task type>/<capability>/<criterion
+  id>``, with a capability the task declares (the pool targets task-type × capability cells, so
+  a criterion without one has nothing to target). Each candidate's checker is run on every rollout
   of the window and the candidates are ranked by how well their verdict separates failed from
   successful rollouts:
   ``separation = P̂(sat | success) − P̂(sat | failure)``, both Laplace-smoothed
@@ -21,17 +24,19 @@ implementations share the ``Reflection`` interface:
   Refinement makes the skill more specific by citing the criterion the window shows failing on the
   task itself (the ``{criterion}`` placeholder is filled per task at decoration time).
 
-  Two rankings (``rank``). ``"progress"`` (the default) follows ARISE's "rubrics evolve to reward
-  partial behavioral progress" where the task reward is silent: a group whose rollouts all failed
-  the task (a failing group) has zero task advantage, and a criterion helps there only if its
-  verdict varies inside the group. A candidate's score is its mean within-group verdict variance
-  ``q_g (1 − q_g)`` over the window's failing groups of at least two judged rollouts (``q_g`` its
-  satisfied share in group g; a group = one task in one step), and it must show partial progress
+  Three rankings (``rank``). ``"progress_mass"`` (the default) and ``"progress"`` follow ARISE's
+  "rubrics evolve to reward partial behavioral progress" where the task reward is silent: a group
+  whose rollouts all failed the task (a failing group) has zero task advantage, and a criterion
+  helps there only if its verdict varies inside the group. A candidate's score is its mean
+  within-group verdict variance ``q_g (1 − q_g)`` over the window's failing groups of at least two
+  judged rollouts (``q_g`` its satisfied share in group g; a group = one task in one step) for
+  ``"progress"``, its sum ``Σ_g q_g (1 − q_g)`` for ``"progress_mass"`` (a criterion giving ten
+  failing groups a signal outranks one giving one group the same), and it must show partial progress
   (satisfied by at least one failed rollout) and a variance above ``min_progress_variance``. So a
-  criterion no rollout meets (which the separation score ranks first when nothing succeeds yet:
-  it fails every failure) is never proposed; it would hold a slot without giving any group a
-  signal. Ours: the seed states the goal, not this statistic. ``"separation"`` is the previous
-  ranking (by separation, as above), kept as an ablation.
+  criterion no rollout meets (which the separation score ranks first when nothing succeeds yet: it
+  fails every failure) is never proposed; it would hold a slot without giving any group a signal.
+  Ours: the seed states the goal, not this statistic. ``"separation"`` is the previous ranking (by
+  separation, as above), kept as an ablation.
 - ``LLMReflection`` (``reflection_llm.py``, re-exported here): a versioned prompt through the
   ``LLMClient``; the reply is validated strictly (like judge output) and a reply with any invalid
   or duplicate pair is rejected whole — never half-applied.
@@ -249,8 +254,9 @@ class ProgrammaticReflection(Reflection):
         return not (both and s.agreement >= self.redundant_agreement)
 
     def rank(self, records: Sequence[RolloutRecord]) -> list[CandidateScore]:
-        """Eligible candidates, best first: by within-failing-group variance (``progress``) or
-        by separation; ties by failures explained, then the key."""
+        """Eligible candidates, best first: by the summed (``progress_mass``) or mean
+        (``progress``) within-failing-group variance, or by separation; ties by failures
+        explained, then the key."""
         scores = [s for s in self.score_candidates(records).values() if self.eligible(s)]
         if self.rank_by == "progress_mass":
             return sorted(scores, key=lambda s: (-s.fail_group_mass, -s.failures_explained, s.key))

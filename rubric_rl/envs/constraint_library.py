@@ -14,10 +14,10 @@ into the clauses it states, and returns
 It never reads ``Task.raw`` (the generator's hidden parameters), the seed rubric's ``class:`` tags
 or the hidden oracle: :func:`parse_prompt` sees text only, and a prompt it cannot read entirely is
 an error naming the task, never a silent partial bank. ARISE's programmatic reflection draws its
-candidate rubric–skill pairs from here (``arise.programmatic.bank="library"``), so the pool can
-hold criteria the seed rubric lacks; ``bank="seed_rubric"`` (the task's own rule criteria) is the
-previous behaviour. The tests check that the library reproduces every task's stated constraints
-and implicit requirements from its prompt alone.
+candidate rubric–skill pairs from here (``arise.bank="library"``, or ``"auto"``: the default), so
+the pool can hold criteria the seed rubric lacks; ``bank="seed_rubric"`` (the task's own rule
+criteria) is the previous behaviour. The tests check that the library reproduces every task's stated
+constraints and implicit requirements from its prompt alone.
 """
 
 from __future__ import annotations

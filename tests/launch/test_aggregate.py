@@ -126,7 +126,7 @@ def test_report_files_exact(root, tmp_path):
     with open(tmp_path / "results.csv") as f:
         res = {r["group"]: r for r in csv.DictReader(f)}
     assert float(res["arise"]["heldout/score_mean"]) == pytest.approx(71.0)
-    assert float(res["arise"]["heldout/score_std"]) == pytest.approx(ci_a)  # the CI half-width
+    assert float(res["arise"]["heldout/score_ci95"]) == pytest.approx(ci_a)  # the CI half-width
     assert float(res["arise"]["ood/score_mean"]) == pytest.approx(43.0)
     assert res["arise"]["final_step"] == "150"
     with open(tmp_path / "paired.csv") as f:
@@ -388,3 +388,53 @@ def test_each_set_picks_its_best_step_on_its_pass_rate(pass_root, tmp_path):
     with open(tmp_path / "cli" / "best.csv") as f:
         (cli,) = list(csv.DictReader(f))
     assert (cli["best_step/heldout"], cli["select/heldout"]) == ("40", "score")
+
+
+def test_a_run_short_of_its_steps_is_named_not_averaged_in(tmp_path):
+    r = tmp_path / "sweep"
+    for seed in (0, 1):
+        write_run(str(r / "arise" / f"seed{seed}"), *RUNS["arise"][seed])
+    # seed 1 was killed at step 150 of 200: its last numbers are not a final step's
+    with open(r / "arise" / "seed1" / "config.json", "w") as f:
+        json.dump({"method": "x", "train": {"steps": 200, "seed": 1}}, f)
+    groups = aggregate.load_groups(str(r))
+    assert aggregate.incomplete_runs(groups) == [f"{r / 'arise' / 'seed1'} (step 150 of 200)"]
+    with pytest.raises(ValueError, match=r"seed1 \(step 150 of 200\).*--allow-incomplete"):
+        aggregate.report(groups, str(tmp_path / "out"))
+    text = aggregate.report(groups, str(tmp_path / "out"), allow_incomplete=True)
+    assert "## Incomplete runs" in text and f"- {r / 'arise' / 'seed1'} (step 150 of 200)" in text
+
+
+def test_match_error_names_the_match_flag(root):
+    groups = aggregate.load_groups(root)
+    with pytest.raises(ValueError, match="^--match 'grpo' matches no group"):
+        aggregate.report(groups, "/tmp/unused-agg", match="grpo")
+
+
+def test_rise_counts_only_seeds_with_both_ends(tmp_path):
+    r = tmp_path / "sweep"
+    for seed in (0, 1, 2):
+        write_run(str(r / "arise" / f"seed{seed}"), *RUNS["arise"][seed])
+    # seed 2 has no step-0 evaluation (eval.at_start=False): it cannot say whether it rose
+    path = r / "arise" / "seed2" / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    first = json.loads(lines[0])
+    lines[0] = json.dumps({k: v for k, v in first.items() if not k.startswith("eval/")})
+    path.write_text("\n".join(lines) + "\n")
+    (row,) = aggregate.rise_rows(aggregate.load_groups(str(r)))
+    assert row["pass_rate/pairs"] == 2 and row["seeds"] == 3
+    text = aggregate.report(aggregate.load_groups(str(r)), str(tmp_path / "out"))
+    assert f"({row['pass_rate/rose']}/2)" in text
+
+
+def test_all_failure_groups_read_every_methods_key(tmp_path):
+    r = tmp_path / "sweep"
+    d = r / "grpo" / "seed0"
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"train": {"steps": 6}}))
+    rows = [{"step": s, "task/all_fail_groups": 0.9 - 0.1 * s} for s in range(7)]
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    (row,) = aggregate.all_fail_rows(aggregate.load_groups(str(r)))
+    assert row["group"] == "grpo"
+    assert row["all"][0] == pytest.approx(np.mean([0.9 - 0.1 * s for s in range(1, 7)]))
+    assert row["early"][0] == pytest.approx(np.mean([0.8, 0.7]))
