@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rubric_rl.diagnostics import failure_metrics
-from rubric_rl.rollout.batch import Rollouts, score_matrices
+from rubric_rl.rollout.batch import Rollouts, score_matrices, task_outcome_metrics
 from rubric_rl.rubrics.rewards import POINTS_SCALE, batch_rewards
 from rubric_rl.rubrics.scores import ScoreMatrices, failure_counts
 
@@ -65,14 +65,8 @@ def step_metrics(
         if s.size:
             m[f"reward/{name}/mean"] = float(s.mean())
     # Every method's all-failure groups (ARISE's analysis: skill guidance should lower them;
-    # ARISE's own arise/task/* are the same numbers): over every generated group, the share of
-    # rollouts and of groups that passed the task verifier (a verifier that failed: omitted).
-    task = rollouts.signal("task_verifier")
-    defined = ~np.isnan(task)
-    if defined.any():
-        solved = defined & (np.nan_to_num(task) >= 1.0)
-        m["task/pass_rate"] = float(solved.sum() / defined.sum())
-        m["task/all_fail_groups"] = float(np.mean(~solved.any(axis=1)[defined.any(axis=1)]))
+    # ARISE's own arise/task/* are the same numbers), over every generated group.
+    m.update(task_outcome_metrics(rollouts.signal("task_verifier")))
     m.update(failure_counts(sel.scores))
     for cid, rate in criterion_pass_rates(sel.scores).items():
         m[f"criteria/{cid}/pass_rate"] = rate

@@ -40,7 +40,7 @@ from rubric_rl.controllers.base import Controller, Messages, TaskBatch
 from rubric_rl.controllers.reflection import Reflection, RolloutRecord, satisfied
 from rubric_rl.controllers.reflection_base import CriteriaBank, seed_rubric_bank
 from rubric_rl.core.advantages import multi_signal_advantages
-from rubric_rl.rollout.batch import Rollouts
+from rubric_rl.rollout.batch import Rollouts, task_outcome_metrics
 from rubric_rl.rubrics.rewards import batch_rewards
 from rubric_rl.rubrics.scores import ScoreMatrices
 from rubric_rl.rubrics.types import Rubric, Task, append_to_last_user
@@ -250,13 +250,9 @@ class AriseController(Controller):
             for cid in sorted(judged):
                 self.pool.record(cid, passed[cid], judged[cid])
             self._evolve(int(evidence.step))
-        defined = ~np.isnan(success)
-        solved = defined & (np.nan_to_num(success) >= cfg.success_threshold)
-        if defined.any():  # undefined (every verifier call failed) is omitted, never logged as 0
-            metrics["task/pass_rate"] = float(solved.sum() / defined.sum())
-            groups = defined.any(axis=1)
-            # ARISE analysis: skill injection should lower the rate of all-failure groups.
-            metrics["task/all_fail_groups"] = float(np.mean(~solved.any(axis=1)[groups]))
+        # ARISE analysis: skill injection should lower the rate of all-failure groups
+        # (undefined, every verifier call failed, is omitted, never logged as 0).
+        metrics.update(task_outcome_metrics(success, cfg.success_threshold))
         total = sum(judged.values())
         if total:  # undefined with an empty pool: omitted rather than logged as NaN or 0
             metrics["rubric/pass_rate"] = sum(passed.values()) / total

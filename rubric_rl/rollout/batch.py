@@ -252,6 +252,20 @@ def score_matrices(rollouts: Rollouts) -> ScoreMatrices:
     return pack_verdicts(groups, criteria, allow_missing=ragged)
 
 
+def task_outcome_metrics(success: np.ndarray, threshold: float = 1.0) -> dict[str, float]:
+    """``task/pass_rate`` (rollouts) and ``task/all_fail_groups`` (groups no rollout solved) of a
+    ``[G, J]`` task-verifier matrix, a rollout solved at ``>= threshold``; NaN (the verifier
+    failed) is left out, and a matrix with no defined entry gives no numbers, never a 0."""
+    defined = ~np.isnan(success)
+    if not defined.any():
+        return {}
+    solved = defined & (np.nan_to_num(success) >= threshold)
+    return {
+        "task/pass_rate": float(solved.sum() / defined.sum()),
+        "task/all_fail_groups": float(np.mean(~solved.any(axis=1)[defined.any(axis=1)])),
+    }
+
+
 __all__ = [
     "ROLES",
     "TEACHER_PLACEMENTS",
@@ -260,4 +274,5 @@ __all__ = [
     "Rollouts",
     "Trajectory",
     "score_matrices",
+    "task_outcome_metrics",
 ]
