@@ -1,0 +1,94 @@
+"""The JIT critic's acceptance at the band edges (drop included) and the cold-start estimators
+against plain references."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from rubric_rl.controllers.harness.cold_start import (
+    MIN_LEVEL,
+    null_variation_bound,
+    range_upper_bound,
+    regrade_bound,
+    tertile_levels,
+)
+from rubric_rl.controllers.harness.critic import Band, rollout_verdict, rubric_verdict
+
+ROLL = Band(10.2, 28.0)
+RUB = Band(3.1, 28.0)
+
+
+def test_rollout_band_edges():
+    assert rollout_verdict(10.2, ROLL).accepted  # at the lower bound
+    assert rollout_verdict(28.0, ROLL).accepted  # at the upper bound
+    assert not rollout_verdict(np.nextafter(10.2, 0), ROLL).accepted
+    assert not rollout_verdict(np.nextafter(28.0, 99), ROLL).accepted
+    assert not rollout_verdict(-15.0, ROLL).accepted
+    v = rollout_verdict(5.0, ROLL)
+    assert not v.accepted and "below" in v.reason and v.delta == 5.0
+
+
+def test_a_drop_is_accepted_when_reward_stays_within_the_lower_bound():
+    assert rollout_verdict(-10.2, ROLL, drop_only=True).accepted  # exactly −lower
+    assert not rollout_verdict(np.nextafter(-10.2, -99), ROLL, drop_only=True).accepted
+    assert rollout_verdict(40.0, ROLL, drop_only=True).accepted  # no upper bound on a drop
+    assert rollout_verdict(0.0, ROLL, drop_only=True).accepted
+
+
+def test_rubric_band_is_on_the_absolute_change():
+    for d in (3.1, -3.1, 28.0, -28.0, 10.0, -10.0):
+        assert rubric_verdict(d, RUB).accepted, d
+    for d in (3.0, -3.0, 0.0, 28.01, -28.01):
+        assert not rubric_verdict(d, RUB).accepted, d
+
+
+def test_no_measurement_rejects():
+    for d in (None, float("nan"), float("inf")):
+        assert not rollout_verdict(d, ROLL).accepted
+        assert not rollout_verdict(d, ROLL, drop_only=True).accepted
+        v = rubric_verdict(d, RUB)
+        assert not v.accepted and v.reason == "no measurement" and v.delta is None
+
+
+def test_bands_are_checked():
+    for lo, hi in ((-1, 2), (5, 4), (float("nan"), 3)):
+        with pytest.raises(ValueError, match="acceptance band"):
+            Band(lo, hi)
+
+
+def test_tertile_levels_are_tertile_medians_highest_first():
+    rng = np.random.default_rng(0)
+    mass = {f"t{i}": float(x) for i, x in enumerate(rng.uniform(0.1, 0.9, 30))}
+    v = np.sort(np.array(list(mass.values())))[::-1]
+    want = [np.median(v[:10]), np.median(v[10:20]), np.median(v[20:])]
+    assert tertile_levels(mass) == pytest.approx((1.0, *want))
+    zeros = {f"t{i}": 0.0 for i in range(6)} | {"a": 0.8, "b": 0.7, "c": 0.9}
+    assert tertile_levels(zeros)[3] == MIN_LEVEL  # a zero level would starve its tasks
+    with pytest.raises(ValueError, match="at least 3"):
+        tertile_levels({"a": 0.5, "b": float("nan")})
+
+
+def test_null_variation_regrade_and_range_against_references():
+    rng = np.random.default_rng(1)
+    groups = {f"t{i}": [rng.random(8).tolist() for _ in range(4)] for i in range(5)}
+    diffs = [
+        abs(100 * np.mean(a) - 100 * np.mean(b))
+        for gs in groups.values()
+        for a, b in itertools.combinations(gs, 2)
+    ]
+    assert null_variation_bound(groups) == pytest.approx(np.percentile(diffs, 95))
+    # NaN rewards (undefined) are excluded from a group's mean.
+    with_nan = {"t": [[1.0, float("nan")], [0.5, 0.5]]}
+    assert null_variation_bound(with_nan) == pytest.approx(50.0)
+    # A deterministic judge: identical gradings -> the stated floor.
+    same = {"g": [[0.5, 1.0], [0.5, 1.0], [0.5, 1.0]]}
+    assert regrade_bound(same) == (3.1, True)
+    assert regrade_bound(same, deterministic_floor=1.0) == (1.0, True)
+    noisy = {"g": [[0.5, 1.0], [0.5, 0.5]]}
+    assert regrade_bound(noisy) == (pytest.approx(25.0), False)
+    all_groups = [g for gs in groups.values() for g in gs]
+    want = np.median([100 * (max(g) - min(g)) for g in all_groups])
+    assert range_upper_bound(all_groups) == pytest.approx(want)
+    with pytest.raises(ValueError, match="two groups"):
+        null_variation_bound({"t": [[0.5]]})
