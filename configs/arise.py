@@ -151,17 +151,7 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
     # ARISE normalises each signal of its mix by its group's std (GRPO), as the paper does; the
     # advantage stage honours loss.advantage (the base default "mean_only" is for the GRPO run).
     c.loss.advantage = "grpo"
-    # The README's quick start (at most five minutes on a 2-core CPU, warm start included):
-    # ARISE's prompts carry skills, which makes its steps about twice as long as GRPO's per
-    # rollout, so the embedded default trains 70 steps of 16 tasks x 8 rollouts (75 took 5:03 on
-    # a fresh clone). Its held-out figures are read on 512 tasks, the protocol's held-out size,
-    # so a change over the warm start is not the noise of 128 tasks, at steps 0, 35 and 70
-    # (each evaluation about 5 s). The ``protocol`` variant sets the comparison's own budget.
-    c.rollout.tasks_per_step = 16
-    c.train.steps = 70
-    c.domain.n_heldout = 512
-    c.eval.n = 512
-    c.eval.every = 35
+    common.apply_method_default(c)
     if "protocol" in variants:
         common.apply_protocol(c)
     if "gpu" in variants:

@@ -479,6 +479,13 @@ def arise_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
     return [ctrl]
 
 
+@CONTROLLER_BUILDERS.register("harness_rl")
+def harness_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
+    from rubric_rl.controllers.harness.builder import make_harness_controller
+
+    return [make_harness_controller(config, domain)]
+
+
 def build_controllers(
     config: ConfigDict, domain: Domain, extra: Sequence[Controller] = ()
 ) -> ControllerSet:

@@ -126,9 +126,14 @@ class ScriptedPolicy:
             raise KeyError(f"ScriptedPolicy: no script for constraint kind {key!r}")
         return self.script[key]
 
-    def guided(self, prompt_text: str, capability: str) -> bool:
+    def guided(self, prompt_text: str, capability: str, criterion_text: str = "") -> bool:
+        """Guidance for a constraint is in the prompt: its capability's skill text (ARISE's
+        skills), or the constraint's own criterion text (a HarnessRL ``<criterion>`` field, a
+        ``<critique>`` naming it; the task's prompt states a constraint in other words)."""
         text = self.skill_texts.get(capability)
-        return bool(text) and text in prompt_text
+        if text and text in prompt_text:
+            return True
+        return bool(criterion_text) and criterion_text in prompt_text
 
     def respond(self, task: Any, messages: Sequence[Mapping[str, str]], step: int, j: int) -> str:
         from rubric_rl.envs.constraint_domain import render_response, task_requirements
@@ -137,7 +142,7 @@ class ScriptedPolicy:
         text = " ".join(m["content"] for m in messages)
         keep = set()
         for c in task_requirements(task):  # stated constraints and implicit requirements
-            p = self.script_for(c.kind, c.rare).p(step, self.guided(text, c.capability))
+            p = self.script_for(c.kind, c.rare).p(step, self.guided(text, c.capability, c.text))
             if rng.random() < p:
                 keep.add(c.kind)
         fluff = {} if "plain" in keep else {_FLUFF[int(rng.integers(len(_FLUFF)))]: True}
@@ -165,6 +170,26 @@ def scripted_generate(policy: ScriptedPolicy):
             ]
             g.trajectories = [Trajectory((), (), "stop", ctx.step - 1, x) for x in texts]
         return rollouts
+
+    return generate
+
+
+def scripted_services_generate(policy: ScriptedPolicy, services: Services, tasks):
+    """``Services.generate`` answered by the policy: probe rollouts a controller samples itself
+    (HarnessRL's critic and cold start) go through the same script. ``names`` must be task ids."""
+    by_id = {t.id: t for t in tasks}
+
+    def generate(prompts, n, *, stream="probe", params=None, names=None):
+        if names is None:
+            raise ValueError("scripted generate: the caller must pass names= (task ids)")
+        ids, out = [], []
+        salt = _stable_hash(stream) % 1000 + 1
+        for m, name in zip(prompts, names, strict=True):
+            task = by_id[name]
+            ids.append(services.encode_prompt(m, f"task {name} at step {services.step}"))
+            texts = [policy.respond(task, m, services.step * 1000 + salt, j) for j in range(n)]
+            out.append([Trajectory((), (), "stop", services.step - 1, x) for x in texts])
+        return ids, out
 
     return generate
 
@@ -204,7 +229,26 @@ def run_check(
             tmp.cleanup()
 
 
-def _run(config, policy, steps, stuck_window, stuck_below, workdir) -> CheckReport:
+@dataclasses.dataclass
+class ScriptedRun:
+    """A method's real stages, controllers and services with the scripted policy generating."""
+
+    config: Any
+    domain: Any
+    services: Services
+    controllers: Any
+    pipeline: Any
+
+    def step(self, step: int) -> tuple[Rollouts, StepContext]:
+        rng = np.random.default_rng([int(self.config.train.seed), step])
+        self.services.begin_step(step)
+        ctx = StepContext(step, self.config, rng, self.services, self.controllers, self.domain)
+        return self.pipeline(ctx), ctx
+
+
+def scripted_run(config, policy: ScriptedPolicy, workdir: str, controllers=None) -> ScriptedRun:
+    """Builds the domain, the judge, ``Services`` (generation answered by ``policy``) and the
+    method's controllers (or ``controllers``), bound to ``<workdir>/controllers``."""
     if config.get("calibration") is not None and bool(config.calibration.enabled):
         # Calibration samples the policy through the engine; the check has neither.
         config = config.copy_and_resolve_references()
@@ -216,10 +260,20 @@ def _run(config, policy, steps, stuck_window, stuck_below, workdir) -> CheckRepo
     tokenizer = builders.build_tokenizer(config, domain, workdir)
     buckets = functools.partial(builders.prompt_buckets, config)
     services = Services(config, None, tokenizer, judge, domain, workdir, buckets)
-    controllers = builders.build_controllers(config, domain)
+    services.generate = scripted_services_generate(policy, services, domain.train)
+    if controllers is None:
+        controllers = builders.build_controllers(config, domain)
     controllers.bind(services, os.path.join(workdir, "controllers"))
     pipeline = build_pipeline(config).replace("generate", scripted_generate(policy))
+    return ScriptedRun(config, domain, services, controllers, pipeline)
+
+
+def _run(config, policy, steps, stuck_window, stuck_below, workdir) -> CheckReport:
+    run = scripted_run(config, policy, workdir)
+    config, domain, controllers = run.config, run.domain, run.controllers
     pool_ctl = _pool_controller(controllers)
+    harness = next((c for c in controllers.controllers if hasattr(c, "last_attributions")), None)
+    label_counts: collections.Counter = collections.Counter()
     cap = int(pool_ctl.config.pool_cap) if pool_ctl is not None else 0
     history: dict[str, collections.deque] = {}
     per_step: list[dict[str, float]] = []
@@ -228,10 +282,7 @@ def _run(config, policy, steps, stuck_window, stuck_below, workdir) -> CheckRepo
     env_counts: collections.Counter = collections.Counter()
     pass_rates: list[float] = []
     for step in range(1, steps + 1):
-        rng = np.random.default_rng([int(config.train.seed), step])
-        services.begin_step(step)
-        ctx = StepContext(step, config, rng, services, controllers, domain)
-        r = pipeline(ctx)
+        r, ctx = run.step(step)
         controllers.pop_events()
         sel = r.selected()
         u = np.array([g.weight for g in sel], np.float64)
@@ -260,6 +311,9 @@ def _run(config, policy, steps, stuck_window, stuck_below, workdir) -> CheckRepo
         row["task_pass_rate"] = pass_rates[-1]
         if pool_ctl is not None:
             row.update(_pool_row(pool_ctl, r, history, stuck_window, stuck_below))
+        if harness is not None:
+            _harness_labels(harness, label_counts)
+            row.update({k: v for k, v in ctx.metrics.items() if k.startswith("harness/")})
         per_step.append(row)
     figures = _figures(per_step, cap, n_groups, all_fail, rubric_signal, with_adv, pass_rates)
     total = sum(env_counts.values())
@@ -272,7 +326,61 @@ def _run(config, policy, steps, stuck_window, stuck_below, workdir) -> CheckRepo
         figures[f"heldout_mix/{env}"] = b
         tv += abs(a - b) / 2
     figures["env_mix_tv"] = tv
+    if harness is not None:
+        figures.update(_harness_figures(per_step, label_counts))
     return CheckReport(figures, per_step)
+
+
+# The script's truth about a criterion, for the attributor's precision and recall: the domain's
+# analysis tags (read here, by the check, never by a controller), with the criteria the script
+# never lets the policy meet counted as blind. A criterion without a class tag (one the harness
+# created from the checker library) is genuine.
+TRUTH_LABELS = ("blind", "saturated", "spurious")
+
+
+def criterion_truth(c, policy_never: frozenset[str]) -> str:
+    cls = next((t.split(":", 1)[1] for t in c.tags if t.startswith("class:")), "genuine")
+    kind = next((t.split(":", 1)[1] for t in c.tags if t.startswith("kind:")), "")
+    return "blind" if kind in policy_never else cls
+
+
+def _harness_labels(ctl, counts: collections.Counter) -> None:
+    never = frozenset(
+        k for k, s in DEFAULT_SCRIPT.items() if ":" not in k and s.start == 0 and s.end == 0
+    )
+    for att in ctl.last_attributions:
+        crit = {c.id: c for c in ctl.state[att.task_id].criteria_before_step}
+        for lab in att.labels:
+            c = crit.get(lab.criterion_id)
+            truth = "genuine" if c is None else criterion_truth(c, never)
+            counts[(lab.label, truth)] += 1
+
+
+def _harness_figures(per_step, counts: collections.Counter) -> dict[str, float]:
+    """The attributor's precision and recall per failure label against the script's truth, and
+    the harness's dynamics at the end."""
+    out: dict[str, float] = {}
+    for lab in TRUTH_LABELS:
+        tp = counts[(lab, lab)]
+        labelled = sum(v for (a, _), v in counts.items() if a == lab)
+        true = sum(v for (_, t), v in counts.items() if t == lab)
+        out[f"harness/attributor/{lab}/precision"] = tp / labelled if labelled else float("nan")
+        out[f"harness/attributor/{lab}/recall"] = tp / true if true else float("nan")
+        out[f"harness/attributor/{lab}/labelled"] = float(labelled)
+        out[f"harness/attributor/{lab}/true"] = float(true)
+    last = per_step[-1]
+    for k in ("guidance/fields_per_task", "guidance/unguided_share", "reversal_rate"):
+        if f"harness/{k}" in last:
+            out[f"harness/{k}"] = last[f"harness/{k}"]
+    for k in ("rollout", "rubric", "sampling"):
+        acc = sum(row.get(f"harness/updates/{k}/accepted", 0.0) for row in per_step)
+        prop = sum(row.get(f"harness/updates/{k}/proposed", 0.0) for row in per_step)
+        out[f"harness/updates/{k}/accepted"] = acc
+        out[f"harness/updates/{k}/proposed"] = prop
+    n_levels = sum(1 for k in last if k.startswith("harness/levels/"))
+    for lv in range(n_levels):
+        out[f"harness/levels/{lv}"] = last[f"harness/levels/{lv}"]
+    return out
 
 
 def _pool_row(ctl, r: Rollouts, history, window: int, below: float) -> dict[str, float]:

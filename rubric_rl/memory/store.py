@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -95,7 +96,7 @@ class HarnessMemory:
         *,
         top_k: int = 4,
         floor: float | None = None,
-        candidates: int = 256,
+        candidates: int = 32,
     ):
         if int(top_k) < 1:
             raise ValueError(f"memory.top_k={top_k}: must be >= 1")
@@ -128,6 +129,8 @@ class HarnessMemory:
         self._seq: dict[int, int] = {}
         # (task, criterion) -> (id of its current version, whether that version is a tombstone)
         self._latest: dict[tuple[str, str], tuple[str, bool]] = {}
+        # (task, criterion) -> its current version's (text, weight, anchor, deleted)
+        self._current_version: dict[tuple[str, str], tuple[str, float, bool, bool]] = {}
         self._load_latest()
 
     # ------------------------------------------------------------------ time index
@@ -212,14 +215,12 @@ class HarnessMemory:
                 raise ValueError(
                     f"memory: criterion {e.criterion_id!r} of task {e.task_id!r} has empty text"
                 )
-            cur = self._current(e.task_id, e.criterion_id)
-            if cur is not None and (
-                cur["text"] == e.text
-                and bool(cur["deleted"]) == e.deleted
-                and float(cur["weight"]) == float(e.weight)
-                and bool(cur["anchor"]) == e.anchor
-            ):
-                continue
+            key = (str(e.task_id), str(e.criterion_id))
+            cur = self._current_version.get(key)
+            # Chroma's metadata floats come back within an ulp: weights compare approximately.
+            if cur is not None and (cur[0], cur[2], cur[3]) == (e.text, e.anchor, e.deleted):
+                if math.isclose(cur[1], float(e.weight), rel_tol=1e-9, abs_tol=1e-12):
+                    continue
             rows.append(e)
         if not rows:
             return
@@ -239,15 +240,10 @@ class HarnessMemory:
                     "deleted": bool(e.deleted),
                 }
             )
-            self._latest[(str(e.task_id), str(e.criterion_id))] = (ids[-1], bool(e.deleted))
+            key = (str(e.task_id), str(e.criterion_id))
+            self._latest[key] = (ids[-1], bool(e.deleted))
+            self._current_version[key] = (e.text, float(e.weight), bool(e.anchor), bool(e.deleted))
         self._sem.add(ids=ids, embeddings=vecs, documents=[e.text for e in rows], metadatas=metas)
-
-    def _current(self, task_id: str, criterion_id: str) -> dict[str, Any] | None:
-        key = (str(task_id), str(criterion_id))
-        if key not in self._latest:
-            return None
-        got = self._sem.get(ids=[self._latest[key][0]], include=["documents", "metadatas"])
-        return {**got["metadatas"][0], "text": got["documents"][0]}
 
     def related(
         self,
@@ -273,45 +269,62 @@ class HarnessMemory:
             return [[] for _ in texts]
         q = self.embed(texts)
         n = min(total, self.candidates)
-        out = []
-        for qi, (vec, ex) in enumerate(zip(q, excl, strict=True)):
+        out: list[list[Neighbour]] = [[] for _ in texts]
+        # One Chroma query per distinct exclusion, all its texts at once.
+        by_excl: dict[str | None, list[int]] = {}
+        for i, ex in enumerate(excl):
+            by_excl.setdefault(None if ex is None else str(ex), []).append(i)
+        for ex, rows in by_excl.items():
             where = {"deleted": False} if ex is None else {
-                "$and": [{"deleted": False}, {"task_id": {"$ne": str(ex)}}]
+                "$and": [{"deleted": False}, {"task_id": {"$ne": ex}}]
             }  # fmt: skip
             got = self._sem.query(
-                query_embeddings=vec[None].astype(np.float64),
+                query_embeddings=q[rows].astype(np.float64),
                 n_results=n,
                 where=where,
                 include=["embeddings", "documents", "metadatas"],
             )
-            embs = got["embeddings"][0]
-            if embs is None or len(embs) == 0:
-                out.append([])
-                continue
-            cos = np.asarray(embs, np.float64) @ np.asarray(q[qi], np.float64)
-            best: dict[tuple[str, str], Neighbour] = {}
-            hits = zip(cos, got["ids"][0], got["documents"][0], got["metadatas"][0], strict=True)
-            for c, i, d, m in hits:
-                key = (m["task_id"], m["criterion_id"])
-                if self._latest.get(key) != (i, False):
-                    continue  # a superseded version, or the criterion is deleted
-                if c < self.floor:
-                    continue
-                best[key] = Neighbour(
-                    m["task_id"], m["criterion_id"], d, float(c), int(m["step"]),
-                    float(m["weight"]), bool(m["anchor"]),
-                )  # fmt: skip
-            ranked = sorted(best.values(), key=lambda nb: (-nb.cosine, nb.task_id, nb.criterion_id))
-            out.append(ranked[:k])
+            for r, qi in enumerate(rows):
+                out[qi] = self._rank(q[qi], got, r, k)
         return out
+
+    def _rank(self, vec: np.ndarray, got: Mapping[str, Any], r: int, k: int) -> list[Neighbour]:
+        """Query result ``r``: current versions with exact cosine ≥ floor, best ``k``."""
+        embs = got["embeddings"][r]
+        if embs is None or len(embs) == 0:
+            return []
+        cos = np.asarray(embs, np.float64) @ np.asarray(vec, np.float64)
+        best: dict[tuple[str, str], Neighbour] = {}
+        hits = zip(cos, got["ids"][r], got["documents"][r], got["metadatas"][r], strict=True)
+        for c, i, d, m in hits:
+            key = (m["task_id"], m["criterion_id"])
+            if self._latest.get(key) != (i, False):
+                continue  # a superseded version, or the criterion is deleted
+            if c < self.floor:
+                continue
+            best[key] = Neighbour(
+                m["task_id"], m["criterion_id"], d, float(c), int(m["step"]),
+                float(m["weight"]), bool(m["anchor"]),
+            )  # fmt: skip
+        ranked = sorted(best.values(), key=lambda nb: (-nb.cosine, nb.task_id, nb.criterion_id))
+        return ranked[:k]
 
     # ------------------------------------------------------------------ lifecycle
 
     def _load_latest(self) -> None:
         self._latest = {}
-        got = self._sem.get(include=["metadatas"])
-        for i, m in sorted(zip(got["ids"], got["metadatas"], strict=True)):
-            self._latest[(m["task_id"], m["criterion_id"])] = (i, bool(m["deleted"]))
+        self._current_version = {}
+        got = self._sem.get(include=["metadatas", "documents"])
+        rows = sorted(zip(got["ids"], got["metadatas"], got["documents"], strict=True))
+        for i, m, d in rows:
+            key = (m["task_id"], m["criterion_id"])
+            self._latest[key] = (i, bool(m["deleted"]))
+            self._current_version[key] = (
+                d,
+                float(m["weight"]),
+                bool(m["anchor"]),
+                bool(m["deleted"]),
+            )
         self._seq = {}
         for col in (self._time, self._sem):
             for i in col.get(include=[])["ids"]:

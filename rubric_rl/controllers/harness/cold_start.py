@@ -20,7 +20,9 @@ All in points (Λ·r, Λ = 100).
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -90,7 +92,79 @@ def range_upper_bound(groups: Sequence[Sequence[float]]) -> float:
     return float(np.median(ranges))
 
 
+COLD_START_STREAM = "harness_cold_start"
+
+
+def run_cold_start(
+    services: Any,
+    tasks: Sequence[Any],
+    *,
+    seed: int,
+    n_tasks: int,
+    groups: int,
+    regradings: int,
+    samples_per_task: int,
+    deterministic_floor: float,
+) -> dict[str, Any]:
+    """The cold start through ``Services``: ``groups`` independent groups of the current
+    (warm-started) policy on ``n_tasks`` training tasks under their seed rubrics, and
+    ``regradings`` fresh gradings (no verdict cache) of one group per task. Returns the levels,
+    the two bands (points) and what produced them."""
+    from rubric_rl.controllers.harness.attributor import discriminative_mass, satisfied
+    from rubric_rl.controllers.harness.state import met_matrix, row_reward
+
+    t0 = time.perf_counter()
+    rng = np.random.default_rng([int(seed), 7])
+    n = min(int(n_tasks), len(tasks))
+    pick = [tasks[i] for i in sorted(rng.choice(len(tasks), n, replace=False))]
+    drawn = [t for t in pick for _ in range(int(groups))]
+    _, trajs = services.generate(
+        [t.messages for t in drawn], int(samples_per_task), stream=COLD_START_STREAM,
+        names=[t.id for t in drawn],
+    )  # fmt: skip
+    responses = [[x.response for x in ts] for ts in trajs]
+    verdicts = services.judge(drawn, responses)
+    by_task: dict[str, list[list[float]]] = {}
+    mass: dict[str, list[float]] = {}
+    all_groups = []
+    for t, vs in zip(drawn, verdicts, strict=True):
+        crits = t.rubric.evaluated().criteria
+        rewards = [row_reward(crits, row) for row in vs]
+        by_task.setdefault(t.id, []).append(rewards)
+        all_groups.append(rewards)
+        sat = satisfied(met_matrix(crits, vs), [c.weight for c in crits])
+        mass.setdefault(t.id, []).append(discriminative_mass(sat))
+    first: dict[str, tuple[Any, list[str]]] = {}
+    for t, r in zip(drawn, responses, strict=True):
+        first.setdefault(t.id, (t, r))
+    gradings: dict[str, list[list[float]]] = {}
+    for _ in range(int(regradings)):
+        ts = [v[0] for v in first.values()]
+        vs = services.judge(ts, [v[1] for v in first.values()], fresh=True)
+        for t, rows in zip(ts, vs, strict=True):
+            crits = t.rubric.evaluated().criteria
+            gradings.setdefault(t.id, []).append([row_reward(crits, row) for row in rows])
+    levels = tertile_levels({k: float(np.mean(v)) for k, v in mass.items()})
+    roll_lo = null_variation_bound(by_task)
+    rub_lo, floored = regrade_bound(gradings, deterministic_floor)
+    upper = range_upper_bound(all_groups)
+    # An upper bound below its lower bound would accept nothing: it is raised to the lower.
+    return {
+        "source": "cold_start",
+        "tasks": n,
+        "groups": int(groups),
+        "levels": list(levels),
+        "rollout_band": [roll_lo, max(upper, roll_lo)],
+        "rubric_band": [rub_lo, max(upper, rub_lo)],
+        "rubric_lower_floored": floored,
+        "median_range": upper,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
 __all__ = [
+    "COLD_START_STREAM",
+    "run_cold_start",
     "MIN_LEVEL",
     "null_variation_bound",
     "range_upper_bound",

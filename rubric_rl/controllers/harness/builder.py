@@ -1,0 +1,79 @@
+"""``config.harness`` -> the HarnessRL controller (``CONTROLLER_BUILDERS["harness_rl"]``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from rubric_rl.controllers.harness.attributor import AttributorConfig
+from rubric_rl.controllers.harness.controller import HarnessConfig, HarnessController
+from rubric_rl.controllers.harness.style import style_for
+
+
+def harness_config(config: Any) -> HarnessConfig:
+    h = config.harness
+    cs = h.cold_start
+    try:
+        return HarnessConfig(
+            total_steps=int(config.train.steps),
+            batch_size=int(config.rollout.tasks_per_step),
+            samples_per_task=int(config.rollout.samples_per_task),
+            seed=int(config.train.seed),
+            levels=tuple(float(x) for x in h.levels),
+            rollout_band=tuple(float(x) for x in h.rollout_band),
+            rubric_band=tuple(float(x) for x in h.rubric_band),
+            total_weight=float(h.total_weight),
+            interfaces=tuple(h.interfaces),
+            critic=bool(h.critic),
+            memory=str(h.memory),
+            anchors=str(h.anchors),
+            retry_after=int(h.retry_after),
+            max_rollout_measurements=int(h.max_rollout_measurements),
+            cold_start_tasks=int(cs.tasks),
+            cold_start_groups=int(cs.groups),
+            cold_start_regradings=int(cs.regradings),
+            deterministic_floor=float(cs.deterministic_floor),
+            attributor=AttributorConfig(**dict(h.attributor)),
+        )
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"config.harness: {e}") from e
+
+
+def cold_start_key(config: Any) -> str:
+    """What the cold start depends on: the warm start (its cache key), the judge, the sampling
+    and the cold start's own settings."""
+    from rubric_rl.warmstart import cache_key
+
+    blob = json.dumps(
+        {
+            "warmstart": cache_key(config),
+            "judge": config.judge.to_dict(),
+            "rollout": {k: v for k, v in config.rollout.to_dict().items() if k != "sglang"},
+            "domain": config.domain.to_dict(),
+            "cold_start": {k: v for k, v in config.harness.cold_start.to_dict().items()
+                           if k != "cache_dir"},
+            "seed": int(config.train.seed),
+        },
+        sort_keys=True,
+        default=str,
+    )  # fmt: skip
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def make_harness_controller(config: Any, domain: Any) -> HarnessController:
+    h = config.harness
+    floor = float(h.floor)
+    return HarnessController(
+        domain.train,
+        harness_config(config),
+        style_for(domain),
+        embedder_spec=str(h.embedder),
+        memory_floor=None if floor < -1.0 + 1e-12 else floor,
+        memory_top_k=int(h.top_k),
+        cache_key=cold_start_key(config),
+        cache_dir=str(h.cold_start.cache_dir) or None,
+    )
+
+
+__all__ = ["cold_start_key", "harness_config", "make_harness_controller"]

@@ -1,0 +1,104 @@
+"""What the harness memory supplies for one task at one step (§2.3: "the task history in
+E^time and related criteria in E^sem"): the task's earlier groups and labels, the candidates
+rejected within the last draws (they return to the proposer with their measurement), donors for
+``<reference>`` (a response that satisfied the criterion in this task's history or, through the
+semantic index, a related criterion of another task), and related criteria with whether they
+were labelled spurious."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from rubric_rl.controllers.harness.attributor import PastGroup, RelatedEvidence, satisfied
+
+
+@dataclasses.dataclass
+class TaskEvidence:
+    history: list[PastGroup] = dataclasses.field(default_factory=list)
+    past_labels: list[dict[str, str]] = dataclasses.field(default_factory=list)
+    related: dict[str, list[RelatedEvidence]] = dataclasses.field(default_factory=dict)
+    donors: dict[str, tuple[str, str | None]] = dataclasses.field(default_factory=dict)
+    rejected: frozenset[tuple[str, str]] = frozenset()
+
+
+def _met(rows) -> np.ndarray:
+    return np.array([[np.nan if x is None else x for x in row] for row in rows], float)
+
+
+def gather(
+    memory,
+    task_id: str,
+    criterion_ids: Sequence[str],
+    texts: Sequence[str],
+    *,
+    semantic: bool,
+    last_label: Mapping[str, str],
+    draws: int,
+    retry_after: int,
+) -> TaskEvidence:
+    """The task's evidence (module docstring); ``memory`` None gives none."""
+    ev = TaskEvidence()
+    if memory is None:
+        return ev
+    rejected: set[tuple[str, str]] = set()
+    for rec in memory.history(task_id):
+        d = rec.data
+        if rec.kind == "group":
+            met = _met(d["met"]).reshape(len(d["criterion_ids"]), -1)
+            ev.history.append(
+                PastGroup(rec.step, tuple(d["criterion_ids"]), tuple(d["weights"]), met)
+            )
+            sat = satisfied(met, d["weights"])
+            for m, cid in enumerate(d["criterion_ids"]):
+                hit = np.flatnonzero(sat[m] == 1.0)
+                if len(hit):
+                    ev.donors[cid] = (d["responses"][int(hit[0])], None)
+        elif rec.kind == "labels":
+            ev.past_labels.append({k: v["label"] for k, v in d.items()})
+        elif rec.kind == "update":
+            if d.get("status") != "rejected" or draws - d.get("draw", 0) > retry_after:
+                continue
+            cand = d["candidate"]
+            for g in cand["guidance"]:
+                rejected.add((g["field"], g["target"]))
+            for op in cand["rubric"]:
+                for t in op["targets"] or [n["id"] for n in op["new"]]:
+                    rejected.add((op["op"], t))
+    ev.rejected = frozenset(rejected)
+    if semantic:
+        hits = memory.related(list(texts), exclude_task=task_id)
+        for cid, nbs in zip(criterion_ids, hits, strict=True):
+            ev.related[cid] = [
+                RelatedEvidence(
+                    f"{nb.task_id}/{nb.criterion_id}",
+                    nb.cosine,
+                    last_label.get(f"{nb.task_id}/{nb.criterion_id}") == "spurious",
+                )
+                for nb in nbs
+            ]
+            if cid not in ev.donors:
+                donor = cross_task_donor(memory, nbs)
+                if donor is not None:
+                    ev.donors[cid] = donor
+    return ev
+
+
+def cross_task_donor(memory, neighbours) -> tuple[str, str] | None:
+    """A response of another task that satisfied a related criterion (its latest group first)."""
+    for nb in neighbours:
+        for rec in reversed(memory.history(nb.task_id, kinds=["group"])):
+            ids = rec.data["criterion_ids"]
+            if nb.criterion_id not in ids:
+                continue
+            m = ids.index(nb.criterion_id)
+            w = rec.data["weights"][m]
+            for r, x in zip(rec.data["responses"], rec.data["met"][m], strict=False):
+                if x is not None and (x == 1.0) == (w > 0):
+                    return r, f"{nb.task_id}/{nb.criterion_id}"
+    return None
+
+
+__all__ = ["TaskEvidence", "cross_task_donor", "gather"]

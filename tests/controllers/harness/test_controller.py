@@ -1,0 +1,182 @@
+"""The HarnessRL controller through the real stages, judge and memory, driven by the scripted
+stand-in policy: the attributor's labels against the script's truth, the three interfaces, the
+critic, the Λ scale and the guidance schedule; and a resumed controller (state + memory rolled
+back) that replays the uninterrupted one exactly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from configs import harness_rl
+from rubric_rl.controller_check import ScriptedPolicy, run_check, scripted_run
+from rubric_rl.controllers.harness.interfaces import guidance_cap
+
+pytest.importorskip("chromadb")
+
+STEPS = 12
+
+
+def small_config(arg: str = "smoke", steps: int = STEPS):
+    c = harness_rl.get_config(arg)
+    c.unlock()
+    c.rollout.update(tasks_per_step=8, samples_per_task=8)
+    c.domain.n_train = 32
+    c.train.steps = 40  # the guidance cap stays at 3 during the check's steps
+    c.lock()
+    return c
+
+
+@pytest.fixture(scope="module")
+def report():
+    return run_check(small_config(), ScriptedPolicy(seed=0), STEPS)
+
+
+def test_the_attributor_finds_the_scripts_failures(report):
+    f = report.figures
+    # Saturated needs every rollout across two draws: what it labels is saturated.
+    assert f["harness/attributor/saturated/precision"] >= 0.95
+    assert f["harness/attributor/saturated/recall"] >= 0.3
+    # Spurious: the seed's surface cues (praise, compliance claims, length).
+    assert f["harness/attributor/spurious/precision"] >= 0.6
+    assert f["harness/attributor/spurious/recall"] >= 0.25
+    # Blind: every never-reachable criterion is found; genuine ones unmet so far are also blind
+    # (correctly, on the evidence), which bounds the precision.
+    assert f["harness/attributor/blind/recall"] >= 0.7
+    assert f["harness/attributor/blind/precision"] >= 0.3
+
+
+def test_each_interface_proposes_and_the_critic_measures(report):
+    f = report.figures
+    for iface in ("rollout", "rubric", "sampling"):
+        assert f[f"harness/updates/{iface}/proposed"] > 0, iface
+        assert f[f"harness/updates/{iface}/accepted"] > 0, iface
+    # The critic rejects some rubric candidates (|Δ| outside the band).
+    assert f["harness/updates/rubric/accepted"] < f["harness/updates/rubric/proposed"]
+    assert f["harness/levels/1"] > 0  # saturated tasks lowered one level
+    per = report.per_step
+    assert max(row["harness/guidance/fields_per_task"] for row in per) > 0
+
+
+def test_state_invariants_after_the_check(tmp_path):
+    c = small_config()
+    run = scripted_run(c, ScriptedPolicy(seed=0), str(tmp_path))
+    ctl = run.controllers.sampler
+    for step in range(1, 9):
+        # The levels the step samples with (its observe may lower some afterwards).
+        levels = [ctl.state[t.id].level if t.id in ctl.state else 0 for t in ctl.tasks]
+        r, _ = run.step(step)
+        # The sampled tasks carry the harness rubric: the judge scored S under c_t.
+        for g in r.groups:
+            assert g.task.rubric.criteria == ctl.state[g.task.id].criteria_before_step
+        # u = 1/(N p) for every draw.
+        w = np.array([ctl.levels[lv] for lv in levels])
+        p = w / w.sum()
+        for g in r.groups:
+            assert g.weight == pytest.approx(1.0 / (len(ctl.tasks) * p[ctl.index[g.task.id]]))
+    for st in ctl.state.values():
+        pos = sum(x.weight for x in st.criteria if x.weight > 0)
+        assert pos == pytest.approx(100.0)  # Λ
+        anc = sum(x.weight for x in st.criteria if x.weight > 0 and x.anchor)
+        if any(x.anchor for x in st.criteria) and any(not x.anchor and x.weight > 0
+                                                      for x in st.criteria):  # fmt: skip
+            assert anc == pytest.approx(100.0 * st.anchor_share)
+        assert len(st.fields) <= guidance_cap(8, c.train.steps)
+    # Accepted rewrites changed the checker; the events and the memory agree.
+    events = [e for e in run.controllers.pop_events()["harness"] if e["event"] == "update"]
+    rewrites = [
+        op for e in events if e["status"] == "accepted"
+        for op in e["candidate"]["rubric"] if op["op"] == "rewrite"
+    ]  # fmt: skip
+    for op in rewrites:
+        (target,) = op["targets"]
+        assert op["new"][0]["verifier"]["checker"] not in (None, "")
+    stored = sum(
+        len(ctl.memory.history(tid, kinds=["update"])) for tid in {e["task_id"] for e in events}
+    )
+    assert stored == len(events)
+
+
+def _run_steps(run, steps):
+    out = []
+    for s in steps:
+        r, ctx = run.step(s)
+        out.append({k: v for k, v in ctx.metrics.items()
+                    if k.startswith("harness/") and "/time/" not in k})  # fmt: skip
+    return out
+
+
+def test_resume_replays_the_uninterrupted_controller(tmp_path):
+    c = small_config()
+    full = scripted_run(c, ScriptedPolicy(seed=0), str(tmp_path / "full"))
+    first = _run_steps(full, range(1, 4))
+    state3 = json.loads(json.dumps(full.controllers.state_dict()))
+    rest = _run_steps(full, range(4, 7))
+    end = json.dumps(full.controllers.state_dict(), sort_keys=True)
+    records6 = full.controllers.sampler.memory.counts()["time_records"]
+    # A second run in the same directory: memory written up to step 6, the state of step 3.
+    resumed = scripted_run(c, ScriptedPolicy(seed=0), str(tmp_path / "full"))
+    resumed.controllers.load_state_dict(state3)
+    resumed.controllers.rollback(3)
+    assert resumed.controllers.sampler.memory.counts()["time_records"] < records6
+    again = _run_steps(resumed, range(4, 7))
+    assert again == rest
+    assert json.dumps(resumed.controllers.state_dict(), sort_keys=True) == end
+    assert first  # steps 1-3 ran
+
+
+def test_ablation_configs():
+    assert not harness_rl.get_config("no_critic").harness.critic
+    c = harness_rl.get_config("no_critic_memory")
+    assert (c.harness.critic, c.harness.memory) == (False, "none")
+    assert harness_rl.get_config("interfaces=g").harness.interfaces == ("rollout",)
+    assert harness_rl.get_config("interfaces=c").harness.interfaces == ("rubric",)
+    c = harness_rl.get_config("amaris_pp")
+    assert (c.harness.critic, c.harness.memory) == (False, "task")
+    with pytest.raises(ValueError, match="interfaces='x'"):
+        harness_rl.get_config("interfaces=x")
+    with pytest.raises(ValueError, match="unknown variant"):
+        harness_rl.get_config("nope")
+
+
+def test_no_memory_and_no_critic_run_through_the_check(tmp_path):
+    rep = run_check(small_config("smoke,no_critic_memory"), ScriptedPolicy(seed=0), 4)
+    f = rep.figures
+    assert f["harness/updates/rubric/accepted"] == f["harness/updates/rubric/proposed"]
+    assert f["harness/updates/rollout/accepted"] == f["harness/updates/rollout/proposed"]
+
+
+def test_trainer_resume_of_a_harness_run_equals_the_uninterrupted_run(tmp_path):
+    """Through the real trainer (policy, engine, orbax checkpoint): a harness run resumed from
+    its step-2 checkpoint replays step 3's harness metrics and memory exactly."""
+    from rubric_rl.trainer import Trainer
+
+    c = harness_rl.get_config("smoke")
+    c.eval.at_start, c.eval.every = False, 0
+    c.calibration.enabled = False
+
+    def harness_metrics(m):
+        return {k: v for k, v in m.items() if k.startswith("harness/") and "/time/" not in k}
+
+    t = Trainer(c, str(tmp_path))
+    try:
+        t._restore_or_warmstart(resume=False)
+        t.train_one_step()
+        t.train_one_step()
+        t.save(wait=True)
+        third = harness_metrics(t.train_one_step())
+        records = t.controllers.sampler.memory.counts()
+    finally:
+        t.close()
+    assert third and records["time_records"] > 0
+    resumed = Trainer(c, str(tmp_path))
+    try:
+        resumed._restore_or_warmstart(resume=True)
+        assert resumed.step == 2
+        assert resumed.controllers.sampler.memory.counts()["time_records"] < records["time_records"]
+        assert harness_metrics(resumed.train_one_step()) == third
+        assert resumed.controllers.sampler.memory.counts() == records
+    finally:
+        resumed.close()
