@@ -38,7 +38,8 @@ FLOORS = {"bge-base-en-v1.5": 0.82, "all-MiniLM-L6-v2": 0.53}
 # Sequence-length buckets (the jitted shapes); texts longer than the model's max_seq_length are
 # truncated, as sentence-transformers does.
 LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512)
-BATCH = 32
+BATCH_BUCKETS = (8, 32)  # rows per call (the jitted batch shapes); the last is the chunk size
+BATCH = BATCH_BUCKETS[-1]
 
 
 class Embedder(Protocol):
@@ -224,8 +225,9 @@ class BertSentenceEmbedder:
             rows = order[s : s + BATCH]
             longest = max(len(encs[i].ids) for i in rows)
             t_len = next((b for b in LENGTH_BUCKETS if b >= longest), longest)
-            ids = np.zeros((BATCH, t_len), np.int32)
-            mask = np.zeros((BATCH, t_len), np.int32)
+            rows_len = next(b for b in BATCH_BUCKETS if b >= len(rows))
+            ids = np.zeros((rows_len, t_len), np.int32)
+            mask = np.zeros((rows_len, t_len), np.int32)
             for r, i in enumerate(rows):
                 n = len(encs[i].ids)
                 ids[r, :n] = encs[i].ids

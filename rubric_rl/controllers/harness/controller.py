@@ -307,6 +307,14 @@ class HarnessController(Controller):
         seen: set[str] = set()
         records, label_rows, work = [], [], []
         self.last_attributions = []
+        history_cache: dict[str, list] = {}
+        if self.memory is not None and self.config.memory == "full":
+            # One embedding pass for every criterion text of the step (the queries below and
+            # the index at the end hit the cache).
+            texts = sorted({c.text for g in rollouts.groups for c in g.task.rubric.criteria})
+            t0 = time.perf_counter()
+            self.memory.embed(texts)
+            times["memory"] += time.perf_counter() - t0
         for g, group in enumerate(rollouts.groups):
             task = group.task
             if task.id in seen or task.id not in self.index:
@@ -326,6 +334,7 @@ class HarnessController(Controller):
             ev = evidence.gather(
                 self.memory, task.id, ids, texts, semantic=self.config.memory == "full",
                 last_label=self.last_label, draws=st.draws, retry_after=self.config.retry_after,
+                cache=history_cache,
             )  # fmt: skip
             times["memory"] += time.perf_counter() - t0
             t0 = time.perf_counter()

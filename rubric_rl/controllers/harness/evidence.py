@@ -38,13 +38,16 @@ def gather(
     last_label: Mapping[str, str],
     draws: int,
     retry_after: int,
+    cache: dict | None = None,
 ) -> TaskEvidence:
-    """The task's evidence (module docstring); ``memory`` None gives none."""
+    """The task's evidence (module docstring); ``memory`` None gives none. ``cache``: task id ->
+    its history, shared by the calls of one step (the memory does not change within them)."""
     ev = TaskEvidence()
     if memory is None:
         return ev
+    cache = {} if cache is None else cache
     rejected: set[tuple[str, str]] = set()
-    for rec in memory.history(task_id):
+    for rec in _history(memory, task_id, cache):
         d = rec.data
         if rec.kind == "group":
             met = _met(d["met"]).reshape(len(d["criterion_ids"]), -1)
@@ -80,16 +83,25 @@ def gather(
                 for nb in nbs
             ]
             if cid not in ev.donors:
-                donor = cross_task_donor(memory, nbs)
+                donor = cross_task_donor(memory, nbs, cache)
                 if donor is not None:
                     ev.donors[cid] = donor
     return ev
 
 
-def cross_task_donor(memory, neighbours) -> tuple[str, str] | None:
+def _history(memory, task_id: str, cache: dict) -> list:
+    if task_id not in cache:
+        cache[task_id] = memory.history(task_id)
+    return cache[task_id]
+
+
+def cross_task_donor(memory, neighbours, cache: dict | None = None) -> tuple[str, str] | None:
     """A response of another task that satisfied a related criterion (its latest group first)."""
+    cache = {} if cache is None else cache
     for nb in neighbours:
-        for rec in reversed(memory.history(nb.task_id, kinds=["group"])):
+        for rec in reversed(_history(memory, nb.task_id, cache)):
+            if rec.kind != "group":
+                continue
             ids = rec.data["criterion_ids"]
             if nb.criterion_id not in ids:
                 continue

@@ -1,0 +1,73 @@
+"""The scripted-policy controller check of HarnessRL and its ablations (controller_check.py),
+before RL.
+
+Prints ONE JSON line: per arm (HarnessRL, w/o critic, w/o critic & memory, AMARIS++ as
+approximated here, HarnessRL_g, HarnessRL_c) the attributor's precision and recall per failure
+label against the script's truth (the domain's analysis tags; never-reachable criteria count as
+blind), updates proposed / accepted per interface, the reversal rate, guidance fields per task
+and the share of unguided tasks at the end, tasks per sampling level, the effective batch, the
+all-failure groups that get a rubric signal, and the controller's seconds per step with the
+ratio to GRPO's (the same check: scripted generation, real judge; the harness's extra judge
+calls, memory and critic are what the ratio measures, not generation). The protocol's budget
+(32 tasks × 8 rollouts a step) over ``--steps`` steps, the guidance cap scheduled over them.
+
+Usage: python benchmarks/harness_check.py [--steps 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from configs import grpo, harness_rl  # noqa: E402
+from rubric_rl.controller_check import ScriptedPolicy, run_check  # noqa: E402
+
+ARMS = {
+    "harness_rl": "protocol",
+    "no_critic": "protocol,no_critic",
+    "no_critic_memory": "protocol,no_critic_memory",
+    "amaris_pp": "protocol,amaris_pp",
+    "harness_g": "protocol,interfaces=g",
+    "harness_c": "protocol,interfaces=c",
+}
+KEYS = ("effective_batch_frac", "all_fail_groups", "all_fail_rubric_signal", "task_pass_rate_last")
+
+
+def _steps(config, steps: int):
+    config = config.copy_and_resolve_references()
+    config.unlock()
+    config.train.steps = steps
+    config.lock()
+    return config
+
+
+def _run(config, steps: int) -> dict:
+    t0 = time.perf_counter()
+    f = run_check(_steps(config, steps), ScriptedPolicy(), steps).figures
+    out = {k: round(float(v), 4) for k, v in f.items() if k.startswith("harness/") or k in KEYS}
+    out["seconds_per_step"] = round((time.perf_counter() - t0) / steps, 3)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=40)
+    args = ap.parse_args()
+    out: dict = {"steps": args.steps}
+    base = _run(grpo.get_config("protocol"), args.steps)
+    out["grpo"] = base
+    for name, arg in ARMS.items():
+        out[name] = _run(harness_rl.get_config(arg), args.steps)
+        out[name]["seconds_ratio_to_grpo"] = round(
+            out[name]["seconds_per_step"] / base["seconds_per_step"], 3
+        )
+    print(json.dumps(out, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
