@@ -55,8 +55,9 @@ def get_harness_section() -> common.ConfigDict:
     # criterion; "none".
     h.anchors = "library"
     h.retry_after = 2  # draws of a task during which a rejected (op, target) is not proposed
-    # Rollout candidates the critic re-samples per step (J rollouts each; ours, a cost bound).
-    h.max_rollout_measurements = 8
+    # Rollout candidates the critic re-samples per step (J rollouts each; ours, a cost bound):
+    # the rest wait for their task's next draw, unrecorded.
+    h.max_rollout_measurements = 32
     # The memory cold start (§3): the warm-started policy on `tasks` training tasks, `groups`
     # independent groups each, `regradings` fresh gradings of one group per task. The rubric
     # band's lower bound with a deterministic judge (every regrading identical) is

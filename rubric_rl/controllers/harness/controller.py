@@ -84,6 +84,9 @@ from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.types import Criterion, Rubric, Task
 
 CRITIC_STREAM = "harness_critic"
+# A rollout candidate beyond the step's measurement budget is neither accepted nor rejected: it
+# is not recorded (the proposer makes it again at the task's next draw), only counted.
+DEFERRED = "deferred: over the step's measurement budget"
 COLD_START_STREAM = "harness_cold_start"
 MEMORY_MODES = ("full", "task", "none")
 
@@ -103,7 +106,7 @@ class HarnessConfig:
     memory: str = "full"
     anchors: str = "library"  # library | none | seed
     retry_after: int = 2  # draws of the task during which a rejected (op, target) is not retried
-    max_rollout_measurements: int = 8  # rollout candidates the critic re-samples per step
+    max_rollout_measurements: int = 32  # rollout candidates the critic re-samples per step
     cold_start_tasks: int = 32  # 0: the seed's levels and bands
     cold_start_groups: int = 3
     cold_start_regradings: int = 2
@@ -122,6 +125,10 @@ class HarnessConfig:
         if bad or not self.interfaces:
             raise ValueError(
                 f"harness.interfaces={self.interfaces}: a non-empty subset of {INTERFACES}"
+            )
+        if self.max_rollout_measurements < 0:
+            raise ValueError(
+                f"harness.max_rollout_measurements={self.max_rollout_measurements}: must be >= 0"
             )
         if self.total_weight <= 0:
             raise ValueError(f"harness.total_weight={self.total_weight}: Λ must be > 0")
@@ -458,9 +465,7 @@ class HarnessController(Controller):
                 )
         for task, _, _, cands, _, _ in work:
             if cands.get("rollout") is not None and (task.id, "rollout") not in out:
-                out[(task.id, "rollout")] = Verdict(
-                    False, None, "no measurement: over the step's budget"
-                )
+                out[(task.id, "rollout")] = Verdict(False, None, DEFERRED)
         return out
 
     def _measure_rubric(self, step, task, st, cand: Candidate, responses, baseline) -> Verdict:
@@ -489,6 +494,8 @@ class HarnessController(Controller):
                 if c is None:
                     continue
                 v = verdicts.get((task.id, iface), Verdict(False, None, "no measurement"))
+                if v.reason == DEFERRED:
+                    continue
                 row = {
                     "status": "accepted" if v.accepted else "rejected",
                     "candidate": c.to_json(), "verdict": v.to_json(), "draw": st.draws,
@@ -569,19 +576,23 @@ class HarnessController(Controller):
             m[f"labels/{lab}"] = labels.count(lab) / len(labels) if labels else 0.0
         for iface in INTERFACES:
             cands = [(t.id, c[iface]) for t, _, _, c, *_ in work if c.get(iface) is not None]
+            deferred = [tid for tid, _ in cands if verdicts[(tid, iface)].reason == DEFERRED]
+            cands = [(tid, c) for tid, c in cands if tid not in deferred]
             acc = [verdicts[(tid, iface)].accepted for tid, _ in cands]
+            m[f"updates/{iface}/deferred"] = float(len(deferred))
             m[f"updates/{iface}/proposed"] = float(len(cands))
             m[f"updates/{iface}/accepted"] = float(sum(acc))
             m[f"updates/{iface}/rejected"] = float(len(acc) - sum(acc))
+        measured = {k for k, v in verdicts.items() if v.reason != DEFERRED}
         grounded = [
             verdicts[(t.id, i)].accepted
             for t, _, _, c, *_ in work for i in ("rollout", "rubric")
-            if c.get(i) is not None and c[i].grounded
+            if c.get(i) is not None and c[i].grounded and (t.id, i) in measured
         ]  # fmt: skip
         plain = [
             verdicts[(t.id, i)].accepted
             for t, _, _, c, *_ in work for i in ("rollout", "rubric")
-            if c.get(i) is not None and not c[i].grounded
+            if c.get(i) is not None and not c[i].grounded and (t.id, i) in measured
         ]  # fmt: skip
         if grounded:
             m["critic/accept_rate_with_evidence"] = float(np.mean(grounded))

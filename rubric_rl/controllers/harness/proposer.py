@@ -19,6 +19,7 @@ silent, and the LLM proposer makes the same choices with a judge model):
 - **Rubric** (a spurious criterion; the most confident first): an anchor is only reweighted
   (halved); another criterion is rewritten into a library criterion of the task that checks
   something its rubric does not yet check (the checker library parameterised from the prompt),
+  weighted at least as the median positive criterion of the task,
   else turned into a pitfall (its cue penalised, λ → −|λ|), else deleted; an operation that
   was rejected for this criterion within ``retry_after`` draws, or (with memory) that would
   restore the state an accepted update replaced within the task's previous two draws (a
@@ -277,7 +278,11 @@ class ProgrammaticProposer:
             and ("rewrite", c.id) not in ctx.rejected
             and criterion_state(new) not in replaced
         ):
-            new = new.replace(weight=abs(c.weight), id=f"{c.id}>{new.id}")
+            # A surface cue's weight is small by design; the requirement that replaces it
+            # counts like the task's others: at least their median positive weight (ours).
+            pos = sorted(x.weight for x in ctx.criteria if x.weight > 0)
+            weight = max(abs(c.weight), pos[len(pos) // 2] if pos else abs(c.weight))
+            new = new.replace(weight=weight, id=f"{c.id}>{new.id}")
             return RubricOp("rewrite", (c.id,), (new,), reason="spurious: check the requirement")
         if c.weight > 0 and ("reweight", c.id) not in ctx.rejected:
             flipped = (c.verifier if c.verifier.checker else c.text.strip(), False)

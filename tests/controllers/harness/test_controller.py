@@ -141,6 +141,17 @@ def test_ablation_configs():
         harness_rl.get_config("nope")
 
 
+def test_rollout_candidates_over_the_budget_are_deferred_not_rejected():
+    c = small_config()
+    c.unlock()
+    c.harness.max_rollout_measurements = 0
+    c.lock()
+    rep = run_check(c, ScriptedPolicy(seed=0), 3)
+    per = rep.per_step
+    assert sum(r["harness/updates/rollout/deferred"] for r in per) > 0
+    assert sum(r["harness/updates/rollout/proposed"] for r in per) == 0
+
+
 def test_no_memory_and_no_critic_run_through_the_check(tmp_path):
     rep = run_check(small_config("smoke,no_critic_memory"), ScriptedPolicy(seed=0), 4)
     f = rep.figures

@@ -62,6 +62,9 @@ def test_a_spurious_criterion_is_rewritten_into_a_missing_library_check():
     assert not any(checks_the_same(new, x) for x in c)  # that the rubric did not check
     after = apply_ops(c, cand.rubric, step=1, total=100.0, anchor_share=0.0)
     assert "praise" not in [x.id for x in after]
+    # The requirement replacing a small surface cue counts like the task's other criteria.
+    pos = sorted(x.weight for x in c if x.weight > 0)
+    assert new.weight == pos[len(pos) // 2] > next(x for x in c if x.id == "praise").weight
 
 
 def test_a_spurious_anchor_is_only_reweighted():
