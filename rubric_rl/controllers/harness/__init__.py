@@ -1,9 +1,11 @@
 """HarnessRL (seed 001): a training-time harness over task sampling, rollout guidance and rubric
 criteria, with a memory, an attributor, a proposer and a just-in-time critic.
 
-Landed so far (issue 16): the rubric interface's operations and Λ rescaling (``rubric_ops``),
-the sampling and guidance interfaces (``interfaces``), the programmatic attributor
-(``attributor``), the critic's acceptance rules (``critic``) and the cold start's estimators
-(``cold_start``); the memory is ``rubric_rl.memory``. The controller that runs them in the step
-and ``configs/harness_rl.py`` are not written yet.
+Modules: ``controller`` (the step's sampler: draws, guidance, observe → attribute → propose →
+measure → apply), ``builder`` (``config.harness`` → the controller), ``rubric_ops`` (operations
+and Λ rescaling), ``interfaces`` (sampling levels with u = 1/(N p), the guidance cap),
+``attributor``, ``proposer``, ``critic`` (acceptance rules), ``cold_start`` (levels and bands),
+``evidence`` (what the memory supplies per task), ``state`` (per-task state and records),
+``style`` (how a domain writes guidance). The memory is ``rubric_rl.memory``. The attributor and
+proposer are programmatic (rule-judged domains); LLM ones are not written yet.
 """
