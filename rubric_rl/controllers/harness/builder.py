@@ -14,6 +14,12 @@ from rubric_rl.controllers.harness.style import style_for
 def harness_config(config: Any) -> HarnessConfig:
     h = config.harness
     cs = h.cold_start
+    if str(config.loss.reward) != "weighted":
+        # The harness's critic and attributor read the trained rubric reward under c_t.
+        raise ValueError(
+            f"config.loss.reward={config.loss.reward!r}: HarnessRL trains its weighted rubric "
+            "reward (r = Σλs / Σmax(λ, 0) under the harness rubric); set it to 'weighted'"
+        )
     try:
         return HarnessConfig(
             total_steps=int(config.train.steps),

@@ -139,6 +139,12 @@ def test_ablation_configs():
         harness_rl.get_config("interfaces=x")
     with pytest.raises(ValueError, match="unknown variant"):
         harness_rl.get_config("nope")
+    from rubric_rl.controllers.harness.builder import harness_config
+
+    c = harness_rl.get_config("smoke")
+    c.loss.reward = "task_verifier"
+    with pytest.raises(ValueError, match="config.loss.reward='task_verifier'"):
+        harness_config(c)
 
 
 def test_rollout_candidates_over_the_budget_are_deferred_not_rejected():
