@@ -87,7 +87,6 @@ CRITIC_STREAM = "harness_critic"
 # A rollout candidate beyond the step's measurement budget is neither accepted nor rejected: it
 # is not recorded (the proposer makes it again at the task's next draw), only counted.
 DEFERRED = "deferred: over the step's measurement budget"
-COLD_START_STREAM = "harness_cold_start"
 MEMORY_MODES = ("full", "task", "none")
 
 
