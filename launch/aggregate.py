@@ -2,6 +2,8 @@
 ``benchmarks/protocol.md`` pre-registers them.
 
     python launch/aggregate.py runs/protocol --reference arise-protocol --match outcome [--out D]
+    python launch/aggregate.py runs/protocol_h --reference harness_rl-protocol --dynamics \
+        --cost-reference grpo-protocol
 
 Writes to ``--out`` (default ``<root>``) ``results.md`` (every table below) and one CSV per table:
 
@@ -30,7 +32,13 @@ Writes to ``--out`` (default ``<root>``) ``results.md`` (every table below) and 
   per early / middle / late third (± CI);
 - ``calibration.csv`` — the fixed probe set before RL (``controllers/calibration``): task pass
   rate and all-failure groups unguided and with skills, and how many requirements no unguided
-  rollout met (the stated ones and the implicit ones the checker library adds).
+  rollout met (the stated ones and the implicit ones the checker library adds);
+- ``dynamics.csv`` (``--dynamics``, ``benchmarks/protocol_harness.md``) — per group, the
+  training-dynamics figures of ``DYNAMICS``: failure proportions of the trained reward and of the
+  seed rubric over the last 10 % of steps, the reversal rate at the final step, the unguided share
+  at 70 % of training, the peak guidance fields per task (± CI);
+- ``cost.csv`` (``--cost-reference G``) — per group, the median seconds per step over steps >= 2,
+  its ratio to group G's paired by seed, and the harness cost split as fractions of the step.
 
 ``--select`` (not the protocol): also report each set at a best step, for exploration. ``auto`` =
 the set's ``pass_rate`` when it logs one, else its ``score``; a metric name = that metric of each
@@ -399,6 +407,104 @@ def calibration_rows(groups: Mapping[str, Sequence[an.Run]]) -> list[dict[str, A
     return rows
 
 
+# ------------------------------------------------------------------------------ training dynamics
+
+# HarnessRL's training dynamics (benchmarks/protocol_harness.md), one value per run, then mean ±
+# CI over seeds: (label, key, how). ``("last", f)``: the mean over the run's steps above
+# (1 - f)·train.steps; ``("window", lo, hi)``: over steps in (lo·T, hi·T]; ``"final"``: the
+# value at the final step (cumulative metrics).
+DYNAMICS = (
+    ("blind", "failure/blind", ("last", 0.1)),
+    ("saturated", "failure/saturated", ("last", 0.1)),
+    ("spurious", "failure/spurious", ("last", 0.1)),
+    ("agree", "failure/agree", ("last", 0.1)),
+    ("seed rubric: blind", "failure/seed/blind", ("last", 0.1)),
+    ("seed rubric: saturated", "failure/seed/saturated", ("last", 0.1)),
+    ("seed rubric: spurious", "failure/seed/spurious", ("last", 0.1)),
+    ("seed rubric: agree", "failure/seed/agree", ("last", 0.1)),
+    ("reversal rate", "harness/reversal_rate", "final"),
+    # The end of the third quarter (cap 1): the seed's step 350 of 500.
+    ("unguided share at 70 %", "harness/guidance/unguided_share", ("window", 2 / 3, 0.75)),
+    ("fields per task (peak)", "harness/guidance/fields_per_task", "max"),
+)
+COST_KEY = "time/step"
+COST_SPLIT = ("harness/time/critic", "harness/time/attributor_proposer", "harness/time/memory")
+
+
+def _run_steps(run: an.Run) -> int | None:
+    want = run.config.get("train", {}).get("steps")
+    return int(want) if want is not None else None
+
+
+def dynamics_value(run: an.Run, key: str, how: Any) -> float | None:
+    """One run's value of a DYNAMICS entry, or None when the run does not log ``key`` there."""
+    steps, vals = run.series(key)
+    if not steps.size:
+        return None
+    if how == "final":
+        return float(vals[-1])
+    if how == "max":
+        return float(np.nanmax(vals))
+    total = _run_steps(run) or int(steps.max())
+    if how[0] == "last":
+        keep = steps > (1.0 - how[1]) * total
+    elif how[0] == "window":
+        keep = (steps > how[1] * total) & (steps <= how[2] * total)
+    else:
+        raise ValueError(f"dynamics_value: unknown reduction {how!r}")
+    return float(np.nanmean(vals[keep])) if keep.any() else None
+
+
+def dynamics_rows(groups: Mapping[str, Sequence[an.Run]]) -> list[dict[str, Any]]:
+    """Per group: every DYNAMICS entry its runs log, mean ± 95 % CI over seeds."""
+    rows = []
+    for g, runs in groups.items():
+        row: dict[str, Any] = {"group": g, "seeds": len(runs)}
+        for label, key, how in DYNAMICS:
+            vals = [v for r in runs if (v := dynamics_value(r, key, how)) is not None]
+            if vals:
+                row[label] = _ci(vals)
+        rows.append(row)
+    return rows
+
+
+def step_cost(run: an.Run) -> dict[str, float]:
+    """Median seconds per step over steps >= 2 (step 1 holds compilation and any cold start),
+    and each harness cost part as a fraction of the mean step."""
+    steps, secs = run.series(COST_KEY)
+    keep = steps >= 2
+    if not keep.any():
+        return {}
+    out = {"s/step": float(np.median(secs[keep]))}
+    mean_step = float(np.mean(secs[keep]))
+    for key in COST_SPLIT:
+        s, v = run.series(key)
+        k = s >= 2
+        if k.any():
+            out[key.rsplit("/", 1)[-1]] = float(np.sum(v[k]) / (mean_step * k.sum()))
+    return out
+
+
+def cost_rows(groups: Mapping[str, Sequence[an.Run]], reference: str) -> list[dict[str, Any]]:
+    """Per group: median s/step, its ratio to ``reference`` paired by seed, and the harness cost
+    split (fractions of the step), mean ± 95 % CI over seeds."""
+    ref = {an.run_seed(r): step_cost(r).get("s/step") for r in groups[reference]}
+    rows = []
+    for g, runs in groups.items():
+        row: dict[str, Any] = {"group": g, "seeds": len(runs)}
+        costs = {an.run_seed(r): step_cost(r) for r in runs}
+        for part in ("s/step", *(k.rsplit("/", 1)[-1] for k in COST_SPLIT)):
+            vals = [c[part] for c in costs.values() if part in c]
+            if vals:
+                row[part] = _ci(vals)
+        ratios = [c["s/step"] / ref[k] for k, c in costs.items() if "s/step" in c and ref.get(k)]
+        if ratios:
+            row["ratio"] = _ci(ratios)
+            row["pairs"] = len(ratios)
+        rows.append(row)
+    return rows
+
+
 # ------------------------------------------------------------------------------ output
 
 
@@ -479,6 +585,8 @@ def report(
     match: str | None = None,
     select: str = FINAL,
     allow_incomplete: bool = False,
+    dynamics: bool = False,
+    cost_reference: str | None = None,
 ) -> str:
     """Writes every table (see the module docstring); returns the Markdown. A run that stopped
     before its ``train.steps`` is an error naming it (resume it: ``launch/sweep.py`` resumes
@@ -578,10 +686,10 @@ def report(
         write_csv(os.path.join(out_dir, "best.csv"), res)
         md += [f"## Exploration, not the protocol ({_select_title(select)}; mean ± std)", ""]
         md += [results_markdown(res), ""]
-    pool, dynamics = pool_rows(groups)
+    pool, pool_over_steps = pool_rows(groups)
     if pool:
         write_csv(os.path.join(out_dir, "pool.csv"), pool)
-        write_csv(os.path.join(out_dir, "pool_dynamics.csv"), dynamics)
+        write_csv(os.path.join(out_dir, "pool_dynamics.csv"), pool_over_steps)
         md += ["## ARISE pool at the end of training (controllers/arise.jsonl)", ""]
         body = [
             [r["group"], str(r["seeds"])]
@@ -614,6 +722,21 @@ def report(
         md += ["## Calibration before RL (fixed probe set, step 1)", ""]
         body = [[r["group"], str(r["seeds"])] + _cells(r, keys) for r in cal]
         md += [markdown_table(["group", "seeds", *keys], body), ""]
+    if dynamics:
+        dyn = dynamics_rows(groups)
+        write_csv(os.path.join(out_dir, "dynamics.csv"), dyn)
+        labels = [label for label, _, _ in DYNAMICS if any(label in r for r in dyn)]
+        md += ["## Training dynamics (benchmarks/protocol_harness.md; mean ± 95 % CI)", ""]
+        body = [[r["group"], str(r["seeds"])] + _cells(r, labels) for r in dyn]
+        md += [markdown_table(["group", "seeds", *labels], body), ""]
+    if cost_reference is not None:
+        ref = resolve_group(cost_reference, names, "--cost-reference")
+        cost = cost_rows(groups, ref)
+        write_csv(os.path.join(out_dir, "cost.csv"), cost)
+        parts = ["s/step", "ratio", *(k.rsplit("/", 1)[-1] for k in COST_SPLIT)]
+        md += [f"## Per-step cost (median {COST_KEY} over steps >= 2; ratio to {ref} by seed)", ""]
+        body = [[r["group"], str(r["seeds"])] + _cells(r, parts) for r in cost]
+        md += [markdown_table(["group", "seeds", *parts], body), ""]
     if short:
         md += ["## Incomplete runs (tabulated at their last step: --allow-incomplete)", ""]
         md += [f"- {x}" for x in short] + [""]
@@ -643,6 +766,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="tabulate runs that stopped before train.steps at their last step (listed in "
         "results.md) instead of stopping with an error naming them",
     )
+    p.add_argument(
+        "--dynamics",
+        action="store_true",
+        help="the training-dynamics table (failure proportions at the end, reversal rate, "
+        "unguided share: benchmarks/protocol_harness.md)",
+    )
+    p.add_argument(
+        "--cost-reference", default=None, help="group the per-step cost ratio is to (by seed)"
+    )
     args = p.parse_args(argv)
     groups = load_groups(args.root, args.groups)
     text = report(
@@ -652,6 +784,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         match=args.match,
         select=args.select,
         allow_incomplete=args.allow_incomplete,
+        dynamics=args.dynamics,
+        cost_reference=args.cost_reference,
     )
     print(text)
     return 0

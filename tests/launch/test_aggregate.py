@@ -438,3 +438,51 @@ def test_all_failure_groups_read_every_methods_key(tmp_path):
     assert row["group"] == "grpo"
     assert row["all"][0] == pytest.approx(np.mean([0.9 - 0.1 * s for s in range(1, 7)]))
     assert row["early"][0] == pytest.approx(np.mean([0.8, 0.7]))
+
+
+def _write_dynamics_run(d, steps, rows_of):
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"train": {"steps": steps}}))
+    rows = [{"step": s, **rows_of(s)} for s in range(1, steps + 1)]
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+
+
+def test_dynamics_windows_final_values_and_paired_cost_ratio(tmp_path):
+    r = tmp_path / "sweep"
+    # 20 steps: "last 10 %" = steps 19-20; the 70 % window (2/3, 3/4] = steps 14-15.
+    for seed, (base, sec) in enumerate([(0.1, 2.0), (0.3, 4.0)]):
+        _write_dynamics_run(
+            r / "harness" / f"seed{seed}",
+            20,
+            lambda s, b=base, t=sec: {
+                "failure/blind": b + s / 100,
+                "harness/reversal_rate": s / 1000,  # cumulative: the final value counts
+                "harness/guidance/unguided_share": 0.0 if s <= 13 or s >= 16 else 0.5 + b,
+                "time/step": 100.0 if s == 1 else t + (s % 2),  # step 1 (compile) left out
+                "harness/time/critic": t / 2 + (s % 2) / 2,
+            },
+        )
+        _write_dynamics_run(
+            r / "grpo" / f"seed{seed}",
+            20,
+            lambda s, t=sec: {"time/step": t / 2, "failure/blind": 0.5},
+        )
+    groups = aggregate.load_groups(str(r))
+    rows = {row["group"]: row for row in aggregate.dynamics_rows(groups)}
+    blind = [np.mean([b + 0.19, b + 0.20]) for b in (0.1, 0.3)]
+    assert rows["harness"]["blind"][0] == pytest.approx(np.mean(blind))
+    assert rows["harness"]["blind"][1] == pytest.approx(an.mean_ci95(blind)[1])
+    assert rows["harness"]["reversal rate"][0] == pytest.approx(0.020)
+    assert rows["harness"]["unguided share at 70 %"][0] == pytest.approx(np.mean([0.6, 0.8]))
+    assert "reversal rate" not in rows["grpo"] and rows["grpo"]["blind"][0] == 0.5
+    cost = {row["group"]: row for row in aggregate.cost_rows(groups, "grpo")}
+    # medians over steps 2-20 of t + (s % 2): 10 even steps of 19 -> t
+    assert cost["harness"]["s/step"][0] == pytest.approx(np.mean([2.0, 4.0]))
+    assert cost["harness"]["ratio"][0] == pytest.approx(2.0)
+    assert cost["harness"]["pairs"] == 2 and cost["grpo"]["ratio"][0] == pytest.approx(1.0)
+    assert cost["harness"]["critic"][0] == pytest.approx(0.5)
+    text = aggregate.report(groups, str(tmp_path / "out"), dynamics=True, cost_reference="grpo")
+    assert "## Training dynamics" in text and "## Per-step cost" in text
+    assert os.path.exists(tmp_path / "out" / "dynamics.csv")
+    with pytest.raises(ValueError, match="--cost-reference"):
+        aggregate.report(groups, str(tmp_path / "out"), cost_reference="nope")
