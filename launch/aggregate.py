@@ -424,8 +424,9 @@ DYNAMICS = (
     ("seed rubric: agree", "failure/seed/agree", ("last", 0.1)),
     ("reversal rate", "harness/reversal_rate", "final"),
     # The end of the third quarter (cap 1): the seed's step 350 of 500.
-    ("unguided share at 70 %", "harness/guidance/unguided_share", ("window", 2 / 3, 0.75)),
-    ("fields per task (peak)", "harness/guidance/fields_per_task", "max"),
+    # Over the step's drawn tasks (``harness/guidance/unguided_share`` is over the whole bank).
+    ("unguided share at 70 %", "harness/guidance/drawn_unguided_share", ("window", 2 / 3, 0.75)),
+    ("fields per task (peak)", "harness/guidance/drawn_fields_per_task", "max"),
 )
 COST_KEY = "time/step"
 COST_SPLIT = ("harness/time/critic", "harness/time/attributor_proposer", "harness/time/memory")

@@ -369,7 +369,10 @@ def _harness_figures(per_step, counts: collections.Counter) -> dict[str, float]:
         out[f"harness/attributor/{lab}/labelled"] = float(labelled)
         out[f"harness/attributor/{lab}/true"] = float(true)
     last = per_step[-1]
-    for k in ("guidance/fields_per_task", "guidance/unguided_share", "reversal_rate"):
+    for k in (
+        "guidance/fields_per_task", "guidance/unguided_share",
+        "guidance/drawn_fields_per_task", "guidance/drawn_unguided_share", "reversal_rate",
+    ):  # fmt: skip
         if f"harness/{k}" in last:
             out[f"harness/{k}"] = last[f"harness/{k}"]
     for k in ("rollout", "rubric", "sampling"):

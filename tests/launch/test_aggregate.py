@@ -457,7 +457,7 @@ def test_dynamics_windows_final_values_and_paired_cost_ratio(tmp_path):
             lambda s, b=base, t=sec: {
                 "failure/blind": b + s / 100,
                 "harness/reversal_rate": s / 1000,  # cumulative: the final value counts
-                "harness/guidance/unguided_share": 0.0 if s <= 13 or s >= 16 else 0.5 + b,
+                "harness/guidance/drawn_unguided_share": 0.0 if s <= 13 or s >= 16 else 0.5 + b,
                 "time/step": 100.0 if s == 1 else t + (s % 2),  # step 1 (compile) left out
                 "harness/time/critic": t / 2 + (s % 2) / 2,
             },

@@ -379,6 +379,8 @@ class HarnessController(Controller):
             )
             for c in att.labels:
                 self.last_label[f"{task.id}/{c.criterion_id}"] = c.label
+        # The fields this step's groups were rolled out with (before this step's updates).
+        mounted = [len(st.fields) for _, st, *_ in work]
         t0 = time.perf_counter()
         verdicts = self._critic(step, work)
         times["critic"] += time.perf_counter() - t0
@@ -388,7 +390,7 @@ class HarnessController(Controller):
             self.memory.record_many(step, records + label_rows + update_rows)
             self._index_criteria(step, [w[0] for w in work])
         times["memory"] += time.perf_counter() - t0
-        return self._metrics(work, verdicts, times)
+        return self._metrics(work, verdicts, times, mounted)
 
     def _generic_pass(self, task: Task, crits: Sequence[Criterion]) -> dict[str, bool]:
         """Whether a content-free response (``GENERIC_PROBES``) satisfies each criterion."""
@@ -568,7 +570,7 @@ class HarnessController(Controller):
 
     # ------------------------------------------------------------------ metrics
 
-    def _metrics(self, work, verdicts, times) -> dict[str, float]:
+    def _metrics(self, work, verdicts, times, mounted=()) -> dict[str, float]:
         m: dict[str, float] = {}
         labels = [c.label for _, _, att, *_ in work for c in att.labels]
         for lab in LABELS:
@@ -600,6 +602,10 @@ class HarnessController(Controller):
         n_fields = [len(self.state[t.id].fields) if t.id in self.state else 0 for t in self.tasks]
         m["guidance/fields_per_task"] = float(np.mean(n_fields))
         m["guidance/unguided_share"] = float(np.mean([n == 0 for n in n_fields]))
+        if mounted:
+            # Over the step's drawn tasks (the bank-wide share above counts never-drawn tasks).
+            m["guidance/drawn_fields_per_task"] = float(np.mean(mounted))
+            m["guidance/drawn_unguided_share"] = float(np.mean([n == 0 for n in mounted]))
         for lv in range(len(self.levels)):
             m[f"levels/{lv}"] = float(np.mean([self._level(t) == lv for t in self.tasks]))
         m["reversal_rate"] = self.totals["reversals"] / max(1, self.totals["accepted_rubric"])

@@ -58,6 +58,10 @@ def test_each_interface_proposes_and_the_critic_measures(report):
     assert f["harness/levels/1"] > 0  # saturated tasks lowered one level
     per = report.per_step
     assert max(row["harness/guidance/fields_per_task"] for row in per) > 0
+    # Over the step's drawn tasks: fields were mounted on some, and the share is a fraction.
+    drawn = [row["harness/guidance/drawn_fields_per_task"] for row in per]
+    assert max(drawn) > max(row["harness/guidance/fields_per_task"] for row in per)
+    assert all(0 <= row["harness/guidance/drawn_unguided_share"] <= 1 for row in per)
 
 
 def test_state_invariants_after_the_check(tmp_path):
