@@ -296,6 +296,18 @@ def apply_protocol(c: ConfigDict) -> None:
     c.checkpoint.every = 50
 
 
+def apply_ruscarl(c: ConfigDict) -> None:
+    """RuscaRL's rubric scaffold (rubric_rl/controllers/ruscarl.py): the released script's
+    linear intra-group ratio and sigmoid decay (x0 = 0.2, κ = 125), at most 3 criteria shown
+    (ours: the warm start's shape); π_old recomputed on the unscaffolded prompt, no importance
+    correction (``rollout_correction="off"``), as its verl code does."""
+    c.ruscarl = dict(
+        group_rule="linear", full_reveal_count=1, step_rule="sigmoid", x0=0.2, kappa=125.0,
+        max_shown=3,
+    )  # fmt: skip
+    c.loss.rollout_correction = "off"
+
+
 def parse_arg(arg: str | None) -> dict[str, Any]:
     """``"smoke,model=5m"`` -> {"smoke": True, "model": "5m"} (big_vision's variant syntax)."""
     out: dict[str, Any] = {}

@@ -9,7 +9,11 @@
 Variants (comma-separated, big_vision style): ``smoke``, ``protocol`` (the evaluation and budget
 of ``benchmarks/protocol.md``), ``model=<preset or HF dir>``, ``gpu``
 (optionally ``gpu=<checkpoint dir>``; otherwise $QWEN3_4B_PATH), ``domain=sql|inventory`` (a
-tool environment with multi-turn agent rollouts: ``--config=configs/grpo.py:smoke,domain=sql``).
+tool environment with multi-turn agent rollouts: ``--config=configs/grpo.py:smoke,domain=sql``),
+``sec`` (SEC's difficulty bandit as the sampler, ``rubric_rl/controllers/sec.py``; HarnessRL's
+``p_t <- SEC`` switching arm is ``configs/harness_rl.py:switch=p``), ``ruscarl`` (RuscaRL's
+rubric scaffold, ``rubric_rl/controllers/ruscarl.py``; ``g_t <- RuscaRL`` is
+``configs/harness_rl.py:switch=g``).
 """
 
 from __future__ import annotations
@@ -150,12 +154,19 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
     c = common.get_base_config()
     c.method = "grpo"
     c.controllers = dict(sampler="uniform")
-    unknown = set(variants) - {"smoke", "model", "gpu", "domain", "protocol"}
+    unknown = set(variants) - {"smoke", "model", "gpu", "domain", "protocol", "sec", "ruscarl"}
     if unknown:
         raise ValueError(
             f"configs/grpo.py: unknown variant(s) {sorted(unknown)}; known: smoke, model=, gpu, "
-            "domain=, protocol"
+            "domain=, protocol, sec, ruscarl"
         )
+    if "ruscarl" in variants:
+        common.apply_ruscarl(c)
+    if "sec" in variants:
+        # SEC's difficulty bandit as the sampler (rubric_rl/controllers/sec.py): α, τ of the
+        # paper's runs; arms = task type x number of positive seed criteria (ours).
+        c.controllers.sampler = "sec"
+        c.sec = dict(lr=0.5, temperature=1.0, max_level=5)
     if "protocol" in variants:
         common.apply_protocol(c)
     if "gpu" in variants:

@@ -20,6 +20,20 @@ Variants (comma-separated, big_vision style):
   log (the time index) and no cross-task memory, no critic. An approximation (AMARIS is known
   from its abstract only: ../shared/notes/baselines.md).
 
+Baselines and switching arms from the same parts (approximations where the baseline's code is
+not public; README "HarnessRL" says which choices are ours):
+
+- ``amaris``: AMARIS — memory-augmented rubric revision with anchors: the rubric interface
+  only, the full memory (recent history and semantic retrieval), no critic, no guidance.
+- ``evorubric``: EvoRubric-style — the rubric interface only, run by the published rule
+  (prune zero-variance criteria, regenerate verified ones: ``harness/evorubric.py``), no
+  attributor, proposer, critic or memory.
+- ``switch=p``: HarnessRL with SEC's difficulty bandit as the sampler (p_t ← SEC,
+  ``rubric_rl/controllers/sec.py``); ``switch=g``: with RuscaRL's scheduled scaffold instead of
+  the harness's guidance fields (g_t ← RuscaRL, ``rubric_rl/controllers/ruscarl.py``);
+  ``switch=c``: with EvoRubric's rule on the rubric interface (c_t ← EvoRubric).
+- GRPO + SEC alone: ``configs/grpo.py:sec``; RuscaRL alone: ``configs/grpo.py:ruscarl``.
+
 What is the seed's and what is ours: README "HarnessRL".
 """
 
@@ -35,7 +49,15 @@ VARIANTS = (
     "no_critic_memory",
     "interfaces",
     "amaris_pp",
+    "amaris",
+    "evorubric",
+    "switch",
 )
+SWITCHES = {
+    "p": dict(sampling_rule="sec"),
+    "g": dict(rollout_rule="ruscarl"),
+    "c": dict(rubric_rule="evorubric"),
+}
 INTERFACE_CHOICES = {"g": ("rollout",), "c": ("rubric",), "p": ("sampling",)}
 
 
@@ -72,6 +94,12 @@ def get_harness_section() -> common.ConfigDict:
     h.embedder = "minilm"
     h.top_k = 4
     h.floor = -1.0
+    # Switching arms: a published rule on one interface (harness = HarnessRL's own evolver).
+    h.sampling_rule = "harness"  # harness | sec
+    h.rollout_rule = "harness"  # harness | ruscarl (its scaffold: config.ruscarl)
+    h.rubric_rule = "harness"  # harness | evorubric
+    # SEC (p_t <- SEC): α and τ of the paper's runs; arms = task type x positive criteria (ours).
+    h.sec = dict(lr=0.5, temperature=1.0, max_level=5)
     return h
 
 
@@ -117,5 +145,20 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
         c.harness.interfaces = INTERFACE_CHOICES[choice]
     if "amaris_pp" in variants:
         c.harness.update(critic=False, memory="task")
+    if "amaris" in variants:
+        c.harness.update(interfaces=("rubric",), critic=False, memory="full")
+    if "evorubric" in variants:
+        c.harness.update(
+            interfaces=("rubric",), rubric_rule="evorubric", critic=False, memory="none"
+        )
+    if "switch" in variants:
+        which = variants["switch"]
+        if which not in SWITCHES:
+            raise ValueError(
+                f"configs/harness_rl.py: switch={which!r}; expected one of {sorted(SWITCHES)}"
+            )
+        c.harness.update(**SWITCHES[which])
+        if which == "g":
+            common.apply_ruscarl(c)
     c.lock()
     return c

@@ -434,9 +434,46 @@ CONTROLLER_BUILDERS: Registry[Callable[[ConfigDict, Domain], list[Controller]]] 
 )
 
 
+def ruscarl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
+    """RuscaRL's rubric scaffold (``config.ruscarl``, when the config has that section)."""
+    if config.get("ruscarl") is None:
+        return []
+    from rubric_rl.controllers.harness.style import style_for
+    from rubric_rl.controllers.ruscarl import RuscaRLConfig, RuscaRLController
+
+    if str(config.loss.rollout_correction) == "bypass":
+        raise ValueError(
+            "config.loss.rollout_correction='bypass' with config.ruscarl: the scaffolded "
+            "samples' engine log-probs are under another prompt; use 'off' (π_old recomputed "
+            "on the trained prompt, as RuscaRL's verl does)"
+        )
+    try:
+        rc = RuscaRLConfig(
+            total_steps=int(config.train.steps), seed=int(config.train.seed),
+            **dict(config.ruscarl),
+        )  # fmt: skip
+    except TypeError as e:
+        raise ValueError(f"config.ruscarl: {e}") from e
+    return [RuscaRLController(rc, style_for(domain))]
+
+
 @CONTROLLER_BUILDERS.register("grpo")
 def grpo_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
-    """Static seed rubrics, a sampler from SAMPLERS (``config.controllers.sampler``)."""
+    """Static seed rubrics, a sampler from SAMPLERS (``config.controllers.sampler``), and
+    RuscaRL's scaffold when the config has a ``ruscarl`` section."""
+    return [*_grpo_sampler(config, domain), *ruscarl_controllers(config, domain)]
+
+
+def _grpo_sampler(config: ConfigDict, domain: Domain) -> list[Controller]:
+    if config.controllers.sampler == "sec":
+        from rubric_rl.controllers.sec import SECConfig, SECSampler
+
+        try:
+            sec = SECConfig(**dict(config.get("sec", {})))
+        except TypeError as e:
+            raise ValueError(f"config.sec: {e}") from e
+        batch, seed = int(config.rollout.tasks_per_step), int(config.train.seed)
+        return [SECSampler(domain.train, batch, seed=seed, config=sec)]
     sampler_cls = SAMPLERS.get(config.controllers.sampler)
     return [
         sampler_cls(domain.train, int(config.rollout.tasks_per_step), seed=int(config.train.seed))
@@ -483,7 +520,13 @@ def arise_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
 def harness_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
     from rubric_rl.controllers.harness.builder import make_harness_controller
 
-    return [make_harness_controller(config, domain)]
+    harness = make_harness_controller(config, domain)
+    if harness.config.rollout_rule == "ruscarl":  # the g_t <- RuscaRL switching arm
+        scaffold = ruscarl_controllers(config, domain)
+        if not scaffold:
+            raise ValueError("harness.rollout_rule='ruscarl' needs a config.ruscarl section")
+        return [harness, *scaffold]
+    return [harness]
 
 
 def build_controllers(

@@ -56,7 +56,13 @@ from rubric_rl import builders
 from rubric_rl.controllers.reflection_base import satisfied
 from rubric_rl.rollout.batch import Rollouts, Trajectory
 from rubric_rl.services import Services
-from rubric_rl.step import RUBRIC_SIGNAL, VERIFIER_SIGNAL, StepContext, build_pipeline
+from rubric_rl.step import (
+    RUBRIC_SIGNAL,
+    VERIFIER_SIGNAL,
+    StepContext,
+    build_pipeline,
+    mark_behaviour,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,17 +164,27 @@ def scripted_generate(policy: ScriptedPolicy):
 
     def generate(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
         j_default = int(ctx.config.rollout.samples_per_task)
+        by_n: dict[int, list] = {}
         for g in rollouts.groups:
-            if g.trajectories:
-                continue
-            # The real generate stage's prompt check: over model.max_prompt_len is an error.
-            g.prompt_ids = ctx.services.encode_prompt(
-                g.messages, f"task {g.task.id} at step {ctx.step}"
+            if not g.trajectories:
+                by_n.setdefault(g.n or j_default, []).append(g)
+        for n, groups in by_n.items():
+            # Per-sample behaviour prompts (RuscaRL's scaffold), as the real stage asks for them.
+            scaffolds = ctx.controllers.sample_prompts(
+                ctx.step, [g.task for g in groups], [g.messages for g in groups], n
             )
-            texts = [
-                policy.respond(g.task, g.messages, ctx.step, j) for j in range(g.n or j_default)
-            ]
-            g.trajectories = [Trajectory((), (), "stop", ctx.step - 1, x) for x in texts]
+            for g, per in zip(groups, scaffolds, strict=True):
+                # The real generate stage's prompt check: over model.max_prompt_len is an error.
+                what = f"task {g.task.id} at step {ctx.step}"
+                g.prompt_ids = ctx.services.encode_prompt(g.messages, what)
+                g.trajectories = []
+                for j in range(n):
+                    m = g.messages if per is None else per[j]
+                    text = policy.respond(g.task, m, ctx.step, j)
+                    t = Trajectory((), (), "stop", ctx.step - 1, text)
+                    if per is not None:
+                        t = mark_behaviour(t, j, ctx.services.encode_prompt(m, what), g.prompt_ids)
+                    g.trajectories.append(t)
         return rollouts
 
     return generate

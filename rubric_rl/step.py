@@ -16,6 +16,9 @@ a stage inserted later in the pipeline can add groups and run them again.
 
 How several controllers compose (documented order, never "first wins"):
 - ``decorate``: each controller in turn transforms the prompts (controller order);
+- ``generate``: a group's rollouts come from its prompt, or from per-sample behaviour prompts
+  when one controller's ``sample_prompts`` gives them (two for one group is an error); the
+  group's prompt is trained either way (RuscaRL: the scaffold is removed for the loss);
 - ``reward``: the built-in signals (``rubric`` from ``loss.reward``'s rubric reward and
   ``task_verifier`` from the domain's verifier), then each controller's ``reward_signals`` adds
   new named signals (a name given twice is an error);
@@ -156,14 +159,49 @@ def generate(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
     for n, groups in by_n.items():
         if agent:
             ids, trajs = ctx.services.run_agent([g.task for g in groups], n, stream=TRAIN_STREAM)
-        else:
+            for g, p, ts in zip(groups, ids, trajs, strict=True):
+                g.prompt_ids, g.trajectories = tuple(p), list(ts)
+            continue
+        scaffolds = ctx.controllers.sample_prompts(
+            ctx.step, [g.task for g in groups], [g.messages for g in groups], n
+        )
+        plain = [g for g, s in zip(groups, scaffolds, strict=True) if s is None]
+        if plain:
             ids, trajs = ctx.services.generate(
-                [g.messages for g in groups], n, stream=TRAIN_STREAM,
-                names=[g.task.id for g in groups],
+                [g.messages for g in plain], n, stream=TRAIN_STREAM,
+                names=[g.task.id for g in plain],
             )  # fmt: skip
-        for g, p, ts in zip(groups, ids, trajs, strict=True):
-            g.prompt_ids, g.trajectories = tuple(p), list(ts)
+            for g, p, ts in zip(plain, ids, trajs, strict=True):
+                g.prompt_ids, g.trajectories = tuple(p), list(ts)
+        scaffolded = [(g, s) for g, s in zip(groups, scaffolds, strict=True) if s is not None]
+        if scaffolded:
+            _generate_scaffolded(scaffolded, n, ctx)
     return rollouts
+
+
+def _generate_scaffolded(scaffolded, n: int, ctx: StepContext) -> None:
+    """One sample per behaviour prompt (one engine call for the step); the group keeps its own
+    prompt's ids — the prompt the loss is taken on — and each trajectory records its behaviour
+    prompt's ids in ``info["behaviour_prompt_ids"]`` (``info["scaffolded"]``: it differs)."""
+    flat = [p for _, per in scaffolded for p in per]
+    names = [g.task.id for g, per in scaffolded for _ in per]
+    ids, trajs = ctx.services.generate(flat, 1, stream=TRAIN_STREAM, names=names)
+    k = 0
+    for g, _ in scaffolded:
+        g.prompt_ids = ctx.services.encode_prompt(g.messages, f"task {g.task.id}")
+        g.trajectories = []
+        for j in range(n):
+            (t,) = trajs[k]
+            g.trajectories.append(mark_behaviour(t, j, ids[k], g.prompt_ids))
+            k += 1
+
+
+def mark_behaviour(t, j: int, behaviour_ids, prompt_ids):
+    """Sample ``j`` of a group drawn from its own behaviour prompt (``sample_prompts``)."""
+    t.sample_index = j
+    t.info["behaviour_prompt_ids"] = tuple(behaviour_ids)
+    t.info["scaffolded"] = tuple(behaviour_ids) != tuple(prompt_ids)
+    return t
 
 
 def judge(rollouts: Rollouts, ctx: StepContext) -> Rollouts:

@@ -3,6 +3,8 @@
 The default stages of a step (``rubric_rl/step.py``) call, in order:
 ``sample_tasks(step, rng)`` -> ``TaskBatch`` (tasks + importance weights u);
 ``decorate(tasks, prompts)`` -> prompts (guidance fields, skills, anti-patterns appended);
+``sample_prompts(step, tasks, prompts, n)`` -> per-sample behaviour prompts (RuscaRL's scaffold;
+the decorated prompt is still the one trained);
 ``reward_signals(rollouts)`` -> extra named reward signals ``[G, J]``;
 ``signal_weights()`` -> the trained mix of signals (None: ``loss.reward``);
 ``shape_advantages(rollouts, adv)`` -> reshaped advantages (None: unchanged);
@@ -75,6 +77,17 @@ class Controller:
     def decorate(self, tasks: Sequence[Task], prompts: Sequence[Messages]) -> list[Messages]:
         """The prompts to roll out (default: unchanged)."""
         return [list(p) for p in prompts]
+
+    def sample_prompts(
+        self, step: int, tasks: Sequence[Task], prompts: Sequence[Messages], n: int
+    ) -> list[list[Messages] | None] | None:
+        """Per-sample behaviour prompts (RuscaRL's scaffold): for each group, ``n`` prompts its
+        rollouts are sampled from, or None (all from the group's prompt); None = no group.
+
+        The group's own (decorated) prompt stays the one that is trained: the loss sees
+        π(y | prompt) for a y sampled under its behaviour prompt, with no importance correction
+        (RuscaRL; ``loss.rollout_correction="off"`` recomputes π_old on the trained prompt)."""
+        return None
 
     def reward_signals(self, rollouts: Rollouts) -> dict[str, np.ndarray]:
         """Extra named reward signals ``{name: [G, J]}`` (NaN = undefined) for the trained mix."""
@@ -159,6 +172,37 @@ class ControllerSet:
         out = [list(p) for p in prompts]
         for c in self.controllers:
             out = self._timed(c.decorate, tasks, out)
+        return out
+
+    def sample_prompts(
+        self, step: int, tasks: Sequence[Task], prompts: Sequence[Messages], n: int
+    ) -> list[list[Messages] | None]:
+        """Per group, the behaviour prompts of the one controller that scaffolds it, or None."""
+        out: list[list[Messages] | None] = [None] * len(tasks)
+        owner: list[str | None] = [None] * len(tasks)
+        for c in self.controllers:
+            got = self._timed(c.sample_prompts, step, tasks, prompts, n)
+            if got is None:
+                continue
+            if len(got) != len(tasks):
+                raise ValueError(
+                    f"controller {c.name!r}: sample_prompts returned {len(got)} entries for "
+                    f"{len(tasks)} groups"
+                )
+            for g, per in enumerate(got):
+                if per is None:
+                    continue
+                if len(per) != n:
+                    raise ValueError(
+                        f"controller {c.name!r}: {len(per)} behaviour prompts for task "
+                        f"{tasks[g].id!r}, expected {n}"
+                    )
+                if owner[g] is not None:
+                    raise ValueError(
+                        f"task {tasks[g].id!r}: behaviour prompts from both {owner[g]!r} and "
+                        f"{c.name!r}"
+                    )
+                out[g], owner[g] = [list(m) for m in per], c.name
         return out
 
     def bind(self, services: Any, controllers_dir: str | None) -> None:

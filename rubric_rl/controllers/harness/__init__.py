@@ -6,6 +6,8 @@ measure → apply), ``builder`` (``config.harness`` → the controller), ``rubri
 and Λ rescaling), ``interfaces`` (sampling levels with u = 1/(N p), the guidance cap),
 ``attributor``, ``proposer``, ``critic`` (acceptance rules), ``cold_start`` (levels and bands),
 ``evidence`` (what the memory supplies per task), ``state`` (per-task state and records),
-``style`` (how a domain writes guidance). The memory is ``rubric_rl.memory``. The attributor and
+``style`` (how a domain writes guidance), ``evorubric`` (the EvoRubric-style rubric rule of the
+``evorubric`` baseline and the c_t ← EvoRubric switching arm; SEC, the p_t ← SEC arm's bandit, is
+``rubric_rl.controllers.sec``). The memory is ``rubric_rl.memory``. The attributor and
 proposer are programmatic (rule-judged domains); LLM ones are not written yet.
 """

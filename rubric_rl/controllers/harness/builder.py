@@ -9,6 +9,7 @@ from typing import Any
 from rubric_rl.controllers.harness.attributor import AttributorConfig
 from rubric_rl.controllers.harness.controller import HarnessConfig, HarnessController
 from rubric_rl.controllers.harness.style import style_for
+from rubric_rl.controllers.sec import SECConfig
 
 
 def harness_config(config: Any) -> HarnessConfig:
@@ -41,6 +42,10 @@ def harness_config(config: Any) -> HarnessConfig:
             cold_start_regradings=int(cs.regradings),
             deterministic_floor=float(cs.deterministic_floor),
             attributor=AttributorConfig(**dict(h.attributor)),
+            sampling_rule=str(h.get("sampling_rule", "harness")),
+            rollout_rule=str(h.get("rollout_rule", "harness")),
+            rubric_rule=str(h.get("rubric_rule", "harness")),
+            sec=SECConfig(**dict(h.get("sec", {}))),
         )
     except (TypeError, ValueError) as e:
         raise ValueError(f"config.harness: {e}") from e

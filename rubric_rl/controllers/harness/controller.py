@@ -40,7 +40,7 @@ import numpy as np
 
 from rubric_rl.controllers.base import Controller, TaskBatch
 from rubric_rl.controllers.harness import cold_start as cs
-from rubric_rl.controllers.harness import evidence
+from rubric_rl.controllers.harness import evidence, evorubric
 from rubric_rl.controllers.harness.attributor import (
     GENERIC_PROBES,
     LABELS,
@@ -76,10 +76,12 @@ from rubric_rl.controllers.harness.state import (
     criterion_from_json,
     fields_after,
     mean_points,
+    met_matrix,
     row_reward,
     same_state,
 )
 from rubric_rl.controllers.harness.style import GuidanceStyle
+from rubric_rl.controllers.sec import SECBandit, SECConfig, arm_of
 from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.types import Criterion, Rubric, Task
 
@@ -88,6 +90,13 @@ CRITIC_STREAM = "harness_critic"
 # is not recorded (the proposer makes it again at the task's next draw), only counted.
 DEFERRED = "deferred: over the step's measurement budget"
 MEMORY_MODES = ("full", "task", "none")
+# Switching arms (§3.2 RQ1): a published rule replaces the harness on one interface, with no
+# attributor, proposer or critic there — SEC's difficulty bandit for p_t, RuscaRL's scheduled
+# scaffold for g_t (a separate controller, rubric_rl/controllers/ruscarl.py: the harness then
+# mounts no field), EvoRubric's pruning and regeneration for c_t.
+SAMPLING_RULES = ("harness", "sec")
+ROLLOUT_RULES = ("harness", "ruscarl")
+RUBRIC_RULES = ("harness", evorubric.RULE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,11 +120,22 @@ class HarnessConfig:
     cold_start_regradings: int = 2
     deterministic_floor: float = 3.1
     attributor: AttributorConfig = dataclasses.field(default_factory=AttributorConfig)
+    sampling_rule: str = "harness"  # harness | sec (the p_t <- SEC switching arm)
+    rollout_rule: str = "harness"  # harness | ruscarl (the g_t <- RuscaRL switching arm)
+    rubric_rule: str = "harness"  # harness | evorubric (the c_t <- EvoRubric switching arm)
+    sec: SECConfig = dataclasses.field(default_factory=SECConfig)
 
     def __post_init__(self):
         validate_levels(self.levels)
         Band(*self.rollout_band)
         Band(*self.rubric_band)
+        rules = {"sampling_rule": SAMPLING_RULES, "rollout_rule": ROLLOUT_RULES,
+                 "rubric_rule": RUBRIC_RULES}  # fmt: skip
+        for field, allowed in rules.items():
+            if getattr(self, field) not in allowed:
+                raise ValueError(
+                    f"harness.{field}={getattr(self, field)!r}: expected one of {allowed}"
+                )
         if self.memory not in MEMORY_MODES:
             raise ValueError(f"harness.memory={self.memory!r}: expected one of {MEMORY_MODES}")
         if self.anchors not in ("library", "none", "seed"):
@@ -157,10 +177,23 @@ class HarnessController(Controller):
         self.config = config
         self.style = style
         self.attributor = ProgrammaticAttributor(config.attributor, style.features)
+        # The interfaces a switching rule owns get no proposer candidate.
+        ruled = {"sampling": config.sampling_rule != "harness",
+                 "rollout": config.rollout_rule != "harness",
+                 "rubric": config.rubric_rule != "harness"}  # fmt: skip
+        proposed = tuple(i for i in config.interfaces if not ruled.get(i, False))
         self.proposer = ProgrammaticProposer(
             hint=style.hint, reference=style.reference, critique=style.critique,
-            library=style.library, interfaces=config.interfaces,
+            library=style.library, interfaces=proposed or ("rollout",),
         )  # fmt: skip
+        self.proposed_interfaces = proposed
+        self.sec = (
+            SECBandit(
+                [arm_of(t, config.sec.max_level) for t in self.tasks], config.sec, seed=config.seed
+            )
+            if config.sampling_rule == "sec"
+            else None
+        )
         self.embedder_spec = embedder_spec
         self.memory_floor = memory_floor
         self.memory_top_k = memory_top_k
@@ -246,8 +279,12 @@ class HarnessController(Controller):
                             "cap": cap,
                         }
                     )
-        level = np.array([self._level(t) for t in self.tasks])
-        idx, u = draw_tasks(level, self.levels, self.config.batch_size, rng)
+        if self.sec is not None:  # p_t <- SEC: the bandit draws, no importance weight (SEC's)
+            idx = self.sec.draw(self.config.batch_size, rng)
+            u = np.ones(len(idx))
+        else:
+            level = np.array([self._level(t) for t in self.tasks])
+            idx, u = draw_tasks(level, self.levels, self.config.batch_size, rng)
         return TaskBatch(tuple(self.harness_task(self.tasks[i]) for i in idx), u)
 
     def _level(self, task: Task) -> int:
@@ -312,6 +349,7 @@ class HarnessController(Controller):
         rewards = rollouts.signal("rubric")
         seen: set[str] = set()
         records, label_rows, work = [], [], []
+        sec_metrics = self._update_sec(rollouts) if self.sec is not None else {}
         self.last_attributions = []
         history_cache: dict[str, list] = {}
         if self.memory is not None and self.config.memory == "full":
@@ -362,6 +400,10 @@ class HarnessController(Controller):
                 donors=ev.donors, generic_pass=generic,
             )  # fmt: skip
             cands = self.proposer.propose(ctx, att)
+            if self.proposed_interfaces != tuple(self.proposer.interfaces):
+                cands = {k: v for k, v in cands.items() if k in self.proposed_interfaces}
+            if self.config.rubric_rule == evorubric.RULE and "rubric" in self.config.interfaces:
+                cands = {**cands, "rubric": self._evorubric(task, st, ids, met, responses)}
             self.last_attributions.append(att)
             times["attributor_proposer"] += time.perf_counter() - t0
             baseline = mean_points(rewards[g, :j].tolist())
@@ -390,7 +432,38 @@ class HarnessController(Controller):
             self.memory.record_many(step, records + label_rows + update_rows)
             self._index_criteria(step, [w[0] for w in work])
         times["memory"] += time.perf_counter() - t0
-        return self._metrics(work, verdicts, times, mounted)
+        return {**self._metrics(work, verdicts, times, mounted), **sec_metrics}
+
+    def _update_sec(self, rollouts: Rollouts) -> dict[str, float]:
+        """SEC's TD(0) update from the step's trained advantages (every group of the step)."""
+        keep = [g for g, grp in enumerate(rollouts.groups) if grp.task.id in self.index]
+        if keep:
+            tasks = [self.index[rollouts.groups[g].task.id] for g in keep]
+            self.sec.update(self.sec.rewards(tasks, rollouts.advantages[keep]))
+        return self.sec.metrics(prefix="sec/")
+
+    def _evorubric(self, task, st, ids, met, responses) -> Candidate | None:
+        """c_t <- EvoRubric: prune the group's zero-variance criteria, regenerate one verified
+        library criterion (``evorubric.py``)."""
+        prune = evorubric.prune_ops(st.criteria, met, ids)
+        gone = {op.targets[0] for op in prune}
+        crit = {c.id: c for c in st.criteria}
+        rows = [k for k, cid in enumerate(ids) if cid in crit and cid not in gone]
+        w = np.array([crit[ids[k]].weight for k in rows], np.float64)
+        pos = float(np.maximum(w, 0.0).sum())
+        if rows and pos > 0:
+            rest = (w[:, None] * met[rows]).sum(axis=0) / pos  # NaN where a verdict failed
+        else:
+            rest = np.full(len(responses), np.nan)
+
+        def judge_new(crits):
+            return met_matrix(crits, self.services.judge([task], [list(responses)], [crits])[0])
+
+        new = []
+        if self.services is not None:
+            kept = [c for c in st.criteria if c.id not in gone]
+            new = evorubric.regenerate(task, kept, rest, self.style.library, judge_new)
+        return evorubric.candidate(task, st.criteria, prune, new)
 
     def _generic_pass(self, task: Task, crits: Sequence[Criterion]) -> dict[str, bool]:
         """Whether a content-free response (``GENERIC_PROBES``) satisfies each criterion."""
@@ -434,7 +507,9 @@ class HarnessController(Controller):
                     rollout_todo.append((task, st, c, baseline))
             c = cands.get("rubric")
             if c is not None:
-                if not self.config.critic:
+                if c.label == evorubric.RULE:
+                    out[(task.id, "rubric")] = Verdict(True, None, "switching rule: no critic")
+                elif not self.config.critic:
                     out[(task.id, "rubric")] = Verdict(True, None, "no critic")
                 else:
                     out[(task.id, "rubric")] = self._measure_rubric(
@@ -640,6 +715,7 @@ class HarnessController(Controller):
             "generic": dict(sorted(self.generic.items())),
             "accepted_log": self.accepted_log,
             "totals": dict(self.totals),
+            "sec": self.sec.state_dict() if self.sec is not None else None,
         }  # fmt: skip
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -661,6 +737,8 @@ class HarnessController(Controller):
         self.generic = {k: bool(v) for k, v in state["generic"].items()}
         self.accepted_log = {k: list(v) for k, v in state["accepted_log"].items()}
         self.totals = dict(state["totals"])
+        if self.sec is not None and state.get("sec"):
+            self.sec.load_state_dict(state["sec"])
 
 
 __all__ = ["HarnessConfig", "HarnessController", "TaskHarness"]

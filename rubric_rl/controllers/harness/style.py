@@ -21,7 +21,8 @@ from rubric_rl.rubrics.types import Criterion, Task, append_to_last_user
 
 @dataclasses.dataclass(frozen=True)
 class GuidanceStyle:
-    mount: Callable[[Task, Mapping[str, str]], list[dict]]  # the task's prompt with fields
+    # The task's prompt with fields (a field's value: a text, or several sharing one block).
+    mount: Callable[[Task, Mapping[str, str | Sequence[str]]], list[dict]]
     hint: Callable[[str, float], str]
     reference: Callable[[str | None, str | None], str]
     critique: Callable[[Sequence[str]], str]
@@ -62,7 +63,11 @@ def generic_features(response: str) -> SurfaceFeatures:
 def _generic_mount(task: Task, fields: Mapping[str, str]) -> list[dict]:
     from rubric_rl.controllers.harness.interfaces import ordered_fields
 
-    blocks = [f"<{f}> {fields[f]} </{f}>" for f in ordered_fields(fields) if fields[f].strip()]
+    def text(v) -> str:  # several texts (RuscaRL's shown criteria) share one block
+        return v if isinstance(v, str) else " ; ".join(x for x in v if x.strip())
+
+    blocks = [f"<{f}> {text(fields[f])} </{f}>" for f in ordered_fields(fields)
+              if text(fields[f]).strip()]  # fmt: skip
     if not blocks:
         return task.messages
     return append_to_last_user(task.messages, "\n".join(blocks), what=f"task {task.id!r}")
