@@ -13,7 +13,8 @@ tool environment with multi-turn agent rollouts: ``--config=configs/grpo.py:smok
 ``sec`` (SEC's difficulty bandit as the sampler, ``rubric_rl/controllers/sec.py``; HarnessRL's
 ``p_t <- SEC`` switching arm is ``configs/harness_rl.py:switch=p``), ``ruscarl`` (RuscaRL's
 rubric scaffold, ``rubric_rl/controllers/ruscarl.py``; ``g_t <- RuscaRL`` is
-``configs/harness_rl.py:switch=g``).
+``configs/harness_rl.py:switch=g``), ``skillrl`` (SkillRL's skill bank with a programmatic
+teacher, ``rubric_rl/controllers/skillrl.py``).
 """
 
 from __future__ import annotations
@@ -154,12 +155,20 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
     c = common.get_base_config()
     c.method = "grpo"
     c.controllers = dict(sampler="uniform")
-    unknown = set(variants) - {"smoke", "model", "gpu", "domain", "protocol", "sec", "ruscarl"}
+    known = {"smoke", "model", "gpu", "domain", "protocol", "sec", "ruscarl", "skillrl"}
+    unknown = set(variants) - known
     if unknown:
         raise ValueError(
             f"configs/grpo.py: unknown variant(s) {sorted(unknown)}; known: smoke, model=, gpu, "
-            "domain=, protocol, sec, ruscarl"
+            "domain=, protocol, sec, ruscarl, skillrl"
         )
+    if "skillrl" in variants:
+        # SkillRL's skill bank (rubric_rl/controllers/skillrl.py): its update threshold 0.4 and
+        # at most 3 new skills; the rest ours (the module says which).
+        c.skillrl = dict(
+            init_skills=3, min_fail=0.5, max_shown=3, update_every=10, threshold=0.4,
+            max_new=3, max_failed=10,
+        )  # fmt: skip
     if "ruscarl" in variants:
         common.apply_ruscarl(c)
     if "sec" in variants:

@@ -32,7 +32,8 @@ not public; README "HarnessRL" says which choices are ours):
   ``rubric_rl/controllers/sec.py``); ``switch=g``: with RuscaRL's scheduled scaffold instead of
   the harness's guidance fields (g_t ← RuscaRL, ``rubric_rl/controllers/ruscarl.py``);
   ``switch=c``: with EvoRubric's rule on the rubric interface (c_t ← EvoRubric).
-- GRPO + SEC alone: ``configs/grpo.py:sec``; RuscaRL alone: ``configs/grpo.py:ruscarl``.
+- GRPO + SEC alone: ``configs/grpo.py:sec``; RuscaRL: ``configs/grpo.py:ruscarl``; SkillRL:
+  ``configs/grpo.py:skillrl``.
 
 What is the seed's and what is ours: README "HarnessRL".
 """

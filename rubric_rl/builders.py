@@ -460,8 +460,24 @@ def ruscarl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
 @CONTROLLER_BUILDERS.register("grpo")
 def grpo_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
     """Static seed rubrics, a sampler from SAMPLERS (``config.controllers.sampler``), and
-    RuscaRL's scaffold when the config has a ``ruscarl`` section."""
-    return [*_grpo_sampler(config, domain), *ruscarl_controllers(config, domain)]
+    RuscaRL's scaffold / SkillRL's skills when the config has a ``ruscarl`` / ``skillrl``
+    section."""
+    extra = [*ruscarl_controllers(config, domain), *skillrl_controllers(config, domain)]
+    return [*_grpo_sampler(config, domain), *extra]
+
+
+def skillrl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
+    """SkillRL's skill bank (``config.skillrl``, when the config has that section)."""
+    if config.get("skillrl") is None:
+        return []
+    from rubric_rl.controllers.harness.style import style_for
+    from rubric_rl.controllers.skillrl import SkillRLConfig, SkillRLController
+
+    try:
+        sc = SkillRLConfig(**dict(config.skillrl))
+    except TypeError as e:
+        raise ValueError(f"config.skillrl: {e}") from e
+    return [SkillRLController(sc, style_for(domain), domain.criteria_library)]
 
 
 def _grpo_sampler(config: ConfigDict, domain: Domain) -> list[Controller]:
