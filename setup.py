@@ -39,7 +39,16 @@ SGLANG: list[str] = []
 # The notebook test executes colabs/*.ipynb with nbclient.
 NOTEBOOK = ["nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0", "matplotlib==3.11.2"]
 # sentence-transformers: the reference the embedder is tested against (tests/memory).
-TEST = ["pytest==9.2", "torch==2.13.0", "ruff>=0.6", "sentence-transformers==6.2.0"]
+# pytest-xdist: the README's test command runs the suite on two workers (one per CI core), each
+# test file on one worker (--dist loadfile), so module fixtures and the SGLang server are built
+# once.
+TEST = [
+    "pytest==9.2",
+    "pytest-xdist==3.8.0",
+    "torch==2.13.0",
+    "ruff>=0.6",
+    "sentence-transformers==6.2.0",
+]
 TEST += GENAI + NOTEBOOK + HARNESS
 GPU = ["jax[cuda12]==0.10.2"]
 

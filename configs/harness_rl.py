@@ -101,6 +101,11 @@ def get_harness_section() -> common.ConfigDict:
     h.rubric_rule = "harness"  # harness | evorubric
     # SEC (p_t <- SEC): α and τ of the paper's runs; arms = task type x positive criteria (ours).
     h.sec = dict(lr=0.5, temperature=1.0, max_level=5)
+    # The attributor and proposer: programmatic (rule-judged domains) or an LLM through the
+    # LLMClient (harness/llm.py; its new criteria are LLM criteria, so the judge must grade
+    # them). Empty llm fields fall back to judge.llm.
+    h.evolver = "programmatic"
+    h.llm = dict(backend="", model="", base_url="", api_key_env="")
     return h
 
 

@@ -9,5 +9,6 @@ and Λ rescaling), ``interfaces`` (sampling levels with u = 1/(N p), the guidanc
 ``style`` (how a domain writes guidance), ``evorubric`` (the EvoRubric-style rubric rule of the
 ``evorubric`` baseline and the c_t ← EvoRubric switching arm; SEC, the p_t ← SEC arm's bandit, is
 ``rubric_rl.controllers.sec``). The memory is ``rubric_rl.memory``. The attributor and
-proposer are programmatic (rule-judged domains); LLM ones are not written yet.
+proposer are programmatic (rule-judged domains) or, with ``harness.evolver="llm"``, asked of a
+model through the ``LLMClient`` (``llm``).
 """

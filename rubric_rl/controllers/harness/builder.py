@@ -46,6 +46,7 @@ def harness_config(config: Any) -> HarnessConfig:
             rollout_rule=str(h.get("rollout_rule", "harness")),
             rubric_rule=str(h.get("rubric_rule", "harness")),
             sec=SECConfig(**dict(h.get("sec", {}))),
+            evolver=str(h.get("evolver", "programmatic")),
         )
     except (TypeError, ValueError) as e:
         raise ValueError(f"config.harness: {e}") from e
@@ -72,7 +73,32 @@ def cold_start_key(config: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def make_harness_controller(config: Any, domain: Any) -> HarnessController:
+def evolver_client(config: Any):
+    """The LLM client of ``harness.evolver="llm"`` (``harness.llm``; empty fields fall back to
+    ``judge.llm``), else None."""
+    h = config.harness
+    if str(h.get("evolver", "programmatic")) != "llm":
+        return None
+    from rubric_rl.rubrics.llm import make_client
+
+    llm, judge = h.llm, config.judge.llm
+    backend = llm.backend or judge.backend
+    model = llm.model or judge.model
+    if not backend or not model:
+        raise ValueError(
+            "harness.evolver='llm': set harness.llm.backend and harness.llm.model (or "
+            "judge.llm.backend / judge.llm.model)"
+        )
+    kw: dict[str, Any] = {"model": model}
+    if backend == "openai":
+        kw.update(
+            base_url=llm.base_url or judge.base_url,
+            api_key_env=llm.api_key_env or judge.api_key_env,
+        )
+    return make_client(backend, **kw)
+
+
+def make_harness_controller(config: Any, domain: Any, llm_client=None) -> HarnessController:
     h = config.harness
     floor = float(h.floor)
     return HarnessController(
@@ -84,7 +110,8 @@ def make_harness_controller(config: Any, domain: Any) -> HarnessController:
         memory_top_k=int(h.top_k),
         cache_key=cold_start_key(config),
         cache_dir=str(h.cold_start.cache_dir) or None,
+        llm_client=llm_client if llm_client is not None else evolver_client(config),
     )
 
 
-__all__ = ["cold_start_key", "harness_config", "make_harness_controller"]
+__all__ = ["cold_start_key", "evolver_client", "harness_config", "make_harness_controller"]

@@ -56,6 +56,7 @@ from rubric_rl.controllers.harness.interfaces import (
     guidance_cap,
     validate_levels,
 )
+from rubric_rl.controllers.harness.llm import LLMEvolverError
 from rubric_rl.controllers.harness.proposer import (
     INTERFACES,
     Candidate,
@@ -97,6 +98,7 @@ MEMORY_MODES = ("full", "task", "none")
 SAMPLING_RULES = ("harness", "sec")
 ROLLOUT_RULES = ("harness", "ruscarl")
 RUBRIC_RULES = ("harness", evorubric.RULE)
+EVOLVERS = ("programmatic", "llm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,13 +126,14 @@ class HarnessConfig:
     rollout_rule: str = "harness"  # harness | ruscarl (the g_t <- RuscaRL switching arm)
     rubric_rule: str = "harness"  # harness | evorubric (the c_t <- EvoRubric switching arm)
     sec: SECConfig = dataclasses.field(default_factory=SECConfig)
+    evolver: str = "programmatic"  # programmatic | llm (attributor and proposer via LLMClient)
 
     def __post_init__(self):
         validate_levels(self.levels)
         Band(*self.rollout_band)
         Band(*self.rubric_band)
         rules = {"sampling_rule": SAMPLING_RULES, "rollout_rule": ROLLOUT_RULES,
-                 "rubric_rule": RUBRIC_RULES}  # fmt: skip
+                 "rubric_rule": RUBRIC_RULES, "evolver": EVOLVERS}  # fmt: skip
         for field, allowed in rules.items():
             if getattr(self, field) not in allowed:
                 raise ValueError(
@@ -169,6 +172,7 @@ class HarnessController(Controller):
         memory_top_k: int = 4,
         cache_key: str | None = None,
         cache_dir: str | None = None,
+        llm_client=None,
     ):
         if not tasks:
             raise ValueError("harness: the training task bank is empty")
@@ -187,6 +191,16 @@ class HarnessController(Controller):
             library=style.library, interfaces=proposed or ("rollout",),
         )  # fmt: skip
         self.proposed_interfaces = proposed
+        self.llm = None
+        if config.evolver == "llm":
+            from rubric_rl.controllers.harness.llm import LLMAttributor, LLMProposer
+
+            if llm_client is None:
+                raise ValueError("harness.evolver='llm' needs an LLM client (harness.llm)")
+            self.attributor = LLMAttributor(llm_client)
+            self.proposer = LLMProposer(llm_client, interfaces=proposed, total=config.total_weight)
+            self.llm = (self.attributor, self.proposer)
+        self.not_attributed = 0  # tasks of the step whose LLM attribution failed
         self.sec = (
             SECBandit(
                 [arm_of(t, config.sec.max_level) for t in self.tasks], config.sec, seed=config.seed
@@ -384,11 +398,27 @@ class HarnessController(Controller):
             t0 = time.perf_counter()
             generic = self._generic_pass(task, st.criteria)
             nxt = self.levels[st.level + 1] if st.level + 1 < len(self.levels) else None
-            att = self.attributor.attribute(
-                task.id, ids, weights, texts, met, responses, history=ev.history,
-                past_labels=ev.past_labels, related=ev.related, generic_pass=generic,
-                next_level=nxt,
-            )  # fmt: skip
+            group_record = (task.id, "group", {
+                "criterion_ids": ids, "weights": weights,
+                "met": [[None if math.isnan(x) else float(x) for x in row] for row in met],
+                "responses": list(responses), "reward_points": mean_points(rewards[g, :j].tolist()),
+                "fields": sorted(st.fields), "level": st.level,
+            })  # fmt: skip
+            seeded = {"seed": step} if self.llm is not None else {}
+            try:
+                att = self.attributor.attribute(
+                    task.id, ids, weights, texts, met, responses, history=ev.history,
+                    past_labels=ev.past_labels, related=ev.related, generic_pass=generic,
+                    next_level=nxt, **seeded,
+                )  # fmt: skip
+            except LLMEvolverError as e:
+                # Recorded as a failure: no labels and no candidates for the task this step.
+                self.not_attributed += 1
+                self._events.append({"event": "attributor_failed", "task_id": task.id,
+                                     "error": str(e)})  # fmt: skip
+                records.append(group_record)
+                times["attributor_proposer"] += time.perf_counter() - t0
+                continue
             sat = satisfied(met, weights)
             ctx = ProposalContext(
                 task=task, criteria=st.criteria, fields=st.fields, level=st.level,
@@ -399,23 +429,16 @@ class HarnessController(Controller):
                 replaced=self._replaced(task.id) if self.config.memory != "none" else {},
                 donors=ev.donors, generic_pass=generic,
             )  # fmt: skip
-            cands = self.proposer.propose(ctx, att)
+            cands = self.proposer.propose(ctx, att, **seeded)
             if self.proposed_interfaces != tuple(self.proposer.interfaces):
                 cands = {k: v for k, v in cands.items() if k in self.proposed_interfaces}
             if self.config.rubric_rule == evorubric.RULE and "rubric" in self.config.interfaces:
                 cands = {**cands, "rubric": self._evorubric(task, st, ids, met, responses)}
             self.last_attributions.append(att)
             times["attributor_proposer"] += time.perf_counter() - t0
-            baseline = mean_points(rewards[g, :j].tolist())
+            baseline = group_record[2]["reward_points"]
             work.append((task, st, att, cands, responses, baseline))
-            records.append(
-                (task.id, "group", {
-                    "criterion_ids": ids, "weights": weights,
-                    "met": [[None if math.isnan(x) else float(x) for x in row] for row in met],
-                    "responses": list(responses), "reward_points": baseline,
-                    "fields": sorted(st.fields), "level": st.level,
-                })
-            )  # fmt: skip
+            records.append(group_record)
             label_rows.append(
                 (task.id, "labels", {c.criterion_id: c.to_json() for c in att.labels})
             )
@@ -689,6 +712,12 @@ class HarnessController(Controller):
         )
         for k, v in times.items():
             m[f"time/{k}"] = v
+        if self.llm is not None:
+            m["attributor/not_attributed"] = float(self.not_attributed)
+            for who, caller in zip(("attributor", "proposer"), self.llm, strict=True):
+                for k, v in caller.stats().items():
+                    m[f"llm/{who}/{k}"] = float(v)
+        self.not_attributed = 0
         return m
 
     def pop_events(self) -> list[dict[str, Any]]:
