@@ -43,6 +43,25 @@ FAILURE = {4: (0.4, 0.2, 0.3, 0.1), 8: (0.3, 0.2, 0.3, 0.2), 12: (0.1, 0.2, 0.25
 SEED_FAILURE = (0.5, 0.1, 0.3, 0.1)  # diagnostics logged every 4 steps, seed rubric constant
 
 
+def harness_row(step: int) -> dict:
+    row = {f"harness/labels/{k}": v for k, v in
+           zip(("blind", "saturated", "spurious", "agree"), (0.2, 0.1, 0.1, 0.6))}  # fmt: skip
+    for iface, (p, a) in {"sampling": (1, 1), "rollout": (3, 1), "rubric": (2, 1)}.items():
+        row[f"harness/updates/{iface}/proposed"] = p
+        row[f"harness/updates/{iface}/accepted"] = a
+    row.update({
+        "harness/critic/accept_rate_with_evidence": 0.7,
+        "harness/critic/accept_rate_without_evidence": 0.4,
+        "harness/reversal_rate": step / 100,
+        "harness/guidance/drawn_fields_per_task": 1.5,
+        "harness/guidance/drawn_unguided_share": step / 12,
+        "harness/levels/0": 0.9, "harness/levels/1": 0.1,
+        "harness/time/memory": 0.5, "harness/time/critic": 0.3,
+        "harness/time/attributor_proposer": 0.1, "time/step": 2.0,
+    })  # fmt: skip
+    return row
+
+
 def write_synthetic_run(d: str) -> None:
     os.makedirs(os.path.join(d, "controllers"))
     with open(os.path.join(d, "config.json"), "w") as f:
@@ -80,6 +99,8 @@ def write_synthetic_run(d: str) -> None:
             if step in FAILURE:
                 row.update({f"failure/{c}": v for c, v in zip(FAILURE_CLASSES, FAILURE[step])})
                 row.update({f"failure/seed/{c}": v for c, v in zip(FAILURE_CLASSES, SEED_FAILURE)})
+            if step >= 3:  # a HarnessRL run's harness/* metrics (section 6)
+                row.update(harness_row(step))
             if step in (6, 12):
                 row.update({"eval/heldout/score": 40.0 + step, "eval/heldout/pass_rate": step / 24})
             f.write(json.dumps(row) + "\n")
@@ -128,7 +149,7 @@ def test_notebook_on_synthetic_run(tmp_path):
     run_dir, fig_dir = str(tmp_path / "run"), str(tmp_path / "figs")
     write_synthetic_run(run_dir)
     text = execute(run_dir, fig_dir)
-    check_figures(fig_dir, FIGURES + ("failure_classes.png",))
+    check_figures(fig_dir, FIGURES + ("failure_classes.png", "harness.png"))
     lines = set(text.splitlines())
     expected = {
         "SUMMARY last_step=12 events=8",
@@ -145,6 +166,11 @@ def test_notebook_on_synthetic_run(tmp_path):
         "SUMMARY final failure/agree=0.4500",
         "SUMMARY final failure/seed/blind=0.5000",
         "SUMMARY final failure/seed/spurious=0.3000",
+        # harness/* on steps 3-12: 10 steps of (proposed, accepted) per interface
+        "SUMMARY harness rollout proposed=30 accepted=10",
+        "SUMMARY harness rubric proposed=20 accepted=10",
+        "SUMMARY harness reversal_rate=0.1200",
+        "SUMMARY harness drawn_unguided_share=1.0000",
     }
     assert expected <= lines, sorted(expected - lines)
     assert "WARNING pool metrics" not in text
@@ -165,6 +191,8 @@ def test_notebook_on_a_run_without_arise_logs(tmp_path):
     assert not any(line.startswith("SUMMARY pool") for line in lines)
     assert "no failure/* pair classes in metrics.jsonl" in text
     assert not os.path.exists(tmp_path / "figs" / "failure_classes.png")
+    assert "no harness/* metrics in metrics.jsonl" in text
+    assert not os.path.exists(tmp_path / "figs" / "harness.png")
 
 
 @pytest.mark.skipif(
