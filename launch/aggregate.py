@@ -38,7 +38,8 @@ Writes to ``--out`` (default ``<root>``) ``results.md`` (every table below) and 
   seed rubric over the last 10 % of steps, the reversal rate at the final step, the unguided share
   at 70 % of training, the peak guidance fields per task (± CI);
 - ``cost.csv`` (``--cost-reference G``) — per group, the median seconds per step over steps >= 2,
-  its ratio to group G's paired by seed, and the harness cost split as fractions of the step.
+  its ratio to group G's paired by seed, the harness cost split as fractions of the step, and the
+  guided rollouts' share of prompt tokens (an upper bound on their extra generation cost).
 
 ``--select`` (not the protocol): also report each set at a best step, for exploration. ``auto`` =
 the set's ``pass_rate`` when it logs one, else its ``score``; a metric name = that metric of each
@@ -430,6 +431,8 @@ DYNAMICS = (
 )
 COST_KEY = "time/step"
 COST_SPLIT = ("harness/time/critic", "harness/time/attributor_proposer", "harness/time/memory")
+# The guided rollouts' share of the step's prompt tokens (an upper bound on their extra cost).
+GUIDED_SHARE = "harness/guidance/prompt_token_share"
 
 
 def _run_steps(run: an.Run) -> int | None:
@@ -483,6 +486,9 @@ def step_cost(run: an.Run) -> dict[str, float]:
         k = s >= 2
         if k.any():
             out[key.rsplit("/", 1)[-1]] = float(np.sum(v[k]) / (mean_step * k.sum()))
+    s, v = run.series(GUIDED_SHARE)
+    if (s >= 2).any():
+        out["guided_prompt_tokens"] = float(np.mean(v[s >= 2]))
     return out
 
 
@@ -494,7 +500,7 @@ def cost_rows(groups: Mapping[str, Sequence[an.Run]], reference: str) -> list[di
     for g, runs in groups.items():
         row: dict[str, Any] = {"group": g, "seeds": len(runs)}
         costs = {an.run_seed(r): step_cost(r) for r in runs}
-        for part in ("s/step", *(k.rsplit("/", 1)[-1] for k in COST_SPLIT)):
+        for part in ("s/step", *(k.rsplit("/", 1)[-1] for k in COST_SPLIT), "guided_prompt_tokens"):
             vals = [c[part] for c in costs.values() if part in c]
             if vals:
                 row[part] = _ci(vals)
@@ -735,6 +741,7 @@ def report(
         cost = cost_rows(groups, ref)
         write_csv(os.path.join(out_dir, "cost.csv"), cost)
         parts = ["s/step", "ratio", *(k.rsplit("/", 1)[-1] for k in COST_SPLIT)]
+        parts.append("guided_prompt_tokens")
         md += [f"## Per-step cost (median {COST_KEY} over steps >= 2; ratio to {ref} by seed)", ""]
         body = [[r["group"], str(r["seeds"])] + _cells(r, parts) for r in cost]
         md += [markdown_table(["group", "seeds", *parts], body), ""]

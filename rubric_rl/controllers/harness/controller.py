@@ -446,6 +446,7 @@ class HarnessController(Controller):
                 self.last_label[f"{task.id}/{c.criterion_id}"] = c.label
         # The fields this step's groups were rolled out with (before this step's updates).
         mounted = [len(st.fields) for _, st, *_ in work]
+        guidance_tokens = self._guidance_tokens(rollouts)
         t0 = time.perf_counter()
         verdicts = self._critic(step, work)
         times["critic"] += time.perf_counter() - t0
@@ -455,7 +456,22 @@ class HarnessController(Controller):
             self.memory.record_many(step, records + label_rows + update_rows)
             self._index_criteria(step, [w[0] for w in work])
         times["memory"] += time.perf_counter() - t0
-        return {**self._metrics(work, verdicts, times, mounted), **sec_metrics}
+        return {**self._metrics(work, verdicts, times, mounted), **sec_metrics, **guidance_tokens}
+
+    def _guidance_tokens(self, rollouts: Rollouts) -> dict[str, float]:
+        """The guided rollouts' extra cost, bounded: the share of the step's prompt tokens that
+        the mounted fields add (prompt tokens are prefilled, not decoded, so the share of
+        generation time is lower)."""
+        if self.services is None:
+            return {}
+        total = extra = 0
+        for g in rollouts.groups:
+            n = len(g.prompt_ids) * len(g.trajectories)
+            total += n
+            if g.prompt is not None and list(g.prompt) != g.task.messages:
+                base = self.services.encode_prompt(g.task.messages, f"task {g.task.id}")
+                extra += (len(g.prompt_ids) - len(base)) * len(g.trajectories)
+        return {"guidance/prompt_token_share": extra / total} if total else {}
 
     def _update_sec(self, rollouts: Rollouts) -> dict[str, float]:
         """SEC's TD(0) update from the step's trained advantages (every group of the step)."""

@@ -62,6 +62,10 @@ def test_each_interface_proposes_and_the_critic_measures(report):
     drawn = [row["harness/guidance/drawn_fields_per_task"] for row in per]
     assert max(drawn) > max(row["harness/guidance/fields_per_task"] for row in per)
     assert all(0 <= row["harness/guidance/drawn_unguided_share"] <= 1 for row in per)
+    # Guided rollouts' extra prompt tokens: some when fields are mounted, never all.
+    share = [row["harness/guidance/prompt_token_share"] for row in per]
+    assert all(0 <= x < 1 for x in share) and max(share) > 0
+    assert all(x == 0 for x, d in zip(share, drawn, strict=True) if d == 0)
 
 
 def test_state_invariants_after_the_check(tmp_path):
