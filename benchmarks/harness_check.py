@@ -1,14 +1,15 @@
 """The scripted-policy controller check of HarnessRL and its ablations (controller_check.py),
 before RL.
 
-Prints ONE JSON line: per arm (HarnessRL, w/o critic, w/o critic & memory, AMARIS++ as
-approximated here, HarnessRL_g, HarnessRL_c) the attributor's precision and recall per failure
-label against the script's truth (the domain's analysis tags; never-reachable criteria count as
-blind), updates proposed / accepted per interface, the reversal rate, guidance fields per task
-and the share of unguided tasks at the end, tasks per sampling level, the effective batch, the
-all-failure groups that get a rubric signal, and the controller's seconds per step with the
-ratio to GRPO's (the same check: scripted generation, real judge; the harness's extra judge
-calls, memory and critic are what the ratio measures, not generation). The protocol's budget
+Prints ONE JSON line: per arm (HarnessRL, w/o critic, w/o critic & memory, AMARIS++ and AMARIS as
+approximated here, HarnessRL_g, HarnessRL_c, the switching arms p ← SEC, g ← RuscaRL, c ←
+EvoRubric, and the baselines EvoRubric, GRPO + SEC, RuscaRL, SkillRL) the attributor's precision
+and recall per failure label against the script's truth (the domain's analysis tags; never-
+reachable criteria count as blind), updates proposed / accepted per interface, the reversal rate,
+guidance fields per task and the share of unguided tasks at the end, tasks per sampling level, the
+effective batch, the all-failure groups that get a rubric signal, and the controller's seconds per
+step with the ratio to GRPO's (the same check: scripted generation, real judge; the harness's extra
+judge calls, memory and critic are what the ratio measures, not generation). The protocol's budget
 (32 tasks × 8 rollouts a step) over ``--steps`` steps, the guidance cap scheduled over them.
 
 Usage: python benchmarks/harness_check.py [--steps 40]
@@ -34,7 +35,13 @@ ARMS = {
     "amaris_pp": "protocol,amaris_pp",
     "harness_g": "protocol,interfaces=g",
     "harness_c": "protocol,interfaces=c",
+    "amaris": "protocol,amaris",
+    "evorubric": "protocol,evorubric",
+    "switch_p_sec": "protocol,switch=p",
+    "switch_g_ruscarl": "protocol,switch=g",
+    "switch_c_evorubric": "protocol,switch=c",
 }
+GRPO_ARMS = {"sec": "protocol,sec", "ruscarl": "protocol,ruscarl", "skillrl": "protocol,skillrl"}
 KEYS = ("effective_batch_frac", "all_fail_groups", "all_fail_rubric_signal", "task_pass_rate_last")
 
 
@@ -49,7 +56,8 @@ def _steps(config, steps: int):
 def _run(config, steps: int) -> dict:
     t0 = time.perf_counter()
     f = run_check(_steps(config, steps), ScriptedPolicy(), steps).figures
-    out = {k: round(float(v), 4) for k, v in f.items() if k.startswith("harness/") or k in KEYS}
+    keep = ("harness/", "sec/", "skillrl/")
+    out = {k: round(float(v), 4) for k, v in f.items() if k.startswith(keep) or k in KEYS}
     out["seconds_per_step"] = round((time.perf_counter() - t0) / steps, 3)
     return out
 
@@ -61,8 +69,10 @@ def main() -> None:
     out: dict = {"steps": args.steps}
     base = _run(grpo.get_config("protocol"), args.steps)
     out["grpo"] = base
-    for name, arg in ARMS.items():
-        out[name] = _run(harness_rl.get_config(arg), args.steps)
+    arms = [(n, harness_rl.get_config(a)) for n, a in ARMS.items()]
+    arms += [(n, grpo.get_config(a)) for n, a in GRPO_ARMS.items()]
+    for name, config in arms:
+        out[name] = _run(config, args.steps)
         out[name]["seconds_ratio_to_grpo"] = round(
             out[name]["seconds_per_step"] / base["seconds_per_step"], 3
         )
