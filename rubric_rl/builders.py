@@ -434,6 +434,15 @@ CONTROLLER_BUILDERS: Registry[Callable[[ConfigDict, Domain], list[Controller]]] 
 )
 
 
+def _from_section(cls, config: ConfigDict, name: str, **fixed):
+    """``cls(**fixed, **config.<name>)``; an unknown or missing field is an error naming the
+    section."""
+    try:
+        return cls(**fixed, **dict(config.get(name, {})))
+    except TypeError as e:
+        raise ValueError(f"config.{name}: {e}") from e
+
+
 def ruscarl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
     """RuscaRL's rubric scaffold (``config.ruscarl``, when the config has that section)."""
     if config.get("ruscarl") is None:
@@ -447,13 +456,10 @@ def ruscarl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
             "samples' engine log-probs are under another prompt; use 'off' (π_old recomputed "
             "on the trained prompt, as RuscaRL's verl does)"
         )
-    try:
-        rc = RuscaRLConfig(
-            total_steps=int(config.train.steps), seed=int(config.train.seed),
-            **dict(config.ruscarl),
-        )  # fmt: skip
-    except TypeError as e:
-        raise ValueError(f"config.ruscarl: {e}") from e
+    rc = _from_section(
+        RuscaRLConfig, config, "ruscarl",
+        total_steps=int(config.train.steps), seed=int(config.train.seed),
+    )  # fmt: skip
     return [RuscaRLController(rc, style_for(domain))]
 
 
@@ -473,10 +479,7 @@ def skillrl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
     from rubric_rl.controllers.harness.style import style_for
     from rubric_rl.controllers.skillrl import SkillRLConfig, SkillRLController
 
-    try:
-        sc = SkillRLConfig(**dict(config.skillrl))
-    except TypeError as e:
-        raise ValueError(f"config.skillrl: {e}") from e
+    sc = _from_section(SkillRLConfig, config, "skillrl")
     return [SkillRLController(sc, style_for(domain), domain.criteria_library)]
 
 
@@ -484,10 +487,7 @@ def _grpo_sampler(config: ConfigDict, domain: Domain) -> list[Controller]:
     if config.controllers.sampler == "sec":
         from rubric_rl.controllers.sec import SECConfig, SECSampler
 
-        try:
-            sec = SECConfig(**dict(config.get("sec", {})))
-        except TypeError as e:
-            raise ValueError(f"config.sec: {e}") from e
+        sec = _from_section(SECConfig, config, "sec")
         batch, seed = int(config.rollout.tasks_per_step), int(config.train.seed)
         return [SECSampler(domain.train, batch, seed=seed, config=sec)]
     sampler_cls = SAMPLERS.get(config.controllers.sampler)
@@ -503,17 +503,9 @@ def arise_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
 
     client = None
     if config.arise.reflection == "llm":
-        from rubric_rl.rubrics.llm import make_client
+        from rubric_rl.rubrics.llm import client_from_settings
 
-        llm = config.arise.llm
-        backend = llm.backend or config.judge.llm.backend
-        kw: dict[str, Any] = {"model": llm.model or config.judge.llm.model}
-        if backend == "openai":
-            kw.update(
-                base_url=llm.base_url or config.judge.llm.base_url,
-                api_key_env=llm.api_key_env or config.judge.llm.api_key_env,
-            )
-        client = make_client(backend, **kw)
+        client = client_from_settings(config.arise.llm, config.judge.llm)
     ctrl = make_arise_controller(
         domain.train,
         int(config.rollout.tasks_per_step),

@@ -112,6 +112,14 @@ class SECBandit:
             r[a] = v
         self.q = (1.0 - self.config.lr) * self.q + self.config.lr * r
 
+    def observe(self, rollouts: Rollouts, index: Mapping[str, int]) -> None:
+        """The step's update: each group of a known task (``index``: task id -> task index)
+        contributes its trained advantages to its arm."""
+        keep = [g for g, grp in enumerate(rollouts.groups) if grp.task.id in index]
+        if keep:
+            tasks = [index[rollouts.groups[g].task.id] for g in keep]
+            self.update(self.rewards(tasks, rollouts.advantages[keep]))
+
     def metrics(self, prefix: str = "sec/") -> dict[str, float]:
         p = self.probabilities()
         out = {f"{prefix}p/{n}": float(x) for n, x in zip(self.names, p, strict=True)}
@@ -167,11 +175,7 @@ class SECSampler(Controller):
         return TaskBatch(tuple(self.tasks[i] for i in idx), np.ones(len(idx)))
 
     def observe(self, rollouts: Rollouts) -> dict[str, float]:
-        keep = [g for g, grp in enumerate(rollouts.groups) if grp.task.id in self.index]
-        if keep:
-            adv = rollouts.advantages[keep]
-            tasks = [self.index[rollouts.groups[g].task.id] for g in keep]
-            self.bandit.update(self.bandit.rewards(tasks, adv))
+        self.bandit.observe(rollouts, self.index)
         return self.bandit.metrics(prefix="")
 
     def state_dict(self) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from rubric_rl.controllers.base import Controller
+from rubric_rl.controllers.harness.state import met_matrix
 from rubric_rl.rollout.batch import Messages, Rollouts
 from rubric_rl.rubrics.types import Criterion, Task
 
@@ -150,14 +151,10 @@ class SkillRLController(Controller):
         if not tasks:
             return []
         verdicts = self.services.judge(tasks, responses, crits, check_failure_rate=False)
-        out = []
-        for task, lib, rows in zip(tasks, crits, verdicts, strict=True):
-            met = np.array(
-                [[np.nan if row[k].met is None else float(row[k].met) for row in rows]
-                 for k in range(len(lib))], float,
-            ).reshape(len(lib), len(rows))  # fmt: skip
-            out.append((task, lib, met))
-        return out
+        return [
+            (task, lib, met_matrix(lib, rows))
+            for task, lib, rows in zip(tasks, crits, verdicts, strict=True)
+        ]
 
     def observe(self, rollouts: Rollouts) -> dict[str, float]:
         judged = self._judge_library(rollouts)

@@ -43,6 +43,20 @@ def make_client(kind: str, **cfg: Any) -> LLMClient:
     return CLIENTS.get(kind)(**cfg)
 
 
+def client_from_settings(own: Any, fallback: Any) -> LLMClient:
+    """A client from a config section's ``backend`` / ``model`` (and, for ``openai``,
+    ``base_url`` / ``api_key_env``), each empty field taken from ``fallback`` (e.g.
+    ``config.judge.llm``): ARISE's reflection and HarnessRL's evolver."""
+    backend = own.backend or fallback.backend
+    kw: dict[str, Any] = {"model": own.model or fallback.model}
+    if backend == "openai":
+        kw.update(
+            base_url=own.base_url or fallback.base_url,
+            api_key_env=own.api_key_env or fallback.api_key_env,
+        )
+    return make_client(backend, **kw)
+
+
 EngineFn = Callable[[list[dict[str, str]], dict[str, Any]], Any]
 
 

@@ -79,23 +79,15 @@ def evolver_client(config: Any):
     h = config.harness
     if str(h.get("evolver", "programmatic")) != "llm":
         return None
-    from rubric_rl.rubrics.llm import make_client
+    from rubric_rl.rubrics.llm import client_from_settings
 
     llm, judge = h.llm, config.judge.llm
-    backend = llm.backend or judge.backend
-    model = llm.model or judge.model
-    if not backend or not model:
+    if not (llm.backend or judge.backend) or not (llm.model or judge.model):
         raise ValueError(
             "harness.evolver='llm': set harness.llm.backend and harness.llm.model (or "
             "judge.llm.backend / judge.llm.model)"
         )
-    kw: dict[str, Any] = {"model": model}
-    if backend == "openai":
-        kw.update(
-            base_url=llm.base_url or judge.base_url,
-            api_key_env=llm.api_key_env or judge.api_key_env,
-        )
-    return make_client(backend, **kw)
+    return client_from_settings(llm, judge)
 
 
 def make_harness_controller(config: Any, domain: Any, llm_client=None) -> HarnessController:

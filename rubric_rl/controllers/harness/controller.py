@@ -188,9 +188,8 @@ class HarnessController(Controller):
         proposed = tuple(i for i in config.interfaces if not ruled.get(i, False))
         self.proposer = ProgrammaticProposer(
             hint=style.hint, reference=style.reference, critique=style.critique,
-            library=style.library, interfaces=proposed or ("rollout",),
+            library=style.library, interfaces=proposed,
         )  # fmt: skip
-        self.proposed_interfaces = proposed
         self.llm = None
         if config.evolver == "llm":
             from rubric_rl.controllers.harness.llm import LLMAttributor, LLMProposer
@@ -200,7 +199,6 @@ class HarnessController(Controller):
             self.attributor = LLMAttributor(llm_client)
             self.proposer = LLMProposer(llm_client, interfaces=proposed, total=config.total_weight)
             self.llm = (self.attributor, self.proposer)
-        self.not_attributed = 0  # tasks of the step whose LLM attribution failed
         self.sec = (
             SECBandit(
                 [arm_of(t, config.sec.max_level) for t in self.tasks], config.sec, seed=config.seed
@@ -363,6 +361,7 @@ class HarnessController(Controller):
         rewards = rollouts.signal("rubric")
         seen: set[str] = set()
         records, label_rows, work = [], [], []
+        not_attributed = 0  # tasks whose LLM attribution failed this step
         sec_metrics = self._update_sec(rollouts) if self.sec is not None else {}
         self.last_attributions = []
         history_cache: dict[str, list] = {}
@@ -413,7 +412,7 @@ class HarnessController(Controller):
                 )  # fmt: skip
             except LLMEvolverError as e:
                 # Recorded as a failure: no labels and no candidates for the task this step.
-                self.not_attributed += 1
+                not_attributed += 1
                 self._events.append({"event": "attributor_failed", "task_id": task.id,
                                      "error": str(e)})  # fmt: skip
                 records.append(group_record)
@@ -430,8 +429,6 @@ class HarnessController(Controller):
                 donors=ev.donors, generic_pass=generic,
             )  # fmt: skip
             cands = self.proposer.propose(ctx, att, **seeded)
-            if self.proposed_interfaces != tuple(self.proposer.interfaces):
-                cands = {k: v for k, v in cands.items() if k in self.proposed_interfaces}
             if self.config.rubric_rule == evorubric.RULE and "rubric" in self.config.interfaces:
                 cands = {**cands, "rubric": self._evorubric(task, st, ids, met, responses)}
             self.last_attributions.append(att)
@@ -456,7 +453,8 @@ class HarnessController(Controller):
             self.memory.record_many(step, records + label_rows + update_rows)
             self._index_criteria(step, [w[0] for w in work])
         times["memory"] += time.perf_counter() - t0
-        return {**self._metrics(work, verdicts, times, mounted), **sec_metrics, **guidance_tokens}
+        metrics = self._metrics(work, verdicts, times, mounted, not_attributed)
+        return {**metrics, **sec_metrics, **guidance_tokens}
 
     def _guidance_tokens(self, rollouts: Rollouts) -> dict[str, float]:
         """The guided rollouts' extra cost, bounded: the share of the step's prompt tokens that
@@ -475,10 +473,7 @@ class HarnessController(Controller):
 
     def _update_sec(self, rollouts: Rollouts) -> dict[str, float]:
         """SEC's TD(0) update from the step's trained advantages (every group of the step)."""
-        keep = [g for g, grp in enumerate(rollouts.groups) if grp.task.id in self.index]
-        if keep:
-            tasks = [self.index[rollouts.groups[g].task.id] for g in keep]
-            self.sec.update(self.sec.rewards(tasks, rollouts.advantages[keep]))
+        self.sec.observe(rollouts, self.index)
         return self.sec.metrics(prefix="sec/")
 
     def _evorubric(self, task, st, ids, met, responses) -> Candidate | None:
@@ -684,7 +679,7 @@ class HarnessController(Controller):
 
     # ------------------------------------------------------------------ metrics
 
-    def _metrics(self, work, verdicts, times, mounted=()) -> dict[str, float]:
+    def _metrics(self, work, verdicts, times, mounted=(), not_attributed=0) -> dict[str, float]:
         m: dict[str, float] = {}
         labels = [c.label for _, _, att, *_ in work for c in att.labels]
         for lab in LABELS:
@@ -729,11 +724,10 @@ class HarnessController(Controller):
         for k, v in times.items():
             m[f"time/{k}"] = v
         if self.llm is not None:
-            m["attributor/not_attributed"] = float(self.not_attributed)
+            m["attributor/not_attributed"] = float(not_attributed)
             for who, caller in zip(("attributor", "proposer"), self.llm, strict=True):
                 for k, v in caller.stats().items():
                     m[f"llm/{who}/{k}"] = float(v)
-        self.not_attributed = 0
         return m
 
     def pop_events(self) -> list[dict[str, Any]]:
