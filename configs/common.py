@@ -155,8 +155,12 @@ def get_base_config() -> ConfigDict:
             api_key_env="OPENAI_API_KEY",  # the NAME of the env var; the key is never stored
             temperature=0.0,
             max_tokens=512,
-            concurrency=32,
-            timeout_s=120.0,
+            concurrency=32,  # calls in flight (the client's limit is raised to this)
+            timeout_s=120.0,  # one HTTP attempt
+            # All attempts of one call, back-off waits included; a call that gives up marks the
+            # endpoint down and the step's other calls fail at once (a refused connection gives
+            # up after two tries, a fraction of a second apart).
+            max_retry_s=300.0,
         ),
     )
 
@@ -183,7 +187,10 @@ def get_base_config() -> ConfigDict:
         # For name="dataset": files or directories in a rubric_rl.rubrics.datasets format
         # (healthbench, rar, rubrichub, openrubrics, jsonl). No programmatic verifier, oracle or
         # warm-start corpus: judge with judge.kind="llm" (or rule criteria) and train a
-        # pretrained checkpoint (warmstart.steps=0). ``limit`` caps each split (0 = all).
+        # pretrained checkpoint (warmstart.steps=0). ``limit`` caps each split (0 = all). A
+        # directory reads only its files of that split, a word of their path: train; heldout or
+        # test; ood (builders.DATASET_DIRECTORY_SPLITS). A task id in the training split and an
+        # evaluation split is an error, so is a rule criterion naming an unregistered checker.
         dataset=dict(format="", train="", heldout="", ood="", ood_format="", limit=0),
     )
 

@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +30,9 @@ from rubric_rl.envs.base import Env
 from rubric_rl.models import PRESETS, Qwen3ForCausalLM, Tokenizer, get_config
 from rubric_rl.registry import Registry
 from rubric_rl.rubrics.types import Task
+
+if TYPE_CHECKING:
+    from rubric_rl.rubrics.datasets import LoadReport
 
 ConfigDict = ml_collections.ConfigDict
 EMBEDDED_PRESETS = ("tiny", "1m", "5m", "20m")
@@ -110,29 +113,74 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
     )
 
 
+# The files a directory given for a split holds for it: a split matches a word of a file's path
+# inside the directory (train.jsonl, data/train-00000-of-00001.parquet, test/part0.jsonl), so the
+# training split never reads a held-out file that sits beside it.
+DATASET_DIRECTORY_SPLITS = {"train": ("train",), "heldout": ("heldout", "test"), "ood": ("ood",)}
+
+
 @DOMAINS.register("dataset")
 def dataset_domain(cfg: ConfigDict) -> Domain:
     """Tasks from rubric datasets on disk (config.domain.dataset): the papers' setting.
 
     Rubrics keep the source's signed points; there is no programmatic task verifier, hidden
-    oracle or warm-start corpus, so evaluation reports the seed-rubric score only.
+    oracle or warm-start corpus, so evaluation reports the seed-rubric score only. A directory
+    reads only its files of that split (``DATASET_DIRECTORY_SPLITS``); a rule criterion must
+    name a registered checker; a task id in the training split and an evaluation split is an
+    error naming both files and rows.
     """
-    from rubric_rl.rubrics.datasets import load_tasks
+    from rubric_rl.rubrics.checkers import load_builtin_checkers
+    from rubric_rl.rubrics.datasets import LoadReport, load_tasks
 
     ds = cfg.dataset
     limit = int(ds.limit) or None
+    checkers = frozenset(load_builtin_checkers().names())
+    reports: dict[str, LoadReport] = {}
 
-    def load(path: str, fmt: str) -> tuple[Task, ...]:
-        return tuple(load_tasks(path, format=fmt, limit=limit)) if path else ()
+    def load(split: str, fmt: str) -> tuple[Task, ...]:
+        path = ds[split]
+        if not path:
+            return ()
+        reports[split] = LoadReport()
+        names = DATASET_DIRECTORY_SPLITS[split] if os.path.isdir(path) else None
+        return tuple(
+            load_tasks(
+                path,
+                format=fmt,
+                limit=limit,
+                split=names,
+                checkers=checkers,
+                report=reports[split],
+            )
+        )
 
-    train = load(ds.train, ds.format)
+    train = load("train", ds.format)
     if not train:
         raise ValueError(f"config.domain.dataset.train: {ds.train!r} holds no tasks")
-    return Domain(
-        name="dataset",
-        train=train,
-        heldout=load(ds.heldout, ds.format),
-        ood=load(ds.ood, ds.ood_format or ds.format),
+    heldout = load("heldout", ds.format)
+    ood = load("ood", ds.ood_format or ds.format)
+    for split in ("heldout", "ood"):
+        if split in reports:
+            _refuse_split_overlap(ds, reports["train"], split, reports[split])
+    return Domain(name="dataset", train=train, heldout=heldout, ood=ood)
+
+
+def _refuse_split_overlap(ds: ConfigDict, train: LoadReport, split: str, other: LoadReport) -> None:
+    """Task ids read for training and for evaluation split ``split``: an error naming both
+    sources and a few shared ids with the file and row each was read from."""
+    shared = sorted(set(train.locations) & set(other.locations))
+    if not shared:
+        return
+    examples = "; ".join(
+        f"{i!r} (train {':'.join(map(str, train.locations[i]))}, {split} "
+        f"{':'.join(map(str, other.locations[i]))})"
+        for i in shared[:3]
+    )
+    raise ValueError(
+        f"config.domain.dataset.{split}: {len(shared)} of its {len(other.locations)} task ids "
+        f"are also in the training split (config.domain.dataset.train={ds.train!r}, "
+        f"config.domain.dataset.{split}={ds[split]!r}): the evaluation would score tasks the "
+        f"policy trained on. Shared ids, e.g. {examples}"
     )
 
 

@@ -10,7 +10,7 @@ import pytest
 from configs import common, grpo
 from rubric_rl import builders
 from rubric_rl.envs.constraints import ConstraintDomain
-from rubric_rl.rubrics.datasets import dump_tasks, load_tasks
+from rubric_rl.rubrics.datasets import DatasetError, dump_tasks, load_tasks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEALTHBENCH = os.path.join(REPO, "tests", "data", "healthbench_sample.jsonl")
@@ -24,16 +24,73 @@ def _dataset_config(**dataset):
     return c
 
 
-def test_dataset_domain_loads_each_split_as_the_loader_does():
-    c = _dataset_config(format="healthbench", train=HEALTHBENCH, heldout=HEALTHBENCH)
+def _split_fixture(directory):
+    """The HealthBench fixture's two rows as <directory>/train.jsonl and test.jsonl."""
+    first, second = [ln for ln in open(HEALTHBENCH) if ln.strip()]
+    directory.mkdir(exist_ok=True)
+    (directory / "train.jsonl").write_text(first)
+    (directory / "test.jsonl").write_text(second)
+    return str(directory)
+
+
+def test_dataset_domain_loads_each_split_as_the_loader_does(tmp_path):
+    d = _split_fixture(tmp_path / "hb")
+    c = _dataset_config(format="healthbench", train=f"{d}/train.jsonl", heldout=f"{d}/test.jsonl")
     common.validate_config(c, num_devices=1)
     domain = builders.build_domain(c)
-    expected = tuple(load_tasks(HEALTHBENCH, format="healthbench"))
-    assert domain.name == "dataset" and domain.train == expected and domain.heldout == expected
+    assert domain.train == tuple(load_tasks(f"{d}/train.jsonl", format="healthbench"))
+    assert domain.heldout == tuple(load_tasks(f"{d}/test.jsonl", format="healthbench"))
     assert domain.ood == () and domain.verify is None and domain.oracle is None
     assert any(c_.weight < 0 for t in domain.train for c_ in t.rubric)  # signed points kept
-    c.domain.dataset.limit = 1
+    c.domain.dataset.update(train=HEALTHBENCH, heldout="", limit=1)
     assert len(builders.build_domain(c).train) == 1
+
+
+@pytest.mark.parametrize("heldout", ["test.jsonl", ""])
+def test_a_directory_given_for_train_reads_only_its_train_split(tmp_path, heldout):
+    # The issue's probe: train=<dir> holding train.jsonl and test.jsonl, heldout=<dir>/test.jsonl
+    # trained on the held-out task. A directory given for heldout reads its test split.
+    d = _split_fixture(tmp_path / "hb")
+    c = _dataset_config(format="healthbench", train=d, heldout=os.path.join(d, heldout))
+    domain = builders.build_domain(c)
+    assert [t.id for t in domain.train] == ["hb-0001"]
+    assert [t.id for t in domain.heldout] == ["hb-0002"]
+    (tmp_path / "hb" / "train.jsonl").rename(tmp_path / "hb" / "all.jsonl")
+    with pytest.raises(DatasetError, match="split=\\('train',\\)"):
+        builders.build_domain(c)
+
+
+def test_train_heldout_overlap_is_an_error_naming_both_sources_and_ids(tmp_path):
+    d = _split_fixture(tmp_path / "hb")
+    c = _dataset_config(format="healthbench", train=HEALTHBENCH, heldout=f"{d}/test.jsonl")
+    with pytest.raises(ValueError) as info:
+        builders.build_domain(c)
+    msg = str(info.value)
+    assert msg.startswith("config.domain.dataset.heldout: 1 of its 1 task ids")
+    assert f"config.domain.dataset.train={HEALTHBENCH!r}" in msg
+    assert f"config.domain.dataset.heldout='{d}/test.jsonl'" in msg
+    assert f"'hb-0002' (train {HEALTHBENCH}:3, heldout {d}/test.jsonl:1)" in msg
+    c.domain.dataset.update(heldout="", ood=HEALTHBENCH)  # the OOD split as well
+    with pytest.raises(ValueError, match="config.domain.dataset.ood: 2 of its 2 task ids"):
+        builders.build_domain(c)
+
+
+def test_dataset_domain_refuses_an_unregistered_rule_checker(tmp_path):
+    # A misspelt checker failed every verdict of its criterion (judge failure rate 13-15 %,
+    # nothing logged): now the build stops at that row and field.
+    task = ConstraintDomain(0).tasks("train", 1)[0]
+    rule = next(i for i, c_ in enumerate(task.rubric) if c_.verifier.checker == "cf_answer_is")
+    path = str(tmp_path / "train.jsonl")
+    dump_tasks([task], path)
+    text = open(path).read()
+    open(path, "w").write(text.replace('"cf_answer_is"', '"cf_answer_iz"'))
+    c = _dataset_config(format="jsonl", train=path)
+    with pytest.raises(DatasetError) as info:
+        builders.build_domain(c)
+    err = info.value
+    field = f"rubric.criteria[{rule}].verifier.checker"
+    assert (err.file, err.row, err.field) == (path, 1, field)
+    assert "did you mean 'cf_answer_is'" in str(err)
 
 
 @pytest.mark.parametrize(

@@ -38,25 +38,33 @@ Criterion ids are ``f"{task_id}/c{i}"`` with i the 0-based position in the sourc
 Weights keep the source's signed points. A duplicate task id within one load is an error.
 
 Errors: a malformed row raises ``DatasetError`` naming the file, the 1-based row (line number for
-JSONL) and the field, and what was expected. Zero weights are errors (λ ≠ 0). With
-``lenient=True`` a malformed row is skipped instead, counted in the ``LoadReport`` and logged.
+JSONL) and the field, and what was expected. Zero weights are errors (λ ≠ 0), and so is a missing
+one in every format; a rubric with no positive weight among its judged criteria (its reward
+would be NaN for every response); and, when ``load_tasks`` is given the registered checker names
+(the dataset domain does), a rule criterion naming an unknown checker. With ``lenient=True`` a
+malformed row is skipped instead, counted in the ``LoadReport`` and logged. A file that cannot
+be read (a non-UTF-8 byte: that line, skippable; a gzip file named ``.jsonl``, a truncated
+``.gz`` or parquet file: the whole file) raises ``DatasetError`` naming the file and the row,
+line or byte offset.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import gzip
 import hashlib
 import json
 import math
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from absl import logging
 
 from rubric_rl.registry import Registry
+from rubric_rl.rubrics.dataset_files import DatasetError, iter_rows, resolve_files
 from rubric_rl.rubrics.types import (
     Criterion,
     CriterionStatus,
@@ -70,16 +78,6 @@ from rubric_rl.rubrics.types import (
 RAR_CATEGORY_WEIGHTS = {"essential": 5.0, "important": 4.0, "optional": 1.0, "pitfall": -1.0}
 HARD_RULE_WEIGHT = 3.0
 PRINCIPLE_WEIGHT = 1.0
-_EXTENSIONS = (".jsonl", ".jsonl.gz", ".json", ".parquet")
-
-
-class DatasetError(ValueError):
-    """A malformed row: names the file, the 1-based row number and the field."""
-
-    def __init__(self, file: str, row: int | None, field: str, message: str):
-        self.file, self.row, self.field, self.message = file, row, field, message
-        where = f"{file}:{row}" if row is not None else file
-        super().__init__(f"{where}: field {field!r}: {message}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +96,8 @@ class LoadReport:
     rows_read: int = 0
     tasks_loaded: int = 0
     skipped: list[SkippedRow] = dataclasses.field(default_factory=list)
+    # task id -> (file, row) it was read from, so an error about a task can point at its row.
+    locations: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
 
     @property
     def num_skipped(self) -> int:
@@ -107,8 +107,16 @@ class LoadReport:
 class _Row:
     """One source row plus its location, so every field error names file, row and field."""
 
-    def __init__(self, file: str, number: int, data: Any, fmt: str):
+    def __init__(
+        self,
+        file: str,
+        number: int,
+        data: Any,
+        fmt: str,
+        checkers: Collection[str] | None = None,
+    ):
         self.file, self.number, self.data, self.fmt = file, number, data, fmt
+        self.checkers = checkers
 
     def error(self, field: str, message: str) -> DatasetError:
         return DatasetError(self.file, self.number, field, message)
@@ -140,6 +148,34 @@ class _Row:
         if w == 0.0 or not math.isfinite(w):
             raise self.error(field, f"expected a non-zero finite weight (λ ≠ 0), got {value!r}")
         return w
+
+    def checker(self, field: str, name: str) -> str:
+        """A rule criterion's checker name, which must be registered (when the load was given
+        the registered names): a misspelt one would fail every verdict of that criterion."""
+        if self.checkers is None or name in self.checkers:
+            return name
+        close = difflib.get_close_matches(name, list(self.checkers), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise self.error(
+            field,
+            f"unknown checker {name!r}; {hint}registered checkers: {sorted(self.checkers)}",
+        )
+
+    def rubric(self, field: str, criteria: Sequence[Criterion], aggregation: str) -> Rubric:
+        """The row's rubric; one whose judged (active or hidden) criteria carry no positive
+        weight is an error: its reward Σλs / Σmax(λ, 0) is undefined for every response."""
+        try:
+            rubric = Rubric(tuple(criteria), aggregation=aggregation)
+        except ValueError as e:
+            raise self.error(field, str(e)) from None
+        if not any(c.weight > 0 for c in rubric.evaluated()):
+            weights = [c.weight for c in rubric.evaluated()]
+            raise self.error(
+                field,
+                f"no judged criterion has a positive weight (weights {weights}): the rubric "
+                "reward Σλs / Σmax(λ, 0) would be undefined (NaN) for every response",
+            )
+        return rubric
 
     def messages(self, field: str, value: Any) -> tuple[Message, ...]:
         if isinstance(value, str):
@@ -204,63 +240,6 @@ def _maybe_json(row: _Row, field: str, value: Any, what: str) -> Any:
     return value
 
 
-# --- reading files ---------------------------------------------------------------------------
-
-
-def _resolve_files(path: str, split: str | None) -> list[str]:
-    if os.path.isdir(path):
-        files = sorted(
-            os.path.join(root, f)
-            for root, _, names in os.walk(path)
-            for f in names
-            if f.endswith(_EXTENSIONS) and (split is None or split in f)
-        )
-        if not files:
-            raise DatasetError(path, None, "split", f"no {_EXTENSIONS} files for split={split!r}")
-        return files
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"dataset file not found: {path}")
-    return [path]
-
-
-def _iter_rows(path: str) -> Iterator[tuple[int, Any]]:
-    """(1-based row number, row) pairs; a row that is not valid JSON comes as a DatasetError."""
-    if path.endswith(".parquet"):
-        import pyarrow.parquet as pq  # heavy import, only for parquet
-
-        n = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-            for row in batch.to_pylist():
-                n += 1
-                yield n, row
-        return
-    opener = gzip.open if path.endswith(".gz") else open
-    if path.endswith(".json"):
-        with opener(path, "rt", encoding="utf-8") as f:
-            text = f.read()
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            if "Extra data" not in str(e):
-                raise DatasetError(path, e.lineno, "<json>", f"invalid JSON: {e.msg}") from None
-            data = None  # several JSON values: treat as JSONL below
-        if data is not None:
-            if isinstance(data, dict) and isinstance(data.get("data"), list):
-                data = data["data"]
-            if not isinstance(data, list):
-                raise DatasetError(path, None, "<json>", "expected a JSON list of rows")
-            yield from enumerate(data, start=1)
-            return
-    with opener(path, "rt", encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield n, json.loads(line)
-            except json.JSONDecodeError as e:
-                yield n, DatasetError(path, n, "<json>", f"invalid JSON line: {e.msg}")
-
-
 # --- formats ---------------------------------------------------------------------------------
 
 _Parser = Callable[[_Row], Task]
@@ -298,7 +277,7 @@ def _parse_healthbench(row: _Row) -> Task:
     return Task(
         id=task_id,
         prompt=prompt,
-        rubric=Rubric(tuple(criteria), aggregation="healthbench"),
+        rubric=row.rubric("rubrics", criteria, "healthbench"),
         reference_answer=reference,
         domain="healthbench",
         task_type=themes[0] if themes else "",
@@ -329,6 +308,7 @@ def _parse_rar(row: _Row) -> Task:
     reference = row.field("reference_answer", str, "a string", default=None)
     task_id = str(row.data["id"]) if row.data.get("id") is not None else row.content_id()
     criteria = []
+    rubric_field = "rubric"
     if row.data.get("rubric") is not None or "rubric_list" not in row.data:
         items = row.list_of("rubric", row.field("rubric", list, "a list"), "a list of criteria")
         for i, item in enumerate(items):
@@ -340,6 +320,7 @@ def _parse_rar(row: _Row) -> Task:
             weight = _rar_weight(row, f"{f}.weight", item.get("weight"))
             criteria.append(_criterion(task_id, i, text=text, title=title, weight=weight))
     else:
+        rubric_field = "rubric_list"
         items = row.list_of("rubric_list", row.data["rubric_list"], "a list of strings")
         for i, item in enumerate(items):
             f = f"rubric_list[{i}]"
@@ -355,7 +336,7 @@ def _parse_rar(row: _Row) -> Task:
     return Task(
         id=task_id,
         prompt=(Message("user", question),),
-        rubric=Rubric(tuple(criteria), aggregation="weighted"),
+        rubric=row.rubric(rubric_field, criteria, "weighted"),
         reference_answer=reference,
         domain="rar",
         task_type=source if isinstance(source, str) else "",
@@ -389,6 +370,7 @@ def _rubrichub_verifier(row: _Row, field: str, tags: Any) -> tuple[tuple[str, ..
     if not isinstance(function, str):
         raise row.error(f"{field}.function", "a 'verifier: rule' criterion needs a function name")
     row.expect(f"{field}.parameters", params, dict, "a dict of checker arguments")
+    function = row.checker(f"{field}.function", function)
     return flat, Verifier.rule(function, **_freeze_lists(params))
 
 
@@ -427,7 +409,7 @@ def _parse_rubrichub(row: _Row) -> Task:
     return Task(
         id=task_id,
         prompt=prompt,
-        rubric=Rubric(tuple(criteria), aggregation="weighted"),
+        rubric=row.rubric(field, criteria, "weighted"),
         reference_answer=reference if isinstance(reference, str) else None,
         domain=data_source,
         task_type=ability,
@@ -479,7 +461,7 @@ def _parse_openrubrics(row: _Row) -> Task:
     return Task(
         id=task_id,
         prompt=prompt,
-        rubric=Rubric(tuple(criteria), aggregation="weighted"),
+        rubric=row.rubric(rubric_key, criteria, "weighted"),
         domain=source if isinstance(source, str) else "openrubrics",
         env_name=_env_name(source, "openrubrics"),
         raw=row.data,
@@ -551,7 +533,9 @@ def _parse_our_criterion(row: _Row, f: str, d: Any) -> Criterion:
     fields = dict(d)
     row.text(f"{f}.id", d.get("id"))
     row.text(f"{f}.text", d.get("text"))
-    fields["weight"] = row.weight(f"{f}.weight", d.get("weight", 1.0))
+    if d.get("weight") is None:  # as every public format: a criterion's weight is never implied
+        raise row.error(f"{f}.weight", "missing; expected a non-zero number (λ ≠ 0)")
+    fields["weight"] = row.weight(f"{f}.weight", d["weight"])
     for name in ("tags", "choices"):
         if name in d:
             fields[name] = row.string_tags(f"{f}.{name}", d[name])
@@ -564,6 +548,8 @@ def _parse_our_criterion(row: _Row, f: str, d: Any) -> Criterion:
     if v is not None:
         row.expect(f"{f}.verifier", v, dict, "a {kind, checker, args} object")
         args = row.field("args", dict, "a dict", default={}, data=v)
+        if v.get("kind") == VerifierKind.RULE and isinstance(v.get("checker"), str):
+            row.checker(f"{f}.verifier.checker", v["checker"])
         try:
             fields["verifier"] = Verifier(
                 v.get("kind", "llm"), v.get("checker"), _freeze_lists(args)
@@ -587,10 +573,7 @@ def _parse_jsonl(row: _Row) -> Task:
     aggregation = row.field("aggregation", str, "a string", default="weighted", data=rubric)
     items = row.field("criteria", list, "a list", data=rubric)
     criteria = [_parse_our_criterion(row, f"rubric.criteria[{i}]", d) for i, d in enumerate(items)]
-    try:
-        rub = Rubric(tuple(criteria), aggregation=aggregation)
-    except ValueError as e:
-        raise row.error("rubric.criteria", str(e)) from None
+    rub = row.rubric("rubric.criteria", criteria, aggregation)
     domain = row.field("domain", str, "a string", default="")
     env_name = row.field("env_name", str, "a string", default=None)
     return Task(
@@ -614,9 +597,10 @@ def load_tasks(
     format: str,
     *,
     lenient: bool = False,
-    split: str | None = None,
+    split: str | Sequence[str] | None = None,
     limit: int | None = None,
     report: LoadReport | None = None,
+    checkers: Collection[str] | None = None,
 ) -> list[Task]:
     """Loads tasks from a file, or from every data file under a directory (optionally a split).
 
@@ -624,12 +608,17 @@ def load_tasks(
       path: a .jsonl / .jsonl.gz / .json / .parquet file, or a directory of them.
       format: one of ``FORMATS`` (healthbench, rar, rubrichub, openrubrics, jsonl).
       lenient: skip malformed rows (counted in ``report`` and logged) instead of raising.
-      split: with a directory, only files whose name contains it (e.g. "train").
+      split: with a directory, only files whose path inside it has this word, or one of these
+        words (e.g. "train": train.jsonl, train-00000-of-00002.parquet, train/part0.jsonl).
       limit: stop after this many tasks.
-      report: filled with counts and skipped rows if given.
+      report: filled with counts, skipped rows and each task's location if given.
+      checkers: the registered checker names; a rule criterion naming another is a malformed
+        row (None: not checked, e.g. to inspect a dataset whose checkers live elsewhere).
 
     Raises:
-      DatasetError: a malformed row (strict mode), naming file, row and field.
+      DatasetError: a malformed row (strict mode), naming file, row and field; or a file that
+        cannot be read (not UTF-8, compressed under another name, truncated), naming the file
+        and the row or line where reading failed.
     """
     parse = FORMATS.get(format)
     if limit is not None and limit < 0:
@@ -637,18 +626,18 @@ def load_tasks(
     report = report if report is not None else LoadReport()
     tasks: list[Task] = []
     seen: dict[str, tuple[str, int]] = {}
-    for file in _resolve_files(os.fspath(path), split):
+    for file in resolve_files(os.fspath(path), split):
         if limit is not None and len(tasks) >= limit:
             break
         report.files.append(file)
-        for number, data in _iter_rows(file):
+        for number, data in iter_rows(file):
             if limit is not None and len(tasks) >= limit:
                 break
             report.rows_read += 1
             try:
                 if isinstance(data, DatasetError):
                     raise data
-                row = _Row(file, number, data, format)
+                row = _Row(file, number, data, format, checkers)
                 if not isinstance(data, dict):
                     raise row.error("<row>", f"expected a JSON object, got {type(data).__name__}")
                 task = parse(row)
@@ -664,6 +653,7 @@ def load_tasks(
             seen[task.id] = (file, number)
             tasks.append(task)
     report.tasks_loaded = len(tasks)
+    report.locations.update(seen)
     if report.skipped:
         logging.warning("%s: skipped %d malformed rows", path, report.num_skipped)
     return tasks

@@ -227,7 +227,12 @@ def test_env_name_is_the_rows_category_else_the_format(tmp_path):
     hb = {"prompt_id": "p1", "prompt": "hi", "rubrics": [{"criterion": "c", "points": 1}]}
     (t,) = load_tasks(_write_jsonl(tmp_path / "hb.jsonl", [hb]), "healthbench")
     assert t.env_name == "healthbench"
-    ours = {"id": "o", "prompt": [{"role": "user", "content": "q"}], "rubric": {"criteria": []}}
+    criterion = {"id": "c", "text": "t", "weight": 1}
+    ours = {
+        "id": "o",
+        "prompt": [{"role": "user", "content": "q"}],
+        "rubric": {"criteria": [criterion]},
+    }
     rows = [ours, dict(ours, id="o2", domain="d"), dict(ours, id="o3", domain="d", env_name="sql")]
     loaded = load_tasks(_write_jsonl(tmp_path / "ours.jsonl", rows), "jsonl")
     assert [t.env_name for t in loaded] == ["jsonl", "d", "sql"]
@@ -386,7 +391,7 @@ def test_malformed_healthbench_row_names_file_row_field(tmp_path, bad, field, ex
             {
                 "id": "t",
                 "prompt": [{"role": "user", "content": "x"}],
-                "rubric": {"criteria": [{"id": "a", "text": "b", "status": "gone"}]},
+                "rubric": {"criteria": [{"id": "a", "text": "b", "status": "gone", "weight": 1}]},
             },
             "rubric.criteria[0].status",
         ),
@@ -395,7 +400,11 @@ def test_malformed_healthbench_row_names_file_row_field(tmp_path, bad, field, ex
             {
                 "id": "t",
                 "prompt": [{"role": "user", "content": "x"}],
-                "rubric": {"criteria": [{"id": "a", "text": "b", "verifier": {"kind": "rule"}}]},
+                "rubric": {
+                    "criteria": [
+                        {"id": "a", "text": "b", "verifier": {"kind": "rule"}, "weight": 1}
+                    ]
+                },
             },
             "rubric.criteria[0].verifier",
         ),
