@@ -592,4 +592,34 @@ def build_controllers(
 
     method = config.get("method", "grpo")
     built = CONTROLLER_BUILDERS.get(method)(config, domain)
-    return ControllerSet(built[0], [*built[1:], *build_calibration(config, domain), *extra])
+    controllers = ControllerSet(built[0], [*built[1:], *build_calibration(config, domain), *extra])
+    check_teacher_context_source(config, controllers)
+    return controllers
+
+
+def _supplies_teacher_context(controller: Controller) -> bool:
+    return type(controller).teacher_context is not Controller.teacher_context
+
+
+def check_teacher_context_source(config: ConfigDict, controllers: ControllerSet) -> None:
+    """Self-distillation on (``loss.sd_estimator`` set, ``loss.sd_coef`` > 0) needs a source of
+    teacher contexts: a controller that implements ``teacher_context``, or the method's own
+    ``teacher`` stage (``step.PIPELINES``). Without one every group's SD term is exactly 0 and
+    the run trains plain RL while paying for the teacher rows: an error at start-up."""
+    from rubric_rl import step
+
+    lo = config.loss
+    if lo.sd_estimator == "none" or float(lo.sd_coef) <= 0:
+        return
+    if any(_supplies_teacher_context(c) for c in controllers.controllers):
+        return
+    if dict(step.build_pipeline(config).stages).get("teacher") is not step.teacher:
+        return  # the method's pipeline sets teacher prompts itself
+    method = config.get("method", "grpo")
+    raise ValueError(
+        f"config.loss.sd_coef: self-distillation is on (sd_estimator={lo.sd_estimator!r}, "
+        f"sd_coef={lo.sd_coef}) but no active controller supplies a teacher context (method "
+        f"{method!r}: {[c.name for c in controllers.controllers]}), so every group's "
+        "distillation term would be 0; use a method whose controllers implement "
+        "teacher_context, or set loss.sd_estimator='none' and loss.sd_coef=0"
+    )

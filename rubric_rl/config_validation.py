@@ -17,7 +17,15 @@ from ml_collections import ConfigDict
 from rubric_rl.controllers.arise_config import validate_arise
 from rubric_rl.core import losses
 from rubric_rl.core.batch_types import SCHEDULES
+from rubric_rl.core.registry import (
+    ADVANTAGE_ESTIMATORS,
+    AGGREGATORS,
+    KL_ESTIMATORS,
+    ROLLOUT_CORRECTION_PRESETS,
+)
+from rubric_rl.models.config import PRESETS
 from rubric_rl.registry import Registry
+from rubric_rl.rubrics.rewards import REWARDS
 
 ENGINES = ("jax", "sglang")
 # "auto": multi-turn agent episodes on a tool-environment domain, single-turn otherwise.
@@ -26,14 +34,22 @@ ROLLOUT_MODES = ("auto", "single", "agent")
 _EMBEDDED_PRESETS = ("tiny", "1m", "5m", "20m")
 JUDGES = ("programmatic", "llm")
 LLM_BACKENDS = ("openai", "genai", "local")
+# model.dtype / model.param_dtype: the float types the model computes and stores in.
+MODEL_DTYPES = ("float32", "bfloat16", "float16")
+WARMSTART_SCHEDULES = ("constant", "cosine")  # warmstart.schedule (warmstart.py)
+# loss.reward: a rubric reward (rubrics.rewards.REWARDS) or the domain's verifier outcome
+# (step.VERIFIER_SIGNAL; not imported: step imports the controllers).
+_VERIFIER_REWARD = "task_verifier"
 
 __all__ = [
     "ENGINES",
     "JUDGES",
     "LLM_BACKENDS",
     "METHOD_VALIDATORS",
+    "MODEL_DTYPES",
     "ROLLOUT_MODES",
     "SCHEDULES",
+    "WARMSTART_SCHEDULES",
     "mesh_shape",
     "rollout_mode",
     "validate_config",
@@ -48,6 +64,11 @@ METHOD_VALIDATORS.register("arise")(validate_arise)
 
 def _fail(field: str, msg: str) -> None:
     raise ValueError(f"config.{field}: {msg}")
+
+
+def _one_of(field: str, value: object, allowed: list[str] | tuple[str, ...]) -> None:
+    if value not in allowed:
+        _fail(field, f"must be one of {list(allowed)}, got {value!r}")
 
 
 def mesh_shape(config: ConfigDict, num_devices: int) -> tuple[int, int, int]:
@@ -138,6 +159,7 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         )
     if float(lo.kl_beta) < 0:
         _fail("loss.kl_beta", f"must be >= 0, got {lo.kl_beta}")
+    _validate_loss_names(config)
     if float(o.lr) <= 0:
         _fail("optim.lr", f"must be > 0, got {o.lr}")
     for f in ("mini_batches", "epochs", "num_micro_batches"):
@@ -170,6 +192,8 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         _fail("train.steps", f"must be >= 0, got {config.train.steps}")
     if int(config.warmstart.steps) > 0 and int(config.warmstart.batch) < 1:
         _fail("warmstart.batch", f"must be >= 1, got {config.warmstart.batch}")
+    if int(config.warmstart.steps) > 0:
+        _one_of("warmstart.schedule", config.warmstart.schedule, WARMSTART_SCHEDULES)
     if not 0.0 <= float(config.warmstart.p_keep) <= 1.0:
         _fail("warmstart.p_keep", f"must be in [0, 1], got {config.warmstart.p_keep}")
     if (
@@ -195,12 +219,7 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
     if config.domain.name == "dataset":
         _validate_dataset_domain(config)
     _validate_rollout_mode(config)
-    # Paths that must exist (a HF checkpoint, a tokenizer directory).
-    name = config.model.name
-    if ("/" in name or name.startswith(".")) and not os.path.isdir(name):
-        _fail("model.name", f"{name!r} is not a preset and the directory does not exist")
-    if config.model.tokenizer and not os.path.isdir(config.model.tokenizer):
-        _fail("model.tokenizer", f"directory {config.model.tokenizer!r} does not exist")
+    _validate_model(config)
     if r.engine == "sglang" and not (r.sglang.url or r.sglang.model_path):
         _fail("rollout.sglang.url", "sglang engine needs a server url or a model_path to serve")
     for field, band in _bands(config):
@@ -239,6 +258,52 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
                 f"{seqs // int(o.mini_batches)} sequences per mini-batch do not split into "
                 f"{o.num_micro_batches} micro-batches of {data * fsdp} shards",
             )
+
+
+def _validate_loss_names(config: ConfigDict) -> None:
+    """The loss section's names, each chosen from a registry; checked here, before the warm
+    start, rather than when the first RL step reaches them."""
+    lo = config.loss
+    _one_of("loss.advantage", lo.advantage, ADVANTAGE_ESTIMATORS.names())
+    _one_of("loss.reward", lo.reward, [*REWARDS.names(), _VERIFIER_REWARD])
+    if lo.reward == _VERIFIER_REWARD and config.domain.name == "dataset":
+        _fail("loss.reward", "'task_verifier' needs a domain verifier; the dataset domain has none")
+    _one_of("loss.agg_mode", lo.agg_mode, AGGREGATORS.names())
+    _one_of("loss.rollout_correction", lo.rollout_correction, ROLLOUT_CORRECTION_PRESETS.names())
+    if float(lo.kl_beta) > 0:
+        _one_of("loss.kl_kind", lo.kl_kind, KL_ESTIMATORS.names())
+    if float(lo.sd_coef) > 0 and lo.sd_estimator == "none":
+        _fail(
+            "loss.sd_coef",
+            f"{lo.sd_coef} with loss.sd_estimator='none': self-distillation is off, so the "
+            f"coefficient does nothing; choose an estimator "
+            f"({[n for n in losses.sd_estimator_names() if n != 'none']}) or set sd_coef=0",
+        )
+
+
+def _validate_model(config: ConfigDict) -> None:
+    """``model.name``: a preset or a checkpoint directory; the dtypes; the tokenizer directory."""
+    m = config.model
+    for field in ("dtype", "param_dtype"):
+        _one_of(f"model.{field}", m[field], MODEL_DTYPES)
+    name = m.name
+    if name in PRESETS:
+        if name not in _EMBEDDED_PRESETS and not m.tokenizer:
+            _fail(
+                "model.tokenizer",
+                f"preset {name!r} has a Qwen3 vocabulary; give its tokenizer directory (the "
+                f"embedded tokenizer serves only the presets {list(_EMBEDDED_PRESETS)})",
+            )
+    elif not os.path.isdir(name):
+        near = [p for p in PRESETS if p.lower() == str(name).lower()]
+        hint = f" (did you mean {near[0]!r}? preset names are lower case)" if near else ""
+        _fail(
+            "model.name",
+            f"unknown model {name!r}{hint}: expected a preset, one of {list(PRESETS)}, or the "
+            "path of an existing Hugging Face checkpoint directory",
+        )
+    if m.tokenizer and not os.path.isdir(m.tokenizer):
+        _fail("model.tokenizer", f"directory {m.tokenizer!r} does not exist")
 
 
 def _validate_copy_demonstrations(config: ConfigDict) -> None:
