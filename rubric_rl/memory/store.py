@@ -16,10 +16,14 @@ and critic retrieve from it (§2.3: "the task history in E^time and related crit
   criterion id, the step it was written, text, sign of its weight, anchor), embedded explicitly by
   ``Embedder`` (Chroma's default embedding function downloads a model; it is never used). A
   rewrite adds a version; a delete adds a tombstone version. ``related`` returns, per query text,
-  the top-k (k = 4) current criteria whose cosine with it is at least the floor η: Chroma's HNSW
-  index proposes candidates, their cosines are recomputed exactly from the stored embeddings
-  (float64) and the floor is applied to those, so a criterion exactly at the floor is retrieved.
-  With up to ``candidates`` entries the search is exhaustive; beyond, HNSW's recall applies.
+  the top-k (k = 4) current criteria whose cosine with it is at least the floor η, most similar
+  first (ties by task and criterion id). Chroma is the store of record; the search itself is
+  exact and exhaustive over an in-process mirror of the current versions' embeddings (one row
+  per criterion, rebuilt from Chroma on open and rollback): one matrix product per call ranks
+  every current criterion in float32, and the cosines of those that can reach the top k are
+  recomputed in float64, so a criterion exactly at the floor is retrieved. (Until 2026-12-02 the
+  search went through Chroma's HNSW index with a metadata filter per task: approximate beyond 32
+  candidates, and the memory was 68 % of a HarnessRL protocol step's time.)
 
 Rollback (``rollback(step)``): on resume from a checkpoint at step s, every record and every
 criterion version written after s is deleted, so a resumed run's memory equals an uninterrupted
@@ -77,6 +81,98 @@ class Neighbour:
     anchor: bool
 
 
+@dataclasses.dataclass(frozen=True)
+class _Version:
+    """A criterion's current version, as the mirror of the semantic index keeps it."""
+
+    task_id: str
+    criterion_id: str
+    text: str
+    step: int
+    weight: float
+    anchor: bool
+    deleted: bool
+
+    @classmethod
+    def of(cls, meta: Mapping[str, Any], text: str) -> _Version:
+        return cls(
+            str(meta["task_id"]), str(meta["criterion_id"]), text, int(meta["step"]),
+            float(meta["weight"]), bool(meta["anchor"]), bool(meta["deleted"]),
+        )  # fmt: skip
+
+
+class _Current:
+    """The current version of every criterion with its embedding, one row per criterion: the
+    exact search behind ``HarnessMemory.related``."""
+
+    def __init__(self, dim: int):
+        self._rows: dict[tuple[str, str], int] = {}
+        self._versions: list[_Version] = []
+        self._vecs = np.zeros((64, dim), np.float32)
+        self._alive = np.zeros(64, bool)
+        self._task = np.zeros(64, np.int64)  # task code per row
+        self._codes: dict[str, int] = {}
+
+    def version(self, key: tuple[str, str]) -> _Version | None:
+        r = self._rows.get(key)
+        return None if r is None else self._versions[r]
+
+    def live(self) -> int:
+        return int(self._alive[: len(self._versions)].sum())
+
+    def set(self, v: _Version, vec: np.ndarray) -> None:
+        key = (v.task_id, v.criterion_id)
+        r = self._rows.get(key)
+        if r is None:
+            r = len(self._versions)
+            if r == len(self._alive):
+                self._vecs = np.concatenate([self._vecs, np.zeros_like(self._vecs)])
+                self._alive = np.concatenate([self._alive, np.zeros_like(self._alive)])
+                self._task = np.concatenate([self._task, np.zeros_like(self._task)])
+            self._rows[key] = r
+            self._versions.append(v)
+        else:
+            self._versions[r] = v
+        self._vecs[r] = vec
+        self._alive[r] = not v.deleted
+        self._task[r] = self._codes.setdefault(v.task_id, len(self._codes))
+
+    def search(
+        self, q: np.ndarray, exclude: Sequence[str | None], *, k: int, floor: float,
+        block: int = 256,
+    ) -> list[list[Neighbour]]:  # fmt: skip
+        """Per row of ``q``: the best ``k`` live criteria (not of the row's excluded task) with
+        cosine ≥ ``floor``. Ranked in float32 over every row; the cosines of those within 1e-4
+        of the k-th best (and of the floor) are recomputed one by one in float64."""
+        n = len(self._versions)
+        out: list[list[Neighbour]] = [[] for _ in range(len(q))]
+        if n == 0 or not self._alive[:n].any():
+            return out
+        vecs, alive, task = self._vecs[:n], self._alive[:n], self._task[:n]
+        excl = np.array([-2 if e is None else self._codes.get(str(e), -2) for e in exclude])
+        slack = 1e-4  # far above float32's error on unit vectors of a few hundred dimensions
+        for b0 in range(0, len(q), block):
+            sims = q[b0 : b0 + block] @ vecs.T
+            ok = alive[None, :] & (task[None, :] != excl[b0 : b0 + block, None])
+            sims = np.where(ok, sims, -np.inf)
+            kth = -np.partition(-sims, min(k, n) - 1, axis=1)[:, min(k, n) - 1]
+            for r in range(len(sims)):
+                cut = max(float(kth[r]), floor) - slack
+                cols = np.flatnonzero(sims[r] >= cut)
+                qi = q[b0 + r].astype(np.float64)
+                hits = []
+                for c in cols:
+                    cos = float(np.dot(vecs[c].astype(np.float64), qi))
+                    if cos >= floor:
+                        v = self._versions[c]
+                        hits.append(Neighbour(
+                            v.task_id, v.criterion_id, v.text, cos, v.step, v.weight, v.anchor
+                        ))  # fmt: skip
+                hits.sort(key=lambda nb: (-nb.cosine, nb.task_id, nb.criterion_id))
+                out[b0 + r] = hits[:k]
+        return out
+
+
 def _chroma():
     try:
         import chromadb
@@ -96,19 +192,15 @@ class HarnessMemory:
         *,
         top_k: int = 4,
         floor: float | None = None,
-        candidates: int = 32,
     ):
         if int(top_k) < 1:
             raise ValueError(f"memory.top_k={top_k}: must be >= 1")
-        if int(candidates) < int(top_k):
-            raise ValueError(f"memory.candidates={candidates}: must be >= top_k ({top_k})")
         chromadb, Settings = _chroma()
         self.path = str(path)
         os.makedirs(self.path, exist_ok=True)
         self.embedder = embedder
         self.top_k = int(top_k)
         self.floor = floor_for(embedder, floor)
-        self.candidates = int(candidates)
         self._client = chromadb.PersistentClient(
             path=self.path, settings=Settings(anonymized_telemetry=False, allow_reset=False)
         )
@@ -127,10 +219,7 @@ class HarnessMemory:
             )
         self._cache: dict[str, np.ndarray] = {}
         self._seq: dict[int, int] = {}
-        # (task, criterion) -> (id of its current version, whether that version is a tombstone)
-        self._latest: dict[tuple[str, str], tuple[str, bool]] = {}
-        # (task, criterion) -> its current version's (text, weight, anchor, deleted)
-        self._current_version: dict[tuple[str, str], tuple[str, float, bool, bool]] = {}
+        self._current = _Current(int(embedder.dim))
         self._load_latest()
 
     # ------------------------------------------------------------------ time index
@@ -174,7 +263,25 @@ class HarnessMemory:
         until: int | None = None,
     ) -> list[TimeRecord]:
         """The task's records, oldest first (steps in ``[since, until]`` when given)."""
-        clauses: list[dict[str, Any]] = [{"task_id": str(task_id)}]
+        return self.histories([task_id], kinds=kinds, since=since, until=until)[str(task_id)]
+
+    def histories(
+        self,
+        task_ids: Iterable[str],
+        *,
+        kinds: Iterable[str] | None = None,
+        since: int | None = None,
+        until: int | None = None,
+    ) -> dict[str, list[TimeRecord]]:
+        """``history`` of several tasks in one Chroma read: task id -> its records, oldest
+        first (an empty list for a task with none)."""
+        ids = sorted({str(t) for t in task_ids})
+        out: dict[str, list[TimeRecord]] = {t: [] for t in ids}
+        if not ids:
+            return out
+        clauses: list[dict[str, Any]] = [
+            {"task_id": ids[0]} if len(ids) == 1 else {"task_id": {"$in": ids}}
+        ]
         if kinds is not None:
             kinds = list(kinds)
             bad = [k for k in kinds if k not in KINDS]
@@ -191,7 +298,11 @@ class HarnessMemory:
             zip(got["metadatas"], got["documents"], strict=True),
             key=lambda md: (md[0]["step"], md[0]["seq"]),
         )
-        return [TimeRecord(m["task_id"], int(m["step"]), m["kind"], json.loads(d)) for m, d in rows]
+        for m, d in rows:
+            out[m["task_id"]].append(
+                TimeRecord(m["task_id"], int(m["step"]), m["kind"], json.loads(d))
+            )
+        return out
 
     # ------------------------------------------------------------------ semantic index
 
@@ -215,18 +326,19 @@ class HarnessMemory:
                 raise ValueError(
                     f"memory: criterion {e.criterion_id!r} of task {e.task_id!r} has empty text"
                 )
-            key = (str(e.task_id), str(e.criterion_id))
-            cur = self._current_version.get(key)
+            cur = self._current.version((str(e.task_id), str(e.criterion_id)))
             # Chroma's metadata floats come back within an ulp: weights compare approximately.
-            if cur is not None and (cur[0], cur[2], cur[3]) == (e.text, e.anchor, e.deleted):
-                if math.isclose(cur[1], float(e.weight), rel_tol=1e-9, abs_tol=1e-12):
+            if cur is not None and (cur.text, cur.anchor, cur.deleted) == (
+                e.text, e.anchor, e.deleted
+            ):  # fmt: skip
+                if math.isclose(cur.weight, float(e.weight), rel_tol=1e-9, abs_tol=1e-12):
                     continue
             rows.append(e)
         if not rows:
             return
         vecs = self.embed([e.text for e in rows])
         ids, metas = [], []
-        for e in rows:
+        for e, vec in zip(rows, vecs, strict=True):
             seq = self._seq.get(step, 0)
             self._seq[step] = seq + 1
             ids.append(f"{step:09d}|{seq:07d}")
@@ -240,9 +352,7 @@ class HarnessMemory:
                     "deleted": bool(e.deleted),
                 }
             )
-            key = (str(e.task_id), str(e.criterion_id))
-            self._latest[key] = (ids[-1], bool(e.deleted))
-            self._current_version[key] = (e.text, float(e.weight), bool(e.anchor), bool(e.deleted))
+            self._current.set(_Version.of(metas[-1], e.text), vec)
         self._sem.add(ids=ids, embeddings=vecs, documents=[e.text for e in rows], metadatas=metas)
 
     def related(
@@ -253,7 +363,8 @@ class HarnessMemory:
         k: int | None = None,
     ) -> list[list[Neighbour]]:
         """Per query text, up to ``k`` (default top_k) current criteria with cosine ≥ floor, most
-        similar first; ``exclude_task`` (one id, or one per text) leaves a task's own out."""
+        similar first; ``exclude_task`` (one id, or one per text) leaves a task's own out. All the
+        texts are searched at once: pass a whole step's queries in one call."""
         k = self.top_k if k is None else int(k)
         texts = list(texts)
         if isinstance(exclude_task, str) or exclude_task is None:
@@ -262,69 +373,20 @@ class HarnessMemory:
             excl = list(exclude_task)
             if len(excl) != len(texts):
                 raise ValueError("memory.related: exclude_task needs one entry per text")
-        total = self._sem.count()
         if not texts:
             return []
-        if total == 0:
-            return [[] for _ in texts]
-        q = self.embed(texts)
-        n = min(total, self.candidates)
-        out: list[list[Neighbour]] = [[] for _ in texts]
-        # One Chroma query per distinct exclusion, all its texts at once.
-        by_excl: dict[str | None, list[int]] = {}
-        for i, ex in enumerate(excl):
-            by_excl.setdefault(None if ex is None else str(ex), []).append(i)
-        for ex, rows in by_excl.items():
-            where = {"deleted": False} if ex is None else {
-                "$and": [{"deleted": False}, {"task_id": {"$ne": ex}}]
-            }  # fmt: skip
-            got = self._sem.query(
-                query_embeddings=q[rows].astype(np.float64),
-                n_results=n,
-                where=where,
-                include=["embeddings", "documents", "metadatas"],
-            )
-            for r, qi in enumerate(rows):
-                out[qi] = self._rank(q[qi], got, r, k)
-        return out
-
-    def _rank(self, vec: np.ndarray, got: Mapping[str, Any], r: int, k: int) -> list[Neighbour]:
-        """Query result ``r``: current versions with exact cosine ≥ floor, best ``k``."""
-        embs = got["embeddings"][r]
-        if embs is None or len(embs) == 0:
-            return []
-        cos = np.asarray(embs, np.float64) @ np.asarray(vec, np.float64)
-        best: dict[tuple[str, str], Neighbour] = {}
-        hits = zip(cos, got["ids"][r], got["documents"][r], got["metadatas"][r], strict=True)
-        for c, i, d, m in hits:
-            key = (m["task_id"], m["criterion_id"])
-            if self._latest.get(key) != (i, False):
-                continue  # a superseded version, or the criterion is deleted
-            if c < self.floor:
-                continue
-            best[key] = Neighbour(
-                m["task_id"], m["criterion_id"], d, float(c), int(m["step"]),
-                float(m["weight"]), bool(m["anchor"]),
-            )  # fmt: skip
-        ranked = sorted(best.values(), key=lambda nb: (-nb.cosine, nb.task_id, nb.criterion_id))
-        return ranked[:k]
+        return self._current.search(self.embed(texts), excl, k=k, floor=self.floor)
 
     # ------------------------------------------------------------------ lifecycle
 
     def _load_latest(self) -> None:
-        self._latest = {}
-        self._current_version = {}
-        got = self._sem.get(include=["metadatas", "documents"])
-        rows = sorted(zip(got["ids"], got["metadatas"], got["documents"], strict=True))
-        for i, m, d in rows:
-            key = (m["task_id"], m["criterion_id"])
-            self._latest[key] = (i, bool(m["deleted"]))
-            self._current_version[key] = (
-                d,
-                float(m["weight"]),
-                bool(m["anchor"]),
-                bool(m["deleted"]),
-            )
+        """Rebuilds the mirror of the current versions and the id counters from Chroma."""
+        self._current = _Current(int(self.embedder.dim))
+        got = self._sem.get(include=["metadatas", "documents", "embeddings"])
+        order = sorted(range(len(got["ids"])), key=lambda i: got["ids"][i])
+        for i in order:
+            v = _Version.of(got["metadatas"][i], got["documents"][i])
+            self._current.set(v, np.asarray(got["embeddings"][i], np.float32))
         self._seq = {}
         for col in (self._time, self._sem):
             for i in col.get(include=[])["ids"]:
@@ -345,7 +407,7 @@ class HarnessMemory:
         return removed
 
     def counts(self) -> dict[str, int]:
-        live = sum(1 for _, deleted in self._latest.values() if not deleted)
+        live = self._current.live()
         return {
             "time_records": int(self._time.count()),
             "criterion_versions": int(self._sem.count()),

@@ -152,3 +152,46 @@ def test_a_memory_keeps_its_embedder(tmp_path, embedder):
         HarnessMemory(path, Other(), floor=0.5)
     with pytest.raises(ValueError, match="memory.top_k=0"):
         HarnessMemory(str(tmp_path / "m2"), embedder, top_k=0)
+
+
+def test_related_equals_an_exhaustive_numpy_search(tmp_path, embedder):
+    """Many criteria sharing texts (exact ties), rewrites, deletes and per-text exclusions: the
+    retrieved lists equal a plain float64 search over every current version, also after the
+    memory is reopened from disk, and ``histories`` equals one ``history`` per task."""
+    rng = np.random.default_rng(0)
+    texts = COUNTS + [f"every word is one of the {w}" for w in ("animals", "plants", "tools")]
+    m = HarnessMemory(str(tmp_path / "memory"), embedder, floor=0.5)
+    current: dict[tuple[str, str], tuple[str, bool]] = {}
+    for step in range(1, 6):
+        entries = []
+        for t in rng.choice(40, size=25, replace=False):
+            for c in ("a", "b", "c"):
+                text = texts[int(rng.integers(len(texts)))]
+                deleted = bool(rng.random() < 0.15)
+                entries.append(CriterionEntry(f"t{t}", c, text, weight=1.0, deleted=deleted))
+                current[(f"t{t}", c)] = (text, deleted)
+        m.index_criteria(step, entries)
+        m.record_many(step, [(f"t{t}", "group", {"step": step}) for t in range(0, 40, 7)])
+    queries = texts + ["the response lists exactly 12 items"]
+    excl = [None if i % 3 == 0 else f"t{i}" for i in range(len(queries))]
+
+    def reference(k):
+        out = []
+        for q, ex in zip(queries, excl, strict=True):
+            qv = m.embed([q])[0].astype(np.float64)
+            hits = []
+            for (t, c), (text, deleted) in current.items():
+                cos = float(m.embed([text])[0].astype(np.float64) @ qv)
+                if not deleted and t != ex and cos >= m.floor:
+                    hits.append((-cos, t, c))
+            out.append([(t, c) for _, t, c in sorted(hits)[:k]])
+        return out
+
+    for mem in (m, HarnessMemory(str(tmp_path / "memory"), embedder, floor=0.5)):
+        for k in (4, 30):
+            got = mem.related(queries, exclude_task=excl, k=k)
+            assert [[(h.task_id, h.criterion_id) for h in row] for row in got] == reference(k)
+        assert any(len(row) == 30 for row in got)  # the ties were really exercised
+        tasks = ["t0", "t7", "t3", "t99"]
+        assert mem.histories(tasks) == {t: mem.history(t) for t in tasks}
+        assert [r.step for r in mem.histories(tasks, since=2, until=3)["t7"]] == [2, 3]

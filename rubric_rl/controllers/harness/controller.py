@@ -364,34 +364,39 @@ class HarnessController(Controller):
         not_attributed = 0  # tasks whose LLM attribution failed this step
         sec_metrics = self._update_sec(rollouts) if self.sec is not None else {}
         self.last_attributions = []
-        history_cache: dict[str, list] = {}
-        if self.memory is not None and self.config.memory == "full":
-            # One embedding pass for every criterion text of the step (the queries below and
-            # the index at the end hit the cache).
-            texts = sorted({c.text for g in rollouts.groups for c in g.task.rubric.criteria})
-            t0 = time.perf_counter()
-            self.memory.embed(texts)
-            times["memory"] += time.perf_counter() - t0
+        semantic = self.config.memory == "full"
+        todo = []  # (group index, its task's state, criterion ids, their texts): first draws
         for g, group in enumerate(rollouts.groups):
-            task = group.task
-            if task.id in seen or task.id not in self.index:
+            if group.task.id in seen or group.task.id not in self.index:
                 continue
-            seen.add(task.id)
-            st = self._task_state(task)
+            seen.add(group.task.id)
+            st = self._task_state(group.task)
+            crit = {c.id: c for c in st.criteria}
+            ids = list(scores.criterion_ids[g])
+            todo.append((g, st, ids, [crit[i].text if i in crit else i for i in ids]))
+        t0 = time.perf_counter()
+        # The step's memory reads, batched: one search over every criterion text and one
+        # history read for the step's tasks and their neighbours.
+        related, history_cache = evidence.prefetch(
+            self.memory, [(rollouts.groups[g].task.id, texts) for g, _, _, texts in todo],
+            semantic=semantic,
+        )  # fmt: skip
+        times["memory"] += time.perf_counter() - t0
+        for g, st, ids, texts in todo:
+            group = rollouts.groups[g]
+            task = group.task
             st.draws += 1
             st.criteria_before_step = st.criteria
-            ids = list(scores.criterion_ids[g])
             k, j = len(ids), len(group.trajectories)
             met = np.where(scores.valid[g, :k, :j], scores.met[g, :k, :j], np.nan)
             crit = {c.id: c for c in st.criteria}
             weights = [crit[i].weight if i in crit else 1.0 for i in ids]
-            texts = [crit[i].text if i in crit else i for i in ids]
             responses = tuple(t.response for t in group.trajectories)
             t0 = time.perf_counter()
             ev = evidence.gather(
-                self.memory, task.id, ids, texts, semantic=self.config.memory == "full",
+                self.memory, task.id, ids, texts, semantic=semantic,
                 last_label=self.last_label, draws=st.draws, retry_after=self.config.retry_after,
-                cache=history_cache,
+                cache=history_cache, related=None if related is None else related[task.id],
             )  # fmt: skip
             times["memory"] += time.perf_counter() - t0
             t0 = time.perf_counter()

@@ -28,6 +28,26 @@ def _met(rows) -> np.ndarray:
     return np.array([[np.nan if x is None else x for x in row] for row in rows], float)
 
 
+def prefetch(memory, tasks: Sequence[tuple[str, Sequence[str]]], *, semantic: bool):
+    """A step's reads, batched (the memory does not change while a step's evidence is
+    gathered): ``tasks`` = (task id, criterion texts) per task. Returns the related criteria of
+    every text (one search, each task's own excluded; None without the semantic index) and the
+    histories of the tasks and of their neighbours' tasks (one read), for ``gather``."""
+    if memory is None:
+        return None, {}
+    related = None
+    if semantic:
+        texts = [t for _, ts in tasks for t in ts]
+        hits = memory.related(texts, exclude_task=[tid for tid, ts in tasks for _ in ts])
+        related, i = {}, 0
+        for tid, ts in tasks:
+            related[tid], i = hits[i : i + len(ts)], i + len(ts)
+    wanted = {tid for tid, _ in tasks}
+    for rows in (related or {}).values():
+        wanted.update(nb.task_id for nbs in rows for nb in nbs)
+    return related, memory.histories(wanted)
+
+
 def gather(
     memory,
     task_id: str,
@@ -39,9 +59,11 @@ def gather(
     draws: int,
     retry_after: int,
     cache: dict | None = None,
+    related: Sequence[Sequence] | None = None,
 ) -> TaskEvidence:
     """The task's evidence (module docstring); ``memory`` None gives none. ``cache``: task id ->
-    its history, shared by the calls of one step (the memory does not change within them)."""
+    its history, shared by the calls of one step (the memory does not change within them);
+    ``related``: the texts' neighbours when already searched (``prefetch``)."""
     ev = TaskEvidence()
     if memory is None:
         return ev
@@ -72,7 +94,7 @@ def gather(
                     rejected.add((op["op"], t))
     ev.rejected = frozenset(rejected)
     if semantic:
-        hits = memory.related(list(texts), exclude_task=task_id)
+        hits = related if related is not None else memory.related(texts, exclude_task=task_id)
         for cid, nbs in zip(criterion_ids, hits, strict=True):
             ev.related[cid] = [
                 RelatedEvidence(
@@ -113,4 +135,4 @@ def cross_task_donor(memory, neighbours, cache: dict | None = None) -> tuple[str
     return None
 
 
-__all__ = ["TaskEvidence", "cross_task_donor", "gather"]
+__all__ = ["TaskEvidence", "cross_task_donor", "gather", "prefetch"]
