@@ -184,9 +184,12 @@ def test_notebook_on_a_run_without_arise_logs(tmp_path):
     rows[-1][an.HELDOUT_SCORE] = 40.0
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = execute(str(run_dir), str(tmp_path / "figs"))
-    check_figures(str(tmp_path / "figs"))
+    check_figures(str(tmp_path / "figs"), tuple(f for f in FIGURES if f != "criteria.png"))
     lines = set(text.splitlines())
     assert {"SUMMARY last_step=4 events=0", "SUMMARY criteria=0"} <= lines
+    # No per-criterion rates (a static rubric): a message saying why, not an empty figure.
+    assert "no per-criterion data in metrics.jsonl" in text
+    assert not os.path.exists(tmp_path / "figs" / "criteria.png")
     assert f"SUMMARY final {an.RUBRIC_REWARD}=0.4000" in lines
     assert not any(line.startswith("SUMMARY pool") for line in lines)
     assert "no failure/* pair classes in metrics.jsonl" in text
