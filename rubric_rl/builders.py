@@ -113,10 +113,15 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
     )
 
 
-# The files a directory given for a split holds for it: a split matches a word of a file's path
-# inside the directory (train.jsonl, data/train-00000-of-00001.parquet, test/part0.jsonl), so the
-# training split never reads a held-out file that sits beside it.
-DATASET_DIRECTORY_SPLITS = {"train": ("train",), "heldout": ("heldout", "test"), "ood": ("ood",)}
+# The files a directory given for a split holds for it: a word of their path inside the directory
+# (train.jsonl, data/train-00000-of-00001.parquet, test/part0.jsonl), the first of these names
+# that any file has. So the training split never reads a held-out file that sits beside it, and
+# another dataset's directory given as the OOD split reads its test split.
+DATASET_DIRECTORY_SPLITS = {
+    "train": ("train",),
+    "heldout": ("heldout", "test"),
+    "ood": ("ood", "test"),
+}
 
 
 @DOMAINS.register("dataset")
@@ -142,13 +147,13 @@ def dataset_domain(cfg: ConfigDict) -> Domain:
         if not path:
             return ()
         reports[split] = LoadReport()
-        names = DATASET_DIRECTORY_SPLITS[split] if os.path.isdir(path) else None
+        name = _directory_split(ds, split) if os.path.isdir(path) else None
         return tuple(
             load_tasks(
                 path,
                 format=fmt,
                 limit=limit,
-                split=names,
+                split=name,
                 checkers=checkers,
                 report=reports[split],
             )
@@ -163,6 +168,25 @@ def dataset_domain(cfg: ConfigDict) -> Domain:
         if split in reports:
             _refuse_split_overlap(ds, reports["train"], split, reports[split])
     return Domain(name="dataset", train=train, heldout=heldout, ood=ood)
+
+
+def _directory_split(ds: ConfigDict, split: str) -> str:
+    """The split name a directory given for ``split`` is read with (DATASET_DIRECTORY_SPLITS)."""
+    from rubric_rl.rubrics.dataset_files import DatasetError, resolve_files
+
+    names = DATASET_DIRECTORY_SPLITS[split]
+    for name in names:
+        try:
+            resolve_files(ds[split], name)
+            return name
+        except DatasetError:
+            continue
+    raise ValueError(
+        f"config.domain.dataset.{split}: directory {ds[split]!r} has no data file whose path "
+        f"inside it has a word {' or '.join(map(repr, names))} (e.g. {names[0]}.jsonl, "
+        f"{names[0]}-00000-of-00001.parquet, {names[0]}/part0.jsonl); a directory is read by "
+        "split, or give the file"
+    )
 
 
 def _refuse_split_overlap(ds: ConfigDict, train: LoadReport, split: str, other: LoadReport) -> None:

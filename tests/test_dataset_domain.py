@@ -56,8 +56,20 @@ def test_a_directory_given_for_train_reads_only_its_train_split(tmp_path, heldou
     assert [t.id for t in domain.train] == ["hb-0001"]
     assert [t.id for t in domain.heldout] == ["hb-0002"]
     (tmp_path / "hb" / "train.jsonl").rename(tmp_path / "hb" / "all.jsonl")
-    with pytest.raises(DatasetError, match="split=\\('train',\\)"):
+    with pytest.raises(ValueError, match=r"^config\.domain\.dataset\.train: directory .* 'train'"):
         builders.build_domain(c)
+
+
+def test_directory_splits_take_the_first_name_present(tmp_path):
+    d = _split_fixture(tmp_path / "hb")  # train.jsonl: hb-0001, test.jsonl: hb-0002
+    (tmp_path / "hb" / "heldout.jsonl").write_text((tmp_path / "hb" / "test.jsonl").read_text())
+    (tmp_path / "hb" / "test.jsonl").write_text("not read: heldout.jsonl comes first\n")
+    other = _split_fixture(tmp_path / "other")  # another dataset's directory as the OOD split
+    (tmp_path / "other" / "train.jsonl").write_text("never read\n")
+    c = _dataset_config(format="healthbench", train=d, heldout=d, ood=other)
+    domain = builders.build_domain(c)
+    assert [t.id for t in domain.heldout] == ["hb-0002"]
+    assert [t.id for t in domain.ood] == ["hb-0002"]
 
 
 def test_train_heldout_overlap_is_an_error_naming_both_sources_and_ids(tmp_path):
