@@ -188,9 +188,10 @@ def get_base_config() -> ConfigDict:
         # (healthbench, rar, rubrichub, openrubrics, jsonl). No programmatic verifier, oracle or
         # warm-start corpus: judge with judge.kind="llm" (or rule criteria) and train a
         # pretrained checkpoint (warmstart.steps=0). ``limit`` caps each split (0 = all). A
-        # directory reads only its files of that split, a word of their path: train; heldout or
-        # test; ood (builders.DATASET_DIRECTORY_SPLITS). A task id in the training split and an
-        # evaluation split is an error, so is a rule criterion naming an unregistered checker.
+        # directory reads only its files of that split, a word of their path: train; heldout,
+        # else test; ood, else test (builders.DATASET_DIRECTORY_SPLITS). A task id in the training
+        # split and an evaluation split is an error, so is a rule criterion naming an unregistered
+        # checker.
         dataset=dict(format="", train="", heldout="", ood="", ood_format="", limit=0),
     )
 
