@@ -10,12 +10,20 @@ Atomicity: orbax writes a step into a temporary directory and renames it into pl
 every item is finalised, so a process killed mid-write leaves at most a temporary directory that
 ``latest_step()`` ignores (and the next manager cleans up); the last complete step stays
 restorable. ``keep`` bounds the number of complete steps kept.
+
+A complete step can still be damaged afterwards (a full disk, a bad copy): ``restore`` raises
+``CorruptCheckpointError`` naming the step, the file and the cause (the JSON files are parsed
+here first, so a truncated one is named), ``restore_intact`` falls back to the newest step that
+restores, and ``set_aside(step)`` moves a damaged step to ``<workdir>/checkpoints_corrupt/`` so the
+resumed run saves that step afresh (nothing is deleted).
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import shutil
 from typing import Any
 
@@ -26,6 +34,36 @@ import orbax.checkpoint as ocp
 from rubric_rl.core import checkpointing
 
 RUN_STATE = "run_state"
+# The JSON files of a step that a restore reads (orbax's own error for a truncated one names none).
+_JSON_FILES = (
+    f"{RUN_STATE}/metadata",
+    f"{checkpointing.ITEM}/_METADATA",
+    f"{checkpointing.ITEM}/array_metadatas/*",
+)
+_LOCAL_FILE = re.compile(r'local file "([^"]+)"')
+
+
+class CorruptCheckpointError(RuntimeError):
+    """A checkpoint step that cannot be restored: ``step``, ``path`` (the file, or the step's
+    item directory when the cause names none) and ``reason``."""
+
+    def __init__(self, step: int, path: str, reason: str):
+        self.step, self.path, self.reason = step, path, reason
+        super().__init__(f"checkpoint step {step} is unreadable: {path}: {reason}")
+
+
+class NoIntactCheckpointError(RuntimeError):
+    """Every checkpoint step failed to restore; ``failed`` holds each step's error."""
+
+    def __init__(self, directory: str, failed: list[CorruptCheckpointError]):
+        self.failed = failed
+        causes = "\n".join(f"  step {e.step}: {e.path}: {e.reason}" for e in failed)
+        super().__init__(f"no intact checkpoint in {directory}:\n{causes}")
+
+
+def _first_line(e: BaseException, limit: int = 300) -> str:
+    text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def publish_dir(tmp: str, dst: str) -> None:
@@ -75,6 +113,19 @@ class RunCheckpointer:
             self.directory, max_to_keep=keep, async_save=async_save
         )
 
+    def step_dir(self, step: int) -> str:
+        return os.path.join(self.directory, str(int(step)))
+
+    def check_json(self, step: int) -> None:
+        """Parses the step's JSON files; raises ``CorruptCheckpointError`` naming a bad one."""
+        for pattern in _JSON_FILES:
+            for path in sorted(glob.glob(os.path.join(self.step_dir(step), pattern))):
+                try:
+                    with open(path, encoding="utf-8") as f:
+                        json.load(f)
+                except (ValueError, OSError) as e:  # JSONDecodeError, UnicodeDecodeError
+                    raise CorruptCheckpointError(step, path, f"not valid JSON ({e})") from None
+
     def latest_step(self) -> int | None:
         """The newest COMPLETE step (temporary / interrupted writes are never listed)."""
         return self.manager.latest_step()
@@ -122,16 +173,60 @@ class RunCheckpointer:
             ),
             train_state_target,
         )
-        restored = self.manager.restore(
-            step,
-            args=ocp.args.Composite(
-                **{
-                    checkpointing.ITEM: ocp.args.StandardRestore(target),
-                    RUN_STATE: ocp.args.JsonRestore(),
-                }
-            ),
-        )
+        self.check_json(step)
+        try:
+            restored = self.manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    **{
+                        checkpointing.ITEM: ocp.args.StandardRestore(target),
+                        RUN_STATE: ocp.args.JsonRestore(),
+                    }
+                ),
+            )
+        except Exception as e:  # orbax / tensorstore: the cause names the file when it knows it
+            text = _first_line(e, limit=10_000)
+            files = list(_LOCAL_FILE.finditer(text))
+            if files:  # tensorstore chains its contexts: the cause follows the last file named
+                path, cause = files[-1].group(1), text[files[-1].end() :].lstrip(": ")
+                cause = cause.split(" [tensorstore_spec")[0]
+            else:
+                path, cause = os.path.join(self.step_dir(step), checkpointing.ITEM), text
+            raise CorruptCheckpointError(step, path, cause[:300] or text[:300]) from e
         return restored[checkpointing.ITEM], dict(restored[RUN_STATE])
+
+    def restore_intact(
+        self, train_state_target: Any
+    ) -> tuple[int, Any, dict, list[CorruptCheckpointError]]:
+        """(step, train_state, run_state, the newer steps that failed) of the newest step that
+        restores. Raises ``NoIntactCheckpointError`` (each step's file and cause) when none does,
+        ``FileNotFoundError`` when there is no step at all."""
+        steps = sorted(self.all_steps(), reverse=True)
+        if not steps:
+            raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+        failed: list[CorruptCheckpointError] = []
+        for step in steps:
+            try:
+                train_state, run_state = self.restore(train_state_target, step)
+            except CorruptCheckpointError as e:
+                failed.append(e)
+                continue
+            return step, train_state, run_state, failed
+        raise NoIntactCheckpointError(self.directory, failed)
+
+    def set_aside(self, step: int) -> str:
+        """Moves step ``step`` out of the manager's sight to ``<directory>_corrupt/<step>[-n]``
+        (kept for inspection); returns the new path."""
+        self.manager.wait_until_finished()
+        root = self.directory + "_corrupt"
+        os.makedirs(root, exist_ok=True)
+        dst, n = os.path.join(root, str(int(step))), 1
+        while os.path.exists(dst):
+            n += 1
+            dst = os.path.join(root, f"{int(step)}-{n}")
+        os.rename(self.step_dir(step), dst)
+        self.manager.reload()
+        return dst
 
     def wait(self) -> None:
         self.manager.wait_until_finished()

@@ -1,7 +1,8 @@
 """Run-directory logging (CONVENTIONS.md "Run directory"): metrics, rollouts, controller events.
 
 - ``metrics.jsonl``: one JSON object per logged step, always (the colabs read it).
-- TensorBoard event files under ``<workdir>/tb`` when ``tensorboardX`` is installed.
+- TensorBoard event files under ``<workdir>/tb`` when ``tensorboardX`` is installed; on resume
+  the steps after the restored one are purged (TensorBoard's ``purge_step``), not shown twice.
 - Weights & Biases when installed and enabled in the config.
 - ``rollouts/step_XXXXXX.jsonl.gz``: sampled rollouts with their verdicts.
 - ``controllers/<name>.jsonl``: controller event logs (pool lifecycle, labels, selections).
@@ -15,8 +16,10 @@ anything written (``scrub``), and configs only ever hold the NAME of an env var 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import logging
 import math
 import os
 import re
@@ -77,7 +80,9 @@ class MetricsWriter:
         self.primary = primary
         self.path = os.path.join(workdir, "metrics.jsonl")
         self._file = None
-        self._tb = None
+        self._tb = None  # opened at the first write: after truncate_after has set the purge step
+        self._tb_writer = None
+        self._tb_purge_step: int | None = None
         self._wandb = None
         if not primary:
             return
@@ -88,8 +93,7 @@ class MetricsWriter:
                 from tensorboardX import SummaryWriter
             except ImportError:
                 SummaryWriter = None
-            if SummaryWriter is not None:
-                self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+            self._tb_writer = SummaryWriter
         if wandb_config is not None and wandb_config.get("enabled"):
             try:
                 import wandb
@@ -105,7 +109,17 @@ class MetricsWriter:
 
     @property
     def tensorboard_enabled(self) -> bool:
-        return self._tb is not None
+        return self._tb_writer is not None
+
+    def _tensorboard(self):
+        if self._tb is None and self._tb_writer is not None:
+            purge = {} if self._tb_purge_step is None else {"purge_step": self._tb_purge_step}
+            # tensorboardX names files by the second and opens them "wb": the pid keeps a file of
+            # an earlier writer in the same second from being overwritten.
+            self._tb = self._tb_writer(
+                os.path.join(self.workdir, "tb"), filename_suffix=f".{os.getpid()}", **purge
+            )
+        return self._tb
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
         row = {"step": int(step)}
@@ -119,18 +133,23 @@ class MetricsWriter:
             for k, v in row.items()
             if k != "step" and isinstance(v, int | float) and not isinstance(v, bool)
         }
-        if self._tb is not None:
+        if (tb := self._tensorboard()) is not None:
             for k, v in scalars.items():
-                self._tb.add_scalar(k, v, global_step=int(step))
-            self._tb.flush()
+                tb.add_scalar(k, v, global_step=int(step))
+            tb.flush()
         if self._wandb is not None:
             self._wandb.log(scalars, step=int(step))
         return row
 
     def truncate_after(self, step: int) -> None:
-        """Keep only rows with ``step <= step`` (resume after a kill: later rows are replayed)."""
+        """Keep only rows with ``step <= step`` (resume after a kill: later rows are replayed);
+        TensorBoard's events of later steps are purged by the next event file it writes."""
         if self._file is None:
             return
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        self._tb_purge_step = int(step) + 1
         self._file.close()
         rows = read_metrics(self.path) if os.path.exists(self.path) else []
         tmp = self.path + ".tmp"
@@ -252,8 +271,59 @@ def summary_line(step: int, metrics: Mapping[str, Any]) -> str:
     return " | ".join(parts)
 
 
-def progress_bar(total: int, initial: int = 0, enabled: bool = True):
-    """A tqdm bar over training steps (``set_postfix(headline(metrics))`` per step)."""
+def progress_bar(total: int, initial: int = 0, enabled: bool = True, file=None):
+    """A tqdm bar over training steps (``set_postfix(headline(metrics))`` per step); wrap the
+    loop in ``logs_above(bar)`` so that log lines do not break it."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, disable=not enabled, desc="train", dynamic_ncols=True)
+    return tqdm(
+        total=total,
+        initial=initial,
+        disable=not enabled,
+        desc="train",
+        dynamic_ncols=True,
+        file=file,
+    )
+
+
+class _AboveBar(logging.Handler):
+    """Writes each record through ``tqdm.write``: the bar is cleared, the line printed, the bar
+    redrawn below it."""
+
+    def __init__(self, bar):
+        super().__init__()
+        self.bar = bar
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.bar.write(self.format(record), file=self.bar.fp)
+        except Exception:
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def logs_above(bar):
+    """While ``bar`` is shown, the root logger's absl handler (every ``absl.logging`` line) is
+    replaced by one that prints above the bar, with the same format, level and filters."""
+    if getattr(bar, "disable", True):
+        yield
+        return
+    from absl import logging as absl_logging
+
+    root = logging.getLogger()
+    absl_handler = absl_logging.get_absl_handler()
+    handler = _AboveBar(bar)
+    handler.setFormatter(absl_logging.PythonFormatter())
+    handler.setLevel(absl_handler.level)
+    for f in absl_handler.filters:
+        handler.addFilter(f)
+    swapped = absl_handler in root.handlers
+    if swapped:
+        root.removeHandler(absl_handler)
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        if swapped:
+            root.addHandler(absl_handler)

@@ -11,9 +11,10 @@ restored checkpoint (metrics, controller logs and directories) are rolled back.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -28,7 +29,14 @@ from rubric_rl.config_validation import validate_config
 from rubric_rl.controllers.base import Controller
 from rubric_rl.core import losses, sharding
 from rubric_rl.core.train_step import TrainBatch, init_train_state, make_train_step
-from rubric_rl.metrics import ControllerLog, MetricsWriter, RolloutLogger, headline, progress_bar
+from rubric_rl.metrics import (
+    ControllerLog,
+    MetricsWriter,
+    RolloutLogger,
+    headline,
+    logs_above,
+    progress_bar,
+)
 from rubric_rl.metrics import summary_line as format_summary
 from rubric_rl.services import ComponentError, Services
 from rubric_rl.step import Pipeline, StepContext, build_pipeline
@@ -37,7 +45,25 @@ from rubric_rl.trainer_batch import rollouts_to_batch, update_batches
 
 
 class NonFiniteLossError(RuntimeError):
-    """Too many consecutive steps with a NaN/inf loss."""
+    """Too many consecutive steps with a NaN/inf loss or gradient norm."""
+
+
+# The quantities of an update that make it non-finite (the jitted step skips on either).
+NONFINITE_CHECKED = (("loss", "loss"), ("grad_norm", "gradient norm"))
+
+
+def nonfinite_updates(per_update: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One description per update whose loss or gradient norm is NaN/inf, naming the non-finite
+    quantities and quoting the others: ``update 2 of 2: gradient norm inf (loss 0.0123)``."""
+    out = []
+    for i, u in enumerate(per_update):
+        values = {name: float(u[k]) for k, name in NONFINITE_CHECKED if k in u}
+        bad = [f"{n} {v}" for n, v in values.items() if not math.isfinite(v)]
+        if bad:
+            good = [f"{n} {v:.6g}" for n, v in values.items() if math.isfinite(v)]
+            rest = f" ({', '.join(good)})" if good else ""
+            out.append(f"update {i + 1} of {len(per_update)}: {', '.join(bad)}{rest}")
+    return out
 
 
 class Trainer:
@@ -94,6 +120,7 @@ class Trainer:
             for c in self.controllers.controllers
         ]
         self._nonfinite_streak = 0
+        self._nonfinite: list[str] = []  # the last step's non-finite updates, described
         self.ref_params = None  # the KL reference (loss.kl_beta > 0), set by _restore_or_warmstart
         self.weight_sync = None
         if config.rollout.engine == "sglang":
@@ -120,10 +147,15 @@ class Trainer:
                 f"--workdir {self.workdir} already holds checkpoints (latest step {latest}); "
                 "pass --resume to continue it or choose a new --workdir"
             )
+        if latest is None and resume:
+            raise FileNotFoundError(
+                f"--resume: nothing to resume, {self.ckpt.directory} holds no checkpoint; "
+                "run without --resume to start a new run"
+            )
         if latest is not None:
             if kl and warm:
                 start = self._warm_start_params()  # the run's cached warm start
-            self.state, rs = self.ckpt.restore(self.state)
+            self.state, rs = self._restore_intact()
             self.controllers.load_state_dict(rs["controllers"])
             self.rng = key_from_json(rs["rng"])
             self.step = int(rs["step"])
@@ -143,6 +175,18 @@ class Trainer:
         # A copy, taken before any update: the train step donates the state's buffers.
         self.ref_params = jax.tree.map(jnp.copy, start) if kl else None
         self._sync_weights()
+
+    def _restore_intact(self) -> tuple[Any, dict[str, Any]]:
+        """The newest checkpoint that restores; a newer damaged one is named in a warning and set
+        aside (``checkpoints_corrupt/``), so this run saves that step afresh."""
+        step, state, rs, failed = self.ckpt.restore_intact(self.state)
+        for e in failed:
+            moved = self.ckpt.set_aside(e.step) if self.primary else "(left in place)"
+            logging.warning(
+                "checkpoint step %d is unreadable (%s: %s); resuming from step %d instead, the "
+                "damaged step moved to %s", e.step, e.path, e.reason, step, moved,
+            )  # fmt: skip
+        return state, rs
 
     def _warm_start_params(self):
         return warmstart.run_or_load(
@@ -188,7 +232,7 @@ class Trainer:
         t0 = time.perf_counter()
         self._sync_weights()
         t["sync"] = time.perf_counter() - t0
-        self._check_nonfinite(step, float(train_m["loss"]))
+        self._check_nonfinite(step)
         oracle = oracle_diagnostics(rollouts, ctx, self.seed_by_id)
         t.update({"rollout": ctx.seconds.get("generate", 0.0), **ctx.seconds})
         t["judge"] = ctx.seconds.get("judge", 0.0) + ctx.seconds.get("reward", 0.0)
@@ -202,7 +246,6 @@ class Trainer:
             for e in map(dict, events):
                 e.pop("step", None)
                 log.log(step, str(e.pop("event", "event")), **e)
-        m["train/skipped"] = float(self._nonfinite_streak > 0)
         n = int(self.config.logging.rollouts_per_step)
         if n > 0:
             self.rollout_log.write(step, rollout_rows(rollouts, n))
@@ -232,21 +275,29 @@ class Trainer:
             self.state, m_ = settle(self.train_step(self.state, settle(sub), self.ref_params))
             per_update.append(m_)
         per_update = jax.device_get(per_update)
-        # Means over the step's updates; train/skipped is the share of updates skipped.
+        # Means over the step's updates, except train/skipped: the NUMBER of the step's updates
+        # that the jitted step skipped (with several mini-batches one can be skipped and the next
+        # applied), out of train/updates.
         train_m = {k: float(np.mean([u[k] for u in per_update])) for k in per_update[0]}
         train_m["train/updates"] = float(len(per_update))
-        skipped = float(train_m.get("train/skipped", 0.0)) > 0
-        self._nonfinite_streak = self._nonfinite_streak + 1 if skipped else 0
+        train_m["train/skipped"] = float(sum(float(u.get("train/skipped", 0)) for u in per_update))
+        # A step with any non-finite update counts towards the streak, skipped or (with
+        # train.max_nonfinite_skips = 0, no skipping) applied.
+        self._nonfinite = nonfinite_updates(per_update)
+        self._nonfinite_streak = self._nonfinite_streak + 1 if self._nonfinite else 0
         return train_m, measured
 
-    def _check_nonfinite(self, step: int, loss: float) -> None:
+    def _check_nonfinite(self, step: int) -> None:
         if (n := self._nonfinite_streak) == 0:
             return
-        logging.warning("step %d: non-finite loss %r, update skipped (%d in a row)", step, loss, n)
-        if n >= int(self.config.train.max_nonfinite_skips):
+        limit = int(self.config.train.max_nonfinite_skips)
+        what = "; ".join(self._nonfinite)
+        done = "skipped" if limit > 0 else "APPLIED (train.max_nonfinite_skips = 0)"
+        logging.warning("step %d, non-finite %s: %s (%d steps in a row)", step, what, done, n)
+        if n >= limit:
             raise NonFiniteLossError(
-                f"{n} consecutive steps with a non-finite loss (last: step {step}, loss {loss}); "
-                "stopping (train.max_nonfinite_skips)"
+                f"{n} consecutive steps with a non-finite update (last: step {step}, {what}); "
+                f"stopping (train.max_nonfinite_skips = {limit})"
             )
 
     def evaluate(self, splits: Sequence[str] = evaluation.EVAL_SPLITS) -> dict[str, float]:
@@ -274,18 +325,19 @@ class Trainer:
         show = bool(cfg.logging.progress_bar) and self.primary
         bar = progress_bar(total, self.step, enabled=show)
         try:
-            while self.step < total:
-                m = self.train_one_step()
-                m.update(self._evaluate_due(final=self.step == total))
-                # Row first, then the checkpoint: a kill in between replays this step on resume
-                # (rows after the restored step are dropped), so no row is ever lost.
-                rows.append(self.metrics.write(self.step, m))
-                if self.step % int(cfg.checkpoint.every) == 0 or self.step == total:
-                    self.save()
-                bar.update(1)
-                bar.set_postfix(headline(m), refresh=False)
-                if self.step % int(cfg.logging.every) == 0:
-                    logging.info(format_summary(self.step, m))
+            with logs_above(bar):
+                while self.step < total:
+                    m = self.train_one_step()
+                    m.update(self._evaluate_due(final=self.step == total))
+                    # Row first, then the checkpoint: a kill in between replays this step on resume
+                    # (rows after the restored step are dropped), so no row is ever lost.
+                    rows.append(self.metrics.write(self.step, m))
+                    if self.step % int(cfg.checkpoint.every) == 0 or self.step == total:
+                        self.save()
+                    bar.update(1)
+                    bar.set_postfix(headline(m), refresh=False)
+                    if self.step % int(cfg.logging.every) == 0:
+                        logging.info(format_summary(self.step, m))
         finally:
             bar.close()
             self.ckpt.wait()

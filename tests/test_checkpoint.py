@@ -1,5 +1,6 @@
 """Run checkpoints: train state + run state round trip, keep-N, interrupted writes are safe."""
 
+import glob
 import os
 import subprocess
 import sys
@@ -114,4 +115,57 @@ def test_interrupted_write_leaves_last_good_checkpoint(tmp_path):
     restored, rs = ckpt.restore({"w": jnp.zeros(8)})
     np.testing.assert_array_equal(np.asarray(restored["w"]), np.arange(8.0))
     assert rs == {"step": 1}
+    ckpt.close()
+
+
+def _truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+def _two_steps(d):
+    ckpt = RunCheckpointer(d, keep=3, async_save=False)
+    for s in (1, 2):
+        ckpt.save(s, {"w": jnp.arange(8.0) + s}, {"step": s})
+    return ckpt
+
+
+def test_a_truncated_step_is_named_and_the_previous_one_restored(tmp_path):
+    from rubric_rl.checkpoint import CorruptCheckpointError
+
+    d = str(tmp_path / "ckpt")
+    ckpt = _two_steps(d)
+    metadata = os.path.join(d, "2", "run_state", "metadata")
+    _truncate(metadata)
+    with pytest.raises(CorruptCheckpointError) as e:
+        ckpt.restore({"w": jnp.zeros(8)}, step=2)
+    assert str(e.value).startswith(f"checkpoint step 2 is unreadable: {metadata}: not valid JSON")
+    step, restored, rs, failed = ckpt.restore_intact({"w": jnp.zeros(8)})
+    assert (step, rs, [(e.step, e.path) for e in failed]) == (1, {"step": 1}, [(2, metadata)])
+    np.testing.assert_array_equal(np.asarray(restored["w"]), np.arange(8.0) + 1)
+    # Set aside (kept, out of the manager's sight): the resumed run saves step 2 afresh.
+    assert ckpt.set_aside(2) == str(tmp_path / "ckpt_corrupt" / "2")
+    assert os.path.exists(tmp_path / "ckpt_corrupt" / "2" / "run_state" / "metadata")
+    assert ckpt.all_steps() == [1]
+    assert ckpt.save(2, {"w": jnp.arange(8.0) + 5}, {"step": 2})
+    assert ckpt.restore({"w": jnp.zeros(8)})[1] == {"step": 2}
+    ckpt.close()
+
+
+def test_no_intact_step_is_an_error_naming_each_file(tmp_path):
+    from rubric_rl.checkpoint import NoIntactCheckpointError
+
+    d = str(tmp_path / "ckpt")
+    ckpt = _two_steps(d)
+    data = {}
+    for s in (1, 2):  # the array data itself (tensorstore's OCDBT files), really truncated
+        files = glob.glob(os.path.join(d, str(s), "train_state", "d", "*"))
+        data[s] = max(files, key=os.path.getsize)
+        _truncate(data[s])
+    with pytest.raises(NoIntactCheckpointError) as e:
+        ckpt.restore_intact({"w": jnp.zeros(8)})
+    msg = str(e.value)
+    assert msg.startswith(f"no intact checkpoint in {d}:\n")
+    assert f"  step 2: {data[2]}: " in msg and f"  step 1: {data[1]}: " in msg
+    assert "tensorstore_spec" not in msg  # the cause, not tensorstore's multi-KB spec
     ckpt.close()

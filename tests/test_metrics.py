@@ -82,3 +82,66 @@ def test_non_primary_processes_write_nothing(tmp_path):
     M.MetricsWriter(str(tmp_path / "run"), tensorboard=False).write(3, {"reward/mean": 0.5})
     M.ControllerLog(str(tmp_path / "run"), "pool").log(3, "add")
     assert sorted(os.listdir(tmp_path / "run")) == ["controllers", "metrics.jsonl"]
+
+
+def _tb_scalars(tb_dir, tag):
+    """{step: value} of ``tag`` as TensorBoard shows it: event files in name order, and a
+    SessionLog START at step s (``purge_step``) discards the events of steps >= s read before."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    shown = {}
+    for path in sorted(glob.glob(os.path.join(tb_dir, "events.out.tfevents.*"))):
+        data, i = open(path, "rb").read(), 0
+        while i < len(data):
+            (n,) = struct.unpack("<Q", data[i : i + 8])
+            e = event_pb2.Event.FromString(data[i + 12 : i + 12 + n])
+            i += 12 + n + 4
+            if e.HasField("session_log") and e.session_log.status == e.session_log.START:
+                shown = {s: v for s, v in shown.items() if s < e.step}
+            for v in e.summary.value:
+                if v.tag == tag:
+                    shown.setdefault(e.step, []).append(v.simple_value)
+    return shown
+
+
+def test_tensorboard_shows_each_step_once_after_a_resume(tmp_path):
+    import time
+
+    killed = M.MetricsWriter(str(tmp_path))
+    if not killed.tensorboard_enabled:
+        import pytest
+
+        pytest.skip("tensorboardX is not installed")
+    killed.truncate_after(-1)  # a fresh run, as the trainer starts one
+    for s in (1, 2, 3):
+        killed.write(s, {"reward/mean": float(s)})
+    killed.close()  # killed after step 3; its checkpoint is at step 1
+    time.sleep(1.1)  # a later process: event file names carry the second
+    resumed = M.MetricsWriter(str(tmp_path))
+    resumed.truncate_after(1)
+    for s in (2, 3):
+        resumed.write(s, {"reward/mean": 10.0 * s})
+    resumed.close()
+    assert _tb_scalars(str(tmp_path / "tb"), "reward/mean") == {1: [1.0], 2: [20.0], 3: [30.0]}
+
+
+def test_log_lines_print_above_the_progress_bar(tmp_path):
+    import io
+
+    from absl import logging as absl_logging
+
+    out = io.StringIO()
+    bar = M.progress_bar(3, enabled=True, file=out)
+    bar.update(1)
+    with M.logs_above(bar):
+        absl_logging.warning("a log line")
+        bar.update(1)
+    bar.close()
+    text = out.getvalue()
+    assert "a log line\n" in text
+    line = text[: text.index("a log line")].split("\n")[-1]
+    # The bar was cleared before the line was printed: nothing of it precedes the log line.
+    assert line.split("\r")[-1].startswith("W") and "train:" not in line.split("\r")[-1], line
+    assert "2/3" in text[text.index("a log line") :]  # and redrawn after it

@@ -162,15 +162,56 @@ def test_nonfinite_loss_skips_the_update_then_stops(trainer):
 
     nan_step.compute_logps = real_step.compute_logps
     trainer.train_step = nan_step
+    before = jax.tree.map(np.array, trainer.state)  # params, Adam moments and counts, step
     try:
         m = trainer.train_one_step()
-        assert m["train/skipped"] == 1.0 and trainer.step == 1
+        # Both of the step's updates (2 mini-batches) were skipped: the count, not a 0/1 flag.
+        assert m["train/skipped"] == 2.0 and m["train/updates"] == 2.0 and trainer.step == 1
         assert not np.isfinite(m["loss"])
-        after = jax.tree.map(np.asarray, trainer.state.params)
+        after = jax.tree.map(np.asarray, trainer.state)
+        assert jax.tree.structure(before) == jax.tree.structure(after)
         assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before),
                                                         jax.tree.leaves(after)))  # fmt: skip
-        with pytest.raises(NonFiniteLossError, match="2 consecutive steps"):
+        with pytest.raises(NonFiniteLossError, match="2 consecutive steps") as e:
             trainer.train_one_step()
+        assert "update 1 of 2: loss nan" in str(e.value)
+    finally:
+        trainer.train_step = real_step
+        trainer._nonfinite_streak = 0
+
+
+def test_a_step_that_skips_one_update_of_two_counts_one_and_names_the_gradient_norm(trainer):
+    import jax
+    import numpy as np
+
+    from rubric_rl.trainer import NonFiniteLossError
+
+    real_step = trainer.train_step
+    calls = []
+
+    def overflow_first(state, batch, ref_params=None):
+        # Huge finite advantages on the step's first update: the loss stays finite, the gradient
+        # norm overflows to inf (the case: a finite loss quoted as the non-finite one).
+        calls.append(len(calls))
+        if len(calls) % 2 == 1:
+            batch = batch.replace(advantages=batch.advantages * 1e32)
+        return real_step(state, batch, ref_params)
+
+    overflow_first.compute_logps = real_step.compute_logps
+    trainer.train_step = overflow_first
+    step0 = int(trainer.state.step)
+    params0 = jax.tree.map(np.array, trainer.state.params)
+    try:
+        m = trainer.train_one_step()
+        assert m["train/skipped"] == 1.0 and m["train/updates"] == 2.0
+        assert int(trainer.state.step) == step0 + 1  # the second update was applied
+        moved = jax.tree.map(lambda a, b: not np.array_equal(a, b), params0, trainer.state.params)
+        assert any(jax.tree.leaves(moved))
+        with pytest.raises(NonFiniteLossError) as e:
+            trainer.train_one_step()
+        msg = str(e.value)
+        assert "2 consecutive steps with a non-finite update" in msg
+        assert "update 1 of 2: gradient norm inf (loss " in msg and "loss inf" not in msg
     finally:
         trainer.train_step = real_step
         trainer._nonfinite_streak = 0
