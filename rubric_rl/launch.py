@@ -1,18 +1,20 @@
 """Entry point: ``python -m rubric_rl.launch --config=configs/grpo.py[:variant,...]``.
 
     --config=configs/grpo.py:smoke --config.train.steps=10   # variants + locked overrides
-    --workdir=runs/my-run                                     # default runs/<config>-<timestamp>
-    --resume                                                  # continue the workdir's latest step
+    --workdir=runs/my-run                        # default runs/<config>-<variant>-<UTC time>
+    --resume                                     # continue the workdir's latest intact step
+    --resume --allow_config_change=optim.lr      # ... with these config keys changed
 
-Writes the resolved config to ``<workdir>/config.json`` (secrets are never in a config: only the
-names of the environment variables that hold them). On several hosts (JAX_COORDINATOR_ADDRESS /
-SLURM / TPU environment), ``jax.distributed.initialize()`` runs before any device is touched.
+The run holds an exclusive lock on its workdir (``rubric_rl.run_dir``): a second launch into it
+fails at once. The resolved config is written to ``<workdir>/config.json`` only once the workdir
+is known to be this run's (secrets are never in a config: only the names of the environment
+variables that hold them); a resumed run's changes are listed in ``config_changes.jsonl``. On
+several hosts (JAX_COORDINATOR_ADDRESS / SLURM / TPU environment),
+``jax.distributed.initialize()`` runs before any device is touched.
 """
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
 import sys
 
@@ -30,8 +32,15 @@ if _ROOT not in sys.path:
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, with variants: configs/grpo.py:smoke,model=5m", lock_config=True
 )
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default runs/<config>-<time>).")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Run directory (default runs/<config>-<variant>-<UTC time>)."
+)
 _RESUME = flags.DEFINE_bool("resume", False, "Continue from the workdir's latest checkpoint.")
+_ALLOW_CHANGE = flags.DEFINE_list(
+    "allow_config_change",
+    [],
+    "With --resume: config keys (dotted, comma-separated) that may differ from the run's record.",
+)
 
 
 def maybe_initialize_distributed() -> bool:
@@ -69,55 +78,105 @@ def tcmalloc_reexec(
     return None if env is None else ([sys.executable, "-m", "rubric_rl.launch", *argv[1:]], env)
 
 
-def default_workdir(config_path: str) -> str:
-    name = os.path.splitext(os.path.basename(config_path.split(":")[0]))[0]
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
-    return os.path.join("runs", f"{name}-{stamp}")
+# Library INFO lines that are not the run's: orbax logs every save step, optax every constant
+# schedule it builds from a zero-length warm-up.
+_QUIET_LIBRARIES = (f"{os.sep}orbax{os.sep}", f"{os.sep}optax{os.sep}")
 
 
-def write_config(config, workdir: str) -> str:
-    from rubric_rl.metrics import scrub
-
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, "config.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(scrub(config.to_dict()), f, indent=2, sort_keys=True, default=list)
-    os.replace(path + ".tmp", path)
-    return path
+def quiet_library_info(record) -> bool:
+    """A logging filter: False for the INFO (and DEBUG) records of ``_QUIET_LIBRARIES``."""
+    return record.levelno >= 30 or not any(p in record.pathname for p in _QUIET_LIBRARIES)
 
 
-def _quiet_orbax(record) -> bool:
-    # orbax logs every save step at INFO through absl; keep the run's own log readable.
-    return "orbax" not in record.pathname or record.levelno >= 30
+_HELP = {"--help", "-help", "-?", "--helpshort", "-helpshort", "--helpfull", "-helpfull"}
+
+
+def _innermost_message(e: BaseException) -> str:
+    # ml_collections wraps a KeyError in an AttributeError; str() of either is a repr with the
+    # message's newlines escaped.
+    while e.args and isinstance(e.args[0], BaseException):
+        e = e.args[0]
+    return e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
+
+
+def override_error(e: BaseException, argv: list[str]) -> str | None:
+    """The text of a failed ``--config.<key>`` override, naming the flag, with real newlines;
+    None when no override names the missing key (the error is not an override's)."""
+    msg = _innermost_message(e)
+    key = msg.splitlines()[0].strip("'\"") if msg else ""
+    names = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
+    named = [n for n in names if key and key in n.split(".")]
+    return f"{named[0]}: no such config key {msg}" if named else None
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, except that a help request exits 0 (absl exits 1) and a mistyped
+    ``--config.<key>`` override is one message naming the flag, not a traceback."""
+    try:
+        return app.parse_flags_with_usage(argv)
+    except SystemExit as e:
+        if e.code == 1 and _HELP.intersection(argv[1:]):
+            raise SystemExit(0) from None
+        raise
+    except (AttributeError, KeyError) as e:
+        if (msg := override_error(e, argv)) is None:
+            raise
+        sys.stderr.write(f"FATAL Flags parsing error: {msg}\n")
+        sys.stderr.write("Pass --helpshort or --helpfull to see help on flags.\n")
+        raise SystemExit(1) from None
+
+
+def claim_workdir(config) -> str:
+    """The run's workdir, locked and with its config record (``run_dir.claim``); exits with the
+    reason when the launch is refused."""
+    from rubric_rl import run_dir
+
+    if _ALLOW_CHANGE.value and not _RESUME.value:
+        sys.exit("rubric_rl.launch: --allow_config_change applies only with --resume")
+    try:
+        workdir = _WORKDIR.value or run_dir.default_workdir(flags.FLAGS["config"].config_filename)
+        import jax
+
+        if jax.process_index() == 0:  # one copy of the run directory's files (multi-host)
+            changes = run_dir.claim(
+                workdir, config, resume=_RESUME.value, allow_changes=_ALLOW_CHANGE.value
+            )
+            for key, (old, new) in changes.items():
+                logging.warning("config %s changed on resume: %r -> %r", key, old, new)
+    except run_dir.RunDirError as e:
+        sys.exit(f"rubric_rl.launch: {e}")
+    return workdir
 
 
 def main(argv):
     del argv
-    logging.get_absl_handler().addFilter(_quiet_orbax)
+    logging.get_absl_handler().addFilter(quiet_library_info)
     maybe_initialize_distributed()
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config is required, e.g. --config=configs/grpo.py")
-    workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
     import jax
 
     from rubric_rl.config_validation import validate_config
 
     validate_config(config, num_devices=jax.device_count())
-    if jax.process_index() == 0:  # one copy of the run directory's files (multi-host)
-        write_config(config, workdir)
+    workdir = claim_workdir(config)
     logging.info("workdir %s", os.path.abspath(workdir))
+    from rubric_rl.run_dir import unlock
     from rubric_rl.trainer import Trainer
 
-    trainer = Trainer(config, workdir)
     try:
-        trainer.run(resume=_RESUME.value)
+        trainer = Trainer(config, workdir)
+        try:
+            trainer.run(resume=_RESUME.value)
+        finally:
+            trainer.close()
     finally:
-        trainer.close()
+        unlock(workdir)  # exit releases it too, a kill included
 
 
 if __name__ == "__main__":
     _reexec = tcmalloc_reexec(sys.argv, dict(os.environ))
     if _reexec is not None:  # execve keeps the pid: whoever signals this process still reaches it
         os.execve(sys.executable, *_reexec)
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

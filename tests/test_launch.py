@@ -103,3 +103,29 @@ def test_tcmalloc_reexec_preloads_once_and_can_be_turned_off():
     assert tcmalloc_reexec(argv, {"RUBRIC_RL_TCMALLOC": "0"}, exists=there) is None
     assert tcmalloc_reexec(argv, {}, exists=lambda p: False) is None
     assert tcmalloc_reexec(argv, {}, exists=there)[1]["LD_PRELOAD"] == TCMALLOC
+
+
+def test_library_info_lines_are_filtered_and_warnings_kept():
+    import logging
+
+    import optax
+
+    from rubric_rl.launch import quiet_library_info
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    handler.addFilter(quiet_library_info)
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        # optax logs this INFO line for every zero-length warm-up schedule (every launch).
+        optax.polynomial_schedule(1.0, 1.0, power=1, transition_steps=0)
+        logging.getLogger("rubric_rl").info("kept")
+        logging.getLogger("absl").warning("kept too")
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    assert [r.getMessage() for r in records] == ["kept", "kept too"]

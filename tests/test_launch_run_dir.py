@@ -1,0 +1,140 @@
+"""``python -m rubric_rl.launch`` against the faults of issue 19 (real processes, real files): two
+runs into one workdir, refused launches that must not touch the run's config record, ``--resume``
+with nothing to resume or a changed config, a damaged latest checkpoint, and the CLI's messages."""
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rubric_rl.metrics import read_metrics
+from tests.launch_env import launch_env
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 3
+
+
+def _cmd(workdir, *extra):
+    return [
+        sys.executable, "-m", "rubric_rl.launch", "--config=configs/grpo.py:smoke",
+        f"--config.train.steps={STEPS}", "--config.checkpoint.every=1", f"--workdir={workdir}",
+        *extra,
+    ]  # fmt: skip
+
+
+def _launch(env, *args, timeout=600):
+    return subprocess.run(
+        [sys.executable, "-m", "rubric_rl.launch", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A real smoke run; once it has claimed its workdir, a second launch into the same workdir
+    (another seed, as in the issue) is made."""
+    base = tmp_path_factory.mktemp("launch")
+    env = launch_env(base / "jax_cache")
+    w = base / "w"
+    first = subprocess.Popen(
+        _cmd(w), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = time.time() + 120
+    while not (w / "config.json").exists():  # written once the workdir is the first run's
+        assert first.poll() is None and time.time() < deadline, "the first run never started"
+        time.sleep(0.05)
+    t0 = time.time()
+    second = subprocess.run(
+        _cmd(w, "--config.train.seed=1"), cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    second_s = time.time() - t0
+    out, _ = first.communicate(timeout=600)
+    assert first.returncode == 0, out[-3000:]
+    return {"w": w, "env": env, "first": first, "second": second, "second_s": second_s}
+
+
+def test_a_second_run_into_a_running_workdir_is_refused_at_once(run):
+    w, second = run["w"], run["second"]
+    assert second.returncode == 1
+    assert f"--workdir {w} is in use by another run (pid {run['first'].pid} " in second.stderr
+    assert run["second_s"] < 60  # refused at start-up, not after its warm start
+    # The first run's files are whole and its own.
+    rows = read_metrics(str(w / "metrics.jsonl"))
+    assert [r["step"] for r in rows] == list(range(STEPS + 1))
+    assert json.loads((w / "config.json").read_text())["train"]["seed"] == 0
+    assert sorted(os.listdir(w / "checkpoints")) == ["2", "3"]
+
+
+def test_refused_relaunches_leave_the_config_record_untouched(run):
+    w, env = run["w"], run["env"]
+    before = (w / "config.json").read_bytes()
+    fresh = _launch(env, *_cmd(w, "--config.train.seed=1")[3:])
+    assert fresh.returncode == 1
+    assert "already holds checkpoints (latest step 3); pass --resume" in fresh.stderr
+    lr = json.loads(before)["optim"]["lr"]
+    changed = _launch(env, *_cmd(w, "--resume", "--config.optim.lr=0.5")[3:])
+    assert changed.returncode == 1
+    assert f"  optim.lr: {lr!r} -> 0.5\n" in changed.stderr
+    assert "--allow_config_change=optim.lr" in changed.stderr
+    # Another model is the same config check, before orbax is reached.
+    model = _launch(env, *_cmd(w, "--resume", "--config.model.name=1m")[3:])
+    assert model.returncode == 1 and "  model.name: 'tiny' -> '1m'\n" in model.stderr
+    assert "orbax" not in model.stderr and "Traceback" not in model.stderr
+    assert (w / "config.json").read_bytes() == before
+
+
+def test_resume_with_nothing_to_resume_is_an_error(tmp_path):
+    env = launch_env(tmp_path / "jax_cache")
+    for w in (tmp_path / "missing", tmp_path / "empty"):
+        if w.name == "empty":
+            w.mkdir()
+        r = _launch(env, "--config=configs/grpo.py:smoke", f"--workdir={w}", "--resume")
+        assert r.returncode == 1
+        assert f"--resume: nothing to resume, {w}" in r.stderr
+        assert "run without --resume to start a new run" in r.stderr
+    assert not (tmp_path / "missing").exists() and os.listdir(tmp_path / "empty") == []
+
+
+def test_cli_messages_help_typo_and_a_file_as_workdir(tmp_path):
+    env = launch_env(tmp_path / "jax_cache")
+    r = _launch(env, "--help")
+    assert r.returncode == 0 and "--allow_config_change" in r.stdout + r.stderr
+    r = _launch(env, "--config=configs/grpo.py:smoke", "--config.rollout.temprature=0.5")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "\\n" not in r.stderr
+    assert (
+        "--config.rollout.temprature: no such config key 'temprature'\n"
+        'Did you mean "temperature" instead of "temprature"?\n'
+    ) in r.stderr
+    (tmp_path / "afile").write_text("x")
+    r = _launch(env, "--config=configs/grpo.py:smoke", f"--workdir={tmp_path / 'afile'}")
+    assert r.returncode == 1
+    assert f"--workdir {tmp_path / 'afile'} is a file, not a directory" in r.stderr
+
+
+def test_a_truncated_latest_checkpoint_falls_back_to_the_previous_step(run, tmp_path):
+    w = tmp_path / "w"
+    shutil.copytree(run["w"], w)  # with the finished run's lock file: a stale lock
+    data = max(glob.glob(str(w / "checkpoints/3/train_state/d/*")), key=os.path.getsize)
+    with open(data, "r+b") as f:
+        f.truncate(os.path.getsize(data) // 2)
+    lr = json.loads((w / "config.json").read_text())["optim"]["lr"]
+    allow = ("--config.optim.lr=0.002", "--allow_config_change=optim.lr")
+    r = _launch(run["env"], *_cmd(w, "--resume", *allow)[3:])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"checkpoint step 3 is unreadable ({data}: " in r.stderr
+    assert "resuming from step 2 instead" in r.stderr
+    # The damaged step is kept aside, the run saved step 3 afresh and logged it once.
+    assert os.path.exists(w / "checkpoints_corrupt" / "3" / "train_state")
+    assert sorted(os.listdir(w / "checkpoints")) == ["2", "3"]
+    rows = read_metrics(str(w / "metrics.jsonl"))
+    assert [r["step"] for r in rows] == list(range(STEPS + 1))
+    # The allowed change: the record is the new config, the change is listed beside it.
+    assert json.loads((w / "config.json").read_text())["optim"]["lr"] == 0.002
+    (change,) = [json.loads(x) for x in (w / "config_changes.jsonl").read_text().splitlines()]
+    assert change["changes"] == {"optim.lr": {"old": lr, "new": 0.002}}
