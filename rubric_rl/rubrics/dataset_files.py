@@ -80,18 +80,25 @@ def _open_binary(path: str):
     return f
 
 
+def _bad_byte(e: UnicodeDecodeError, data: bytes) -> tuple[int, int]:
+    """(the offending byte, its index in ``data``): utf-8-sig reports positions after the BOM."""
+    return e.object[e.start], e.start + len(data) - len(e.object)
+
+
 def _decode(path: str, number: int, offset: int, data: bytes) -> str:
-    """``data`` (line ``number``, starting at byte ``offset`` of the decompressed file) as UTF-8;
-    a BOM on the first line is dropped."""
+    """``data`` (line ``number``, starting at byte ``offset`` of the file, decompressed for .gz)
+    as UTF-8; a BOM on the first line is dropped."""
     try:
         return data.decode("utf-8-sig" if number == 1 else "utf-8")
     except UnicodeDecodeError as e:
+        byte, at = _bad_byte(e, data)
+        where = "of the decompressed file" if path.endswith(".gz") else "of the file"
         raise DatasetError(
             path,
             number,
             "<bytes>",
-            f"not UTF-8 text: byte 0x{data[e.start]:02x} at column {e.start + 1} (byte offset "
-            f"{offset + e.start} of the file); re-encode the file as UTF-8",
+            f"not UTF-8 text: byte 0x{byte:02x} at column {at + 1} (byte offset {offset + at} "
+            f"{where}); re-encode the file as UTF-8",
         ) from None
 
 
@@ -156,13 +163,12 @@ def _iter_json(path: str) -> Iterator[tuple[int, Any]] | None:
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
+        byte, at = _bad_byte(e, data)
         raise DatasetError(
             path,
-            line,
+            data.count(b"\n", 0, at) + 1,
             "<bytes>",
-            f"not UTF-8 text: byte 0x{data[e.start]:02x} at byte offset "
-            f"{e.start}; re-encode the file as UTF-8",
+            f"not UTF-8 text: byte 0x{byte:02x} at byte offset {at}; re-encode the file as UTF-8",
         ) from None
     try:
         rows = json.loads(text)

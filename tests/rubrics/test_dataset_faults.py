@@ -212,3 +212,18 @@ def test_split_matches_a_word_of_the_path_not_a_substring(tmp_path):
         "p3",
         "p1",
     ]
+
+
+def test_a_bom_is_dropped_and_counted_in_the_byte_offset(tmp_path):
+    path = str(tmp_path / "hb.jsonl")
+    with open(path, "wb") as f:
+        f.write(b"\xef\xbb\xbf" + _hb(1) + _hb(2))
+    assert [t.id for t in load_tasks(path, "healthbench")] == ["p1", "p2"]
+    bad = b"\xef\xbb\xbf" + b'{"prompt_id": "\xfe"}\n'
+    with open(path, "wb") as f:
+        f.write(bad)
+    err = _error(path, "healthbench")
+    assert (err.row, err.field) == (1, "<bytes>")
+    at = bad.index(b"\xfe")
+    assert f"byte 0xfe at column {at + 1}" in str(err)
+    assert f"byte offset {at} of the file" in str(err)
