@@ -112,6 +112,7 @@ class _Current:
         self._alive = np.zeros(64, bool)
         self._task = np.zeros(64, np.int64)  # task code per row
         self._codes: dict[str, int] = {}
+        self._rank = np.zeros(0, np.int64)
 
     def version(self, key: tuple[str, str]) -> _Version | None:
         r = self._rows.get(key)
@@ -137,39 +138,53 @@ class _Current:
         self._alive[r] = not v.deleted
         self._task[r] = self._codes.setdefault(v.task_id, len(self._codes))
 
+    def _name_rank(self) -> np.ndarray:
+        """Per row, the rank of its (task, criterion) in sorted order: the tie-break."""
+        n = len(self._versions)
+        if len(self._rank) != n:
+            keys = sorted(self._rows)
+            self._rank = np.zeros(n, np.int64)
+            self._rank[[self._rows[key] for key in keys]] = np.arange(n)
+        return self._rank
+
     def search(
         self, q: np.ndarray, exclude: Sequence[str | None], *, k: int, floor: float,
         block: int = 256,
     ) -> list[list[Neighbour]]:  # fmt: skip
         """Per row of ``q``: the best ``k`` live criteria (not of the row's excluded task) with
-        cosine ≥ ``floor``. Ranked in float32 over every row; the cosines of those within 1e-4
-        of the k-th best (and of the floor) are recomputed one by one in float64."""
+        cosine ≥ ``floor``, ties broken by (task, criterion). Ranked in float32 over every row;
+        the cosines of those within 1e-4 of the k-th best (and of the floor) are recomputed in
+        float64, each row's sum on its own (the same value whatever else is recomputed)."""
         n = len(self._versions)
         out: list[list[Neighbour]] = [[] for _ in range(len(q))]
         if n == 0 or not self._alive[:n].any():
             return out
         vecs, alive, task = self._vecs[:n], self._alive[:n], self._task[:n]
+        rank = self._name_rank()
         excl = np.array([-2 if e is None else self._codes.get(str(e), -2) for e in exclude])
         slack = 1e-4  # far above float32's error on unit vectors of a few hundred dimensions
+        kk = min(k, n)
         for b0 in range(0, len(q), block):
             sims = q[b0 : b0 + block] @ vecs.T
             ok = alive[None, :] & (task[None, :] != excl[b0 : b0 + block, None])
             sims = np.where(ok, sims, -np.inf)
-            kth = -np.partition(-sims, min(k, n) - 1, axis=1)[:, min(k, n) - 1]
+            kth = -np.partition(-sims, kk - 1, axis=1)[:, kk - 1]
             for r in range(len(sims)):
-                cut = max(float(kth[r]), floor) - slack
-                cols = np.flatnonzero(sims[r] >= cut)
+                cols = np.flatnonzero(sims[r] >= max(float(kth[r]), floor) - slack)
+                if not cols.size:
+                    continue
                 qi = q[b0 + r].astype(np.float64)
+                cos = (vecs[cols].astype(np.float64) * qi).sum(axis=1)
+                keep = cos >= floor
+                cols, cos = cols[keep], cos[keep]
+                best = np.lexsort((rank[cols], -cos))[:k]
                 hits = []
-                for c in cols:
-                    cos = float(np.dot(vecs[c].astype(np.float64), qi))
-                    if cos >= floor:
-                        v = self._versions[c]
-                        hits.append(Neighbour(
-                            v.task_id, v.criterion_id, v.text, cos, v.step, v.weight, v.anchor
-                        ))  # fmt: skip
-                hits.sort(key=lambda nb: (-nb.cosine, nb.task_id, nb.criterion_id))
-                out[b0 + r] = hits[:k]
+                for c, cs in zip(cols[best], cos[best], strict=True):
+                    v = self._versions[c]
+                    hits.append(Neighbour(
+                        v.task_id, v.criterion_id, v.text, float(cs), v.step, v.weight, v.anchor
+                    ))  # fmt: skip
+                out[b0 + r] = hits
         return out
 
 
