@@ -226,6 +226,7 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         if len(band) != 2 or float(band[0]) > float(band[1]):
             _fail(field, f"an acceptance band must be (low, high) with low <= high, got {band}")
     _validate_copy_demonstrations(config)
+    _validate_grpo_sampler(config)
     method = config.get("method")
     if method in METHOD_VALIDATORS:
         METHOD_VALIDATORS.get(method)(config)
@@ -279,6 +280,17 @@ def _validate_loss_names(config: ConfigDict) -> None:
             f"coefficient does nothing; choose an estimator "
             f"({[n for n in losses.sd_estimator_names() if n != 'none']}) or set sd_coef=0",
         )
+
+
+def _validate_grpo_sampler(config: ConfigDict) -> None:
+    """``controllers.sampler`` of a GRPO run (builders.grpo_controllers): a ``SAMPLERS`` name."""
+    from rubric_rl.controllers import capability_sampler, sec  # noqa: F401  (register theirs)
+    from rubric_rl.controllers.sampling import SAMPLERS
+
+    controllers = config.get("controllers")
+    if config.get("method", "grpo") != "grpo" or controllers is None:
+        return
+    _one_of("controllers.sampler", controllers.get("sampler"), SAMPLERS.names())
 
 
 def _validate_model(config: ConfigDict) -> None:

@@ -34,6 +34,7 @@ def _smoke(**changes):
         ("model.dtype", "float33", ["float32", "bfloat16", "float16"]),
         ("model.param_dtype", "fp32", ["float32", "bfloat16", "float16"]),
         ("warmstart.schedule", "linear", ["constant", "cosine"]),
+        ("controllers.sampler", "unifrom", ["uniform", "sec", "capability"]),
     ],
 )
 def test_a_misnamed_key_names_the_field_and_the_allowed_values(field, value, allowed):
