@@ -8,7 +8,11 @@ ending in ``Answer: ...``. Ground truth comes from executing the task's referenc
 Read-only is enforced by sqlite itself, not by parsing the query: ``PRAGMA query_only=ON`` plus an
 authorizer (``set_authorizer``) that allows only SELECT / READ / FUNCTION / RECURSIVE and a list
 of read-only PRAGMAs, and denies everything else (INSERT, UPDATE, DELETE, CREATE, DROP, ALTER,
-ATTACH — which also covers ``VACUUM INTO`` —, transactions, writing PRAGMAs...). A progress
+ATTACH — which also covers ``VACUUM INTO`` —, transactions, writing PRAGMAs...). The read-only
+PRAGMAs also work as table-valued functions (``SELECT name FROM pragma_table_info('orders')``):
+their virtual tables are created before the authorizer is installed (creating one asks to update
+``sqlite_master``), and reading them is a schema look-up. ``REINDEX`` never reaches the
+authorizer, so it is refused by its leading keyword and scored as the write it is. A progress
 handler aborts a statement past its deadline, results are capped in rows and characters, and
 ``SQLITE_LIMIT_LENGTH`` bounds blob/string sizes. A refused or aborted statement comes back as a
 clear observation; the database is byte-for-byte unchanged (``db_fingerprint``).
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 import sqlite3
 import time
 from typing import Any
@@ -51,8 +56,13 @@ _ALLOWED_ACTIONS = frozenset(
     (sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE)
 )
 _READ_ONLY_PRAGMAS = frozenset(
-    "table_info table_xinfo table_list index_list index_info index_xinfo foreign_key_list".split()
+    "table_info table_xinfo table_list index_list index_info index_xinfo foreign_key_list "
+    "database_list collation_list function_list module_list pragma_list compile_options".split()
 )
+# Statements sqlite runs without consulting the authorizer (sqlite 3.40: REINDEX rebuilds every
+# index and asks nothing): refused by their leading keyword.
+_UNAUTHORIZED_WRITES = frozenset({"REINDEX"})
+_LEADING_NOISE = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?(?:\*/|$))*", re.DOTALL)
 
 
 @ENVS.register("sql")
@@ -113,6 +123,8 @@ class SqlEnv(Env):
             raise ValueError(f"task {task.id!r}: raw['db_seed'] is missing (not an sql task?)")
         conn = open_database(int(raw["db_seed"]))
         conn.execute("PRAGMA query_only = ON")
+        for name in sorted(_READ_ONLY_PRAGMAS):  # create the pragma_* tables (module docstring)
+            conn.execute(f"SELECT * FROM pragma_{name} LIMIT 0").fetchall()
         conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.max_blob_bytes)
         conn.set_authorizer(self._authorize)
         conn.set_progress_handler(self._progress, 1000)
@@ -131,13 +143,14 @@ class SqlEnv(Env):
 
     def _authorize(self, action: int, arg1: str | None, arg2: str | None, *_: Any) -> int:
         if action == sqlite3.SQLITE_READ and arg1:
-            if arg1.lower().startswith("sqlite_"):
+            if arg1.lower().startswith(("sqlite_", "pragma_")):
                 self._schema_read = True
             else:
                 self._tables_read.add(arg1.lower())
         if action in _ALLOWED_ACTIONS:
             return sqlite3.SQLITE_OK
         if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() in _READ_ONLY_PRAGMAS:
+            self._schema_read = True
             return sqlite3.SQLITE_OK
         what = _ACTION_NAMES.get(action, f"action {action}")
         self._denied.append(f"{what} {arg1}" if arg1 else what)
@@ -190,6 +203,10 @@ class SqlEnv(Env):
         self._tables_read, self._schema_read, self._denied = set(), False, []
         self._timed_out = False
         self._deadline = time.monotonic() + self.time_limit_s
+        verb = leading_keyword(query)
+        if verb in _UNAUTHORIZED_WRITES:
+            self._denied.append(verb)
+            raise self._refusal(None)
         try:
             cur = self._conn.execute(query)
             rows = cur.fetchmany(self.max_rows + 1)
@@ -217,7 +234,7 @@ class SqlEnv(Env):
         }
         return ToolOutput("\n".join(lines), details)
 
-    def _refusal(self, e: Exception) -> Exception:
+    def _refusal(self, e: Exception | None) -> Exception:
         tables = sorted(self._tables_read)
         if self._timed_out:
             return tool_error(
@@ -331,6 +348,12 @@ class SqlEnv(Env):
             render_tool_call("sql", {"query": task.raw["reference_sql"]}),
             task.reference_answer or "",
         ]
+
+
+def leading_keyword(query: str) -> str:
+    """The statement's first keyword, upper-cased, after whitespace and comments ("" if none)."""
+    m = re.match(r"[A-Za-z]+", query[_LEADING_NOISE.match(query).end() :])
+    return m.group(0).upper() if m else ""
 
 
 def _cell(v: Any) -> str:

@@ -191,17 +191,58 @@ def has_tool_call(text: str) -> bool:
     return CALL_OPEN in content or CALL_CLOSE in content
 
 
+# Deeper JSON is no tool's argument, and Python's json (and the dataclass / JSON writers the
+# transcript goes through) recurse once per level: a few thousand levels is a RecursionError.
+MAX_JSON_DEPTH = 32
+
+
+def _json_depth(obj: Any) -> int:
+    """Nesting depth of a decoded JSON value (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(obj, 0)]
+    while stack:
+        value, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+    return deepest
+
+
+class _TooDeep(ValueError):
+    pass
+
+
+def _decode_json(text: str) -> Any:
+    """``json.loads`` that fails with ``ValueError`` on anything a tool cannot take: invalid
+    JSON (``JSONDecodeError``), nesting over ``MAX_JSON_DEPTH`` (``_TooDeep``), an integer over
+    Python's 4300-digit limit."""
+    try:
+        obj = json.loads(text)
+    except RecursionError:
+        raise _TooDeep() from None
+    if _json_depth(obj) > MAX_JSON_DEPTH:
+        raise _TooDeep()
+    return obj
+
+
+def _malformed(e: ValueError, raw: str) -> ToolCallError:
+    hint = '; write {"name": <tool name>, "arguments": {...}}'
+    if isinstance(e, _TooDeep):
+        why = f"nests JSON more than {MAX_JSON_DEPTH} levels deep"
+    elif isinstance(e, json.JSONDecodeError):
+        why = f"is not valid JSON ({e.msg} at char {e.pos})"
+    else:
+        why = f"is not usable JSON ({e})"
+    return ToolCallError("malformed_json", f"the tool call {why}{hint}", raw=raw)
+
+
 def _parse_block(body: str) -> ToolCall:
     raw = body
     try:
-        obj = json.loads(body.strip())
-    except json.JSONDecodeError as e:
-        raise ToolCallError(
-            "malformed_json",
-            f"the tool call is not valid JSON ({e.msg} at char {e.pos}); write "
-            '{"name": <tool name>, "arguments": {...}}',
-            raw=raw,
-        ) from None
+        obj = _decode_json(body.strip())
+    except ValueError as e:
+        raise _malformed(e, raw) from None
     try:
         json.dumps(obj, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
@@ -225,9 +266,11 @@ def _parse_block(body: str) -> ToolCall:
     args = obj.get("arguments", {})
     if isinstance(args, str):  # some models emit the arguments JSON-encoded a second time
         try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            pass
+            args = _decode_json(args) if args.strip() else {}
+        except _TooDeep as e:
+            raise _malformed(e, raw) from None
+        except ValueError:
+            pass  # not JSON after all: the "must be a JSON object" error below says what to write
     if args is None:
         args = {}
     if not isinstance(args, dict):

@@ -332,3 +332,96 @@ def test_bad_tasks_are_rejected():
         SqlEnv().step("hi")
     with pytest.raises(ValueError, match="unknown sql task type"):
         SqlEnv.make_task("x", "pivot", 1, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Read-only pragma functions, REINDEX, malformed input (issue 19)
+
+PRAGMA_READS = [
+    ("SELECT name FROM pragma_table_info('customers') ORDER BY cid", "name\nid\nname\ncountry"),
+    ("SELECT COUNT(*) FROM pragma_index_list('orders')", "COUNT(*)\n0"),
+    ("SELECT name FROM pragma_table_list WHERE name = 'orders'", "name\norders"),
+    (
+        "SELECT \"table\" FROM pragma_foreign_key_list('orders') ORDER BY id",
+        "table\nemployees\ncustomers\n(2 rows)",
+    ),
+]
+
+
+@pytest.mark.parametrize("query, head", PRAGMA_READS)
+def test_read_only_pragma_functions_are_reads_not_write_attempts(env, query, head):
+    task = task_bank("sql", "train", 1, 0)[0]
+    env.reset(task)
+    before = env.db_fingerprint()
+    res = env.step(sql(query))
+    out = res.tool_messages[0].content
+    assert out.startswith(head), out
+    details = res.info["tool_calls"][0]["details"]
+    assert "reason" not in details and details["schema_read"] is True, details
+    assert details["tables"] == []  # a schema look-up, not a read of the data
+    assert env.db_fingerprint() == before
+    v = verdicts(task, env.response())
+    assert v["write_attempted"] is False and v["explored_schema"] is True
+
+
+def test_pragma_functions_join_the_data_tables(env):
+    task = task_bank("sql", "train", 1, 0)[0]
+    env.reset(task)
+    res = env.step(
+        sql(
+            "SELECT m.name, COUNT(p.name) FROM sqlite_master AS m, pragma_table_info(m.name) AS p "
+            "WHERE m.type = 'table' GROUP BY m.name ORDER BY m.name"
+        )
+    )
+    assert res.tool_messages[0].content.splitlines()[1:5] == [
+        "customers | 3",
+        "departments | 4",
+        "employees | 6",
+        "orders | 7",
+    ]
+
+
+@pytest.mark.parametrize("statement", ["REINDEX", "reindex orders", "/* x */ -- y\n  ReIndex"])
+def test_reindex_is_refused_as_a_write(env, statement):
+    task = task_bank("sql", "train", 1, 0)[0]
+    env.reset(task)
+    before = env.db_fingerprint()
+    res = env.step(sql(statement))
+    assert res.tool_messages[0].content == (
+        "Error (tool_error): query refused: the database is read-only and only SELECT "
+        "statements may run (not allowed: REINDEX). The database is unchanged."
+    )
+    assert res.info["tool_calls"][0]["details"]["refused"] == ["REINDEX"]
+    assert env.db_fingerprint() == before
+    assert verdicts(task, env.response())["write_attempted"] is True
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (
+            '{"name": "sql", "arguments": {"query": ' + "[" * 100_000 + "]" * 100_000 + "}}",
+            "nests JSON more than 32 levels deep",
+        ),
+        (
+            '{"name": "sql", "arguments": {"query": ' + "[" * 500 + "]" * 500 + "}}",
+            "nests JSON more than 32 levels deep",
+        ),
+        (
+            '{"name": "sql", "arguments": "' + '{\\"a\\": ' * 3000 + "1" + "}" * 3000 + '"}',
+            "nests JSON more than 32 levels deep",
+        ),
+        ('{"name": "sql", "arguments": {"query": 1' + "0" * 5000 + "}}", "not usable JSON"),
+    ],
+    ids=["deep-100000", "deep-500", "deep-string-arguments", "huge-integer"],
+)
+def test_malformed_tool_call_input_is_an_error_observation(env, body, message):
+    task = task_bank("sql", "train", 1, 0)[0]
+    env.reset(task)
+    res = env.step(f"<tool_call>{body}</tool_call>")
+    (out,) = [m.content for m in res.tool_messages]
+    assert out.startswith("Error (malformed_json): the tool call ") and message in out, out[:200]
+    assert not res.done and res.info["tool_calls"][0]["error_kind"] == "malformed_json"
+    res = env.step(sql("SELECT 1 + 1 AS two"))  # the episode goes on
+    assert res.tool_messages[0].content == "two\n2\n(1 row)"
+    assert verdicts(task, env.response())["malformed_tool_call"] is True
