@@ -382,7 +382,7 @@ class Services:
             rate = float(self.config.judge.max_failure_rate)
             if check_failure_rate and total and len(failed) / total > rate:
                 raise ComponentError(
-                    f"judge {type(self.judge_impl).__name__}: {len(failed)}/{total} verdicts "
+                    f"judge {_judge_name(self.judge_impl)}: {len(failed)}/{total} verdicts "
                     f"failed (> judge.max_failure_rate={rate}); first error: {failed[0].error!r}"
                 )
         return out  # type: ignore[return-value]
@@ -396,7 +396,7 @@ class Services:
             JudgeItem(tasks[g], responses[g][j], tuple(crits[g][i] for i, _ in by_item[(g, j)]))
             for g, j in keys
         ]
-        name = type(self.judge_impl).__name__
+        name = _judge_name(self.judge_impl)
         retries = int(self.config.judge.retries)
         ctx = _judge_caches_off(self.judge_impl) if fresh else contextlib.nullcontext()
         with ctx:
@@ -439,6 +439,11 @@ def nan_mean(x: np.ndarray) -> float:
     d = np.asarray(x, np.float64)
     d = d[~np.isnan(d)]
     return float(d.mean()) if d.size else float("nan")
+
+
+def _judge_name(judge: Any) -> str:
+    """The judge as errors name it: a composite names the judge behind it and its endpoint."""
+    return str(getattr(judge, "name", type(judge).__name__))
 
 
 __all__ = ["TRAIN_STREAM", "ComponentError", "Services", "VerdictCache", "stream_base"]

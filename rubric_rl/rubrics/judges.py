@@ -25,7 +25,14 @@ import numpy as np
 from rubric_rl.registry import Registry
 from rubric_rl.rubrics import checkers as checkers_lib
 from rubric_rl.rubrics.judge_cache import JudgeCache, cache_key
-from rubric_rl.rubrics.llm import LLMClient, LLMError, LLMRequest, run_sync, strip_json_fence
+from rubric_rl.rubrics.llm import (
+    LLMClient,
+    LLMError,
+    LLMRequest,
+    LLMUnavailableError,
+    run_sync,
+    strip_json_fence,
+)
 from rubric_rl.rubrics.prompts import TEMPLATES, prompt_hash, verdict_schema
 from rubric_rl.rubrics.types import Criterion, Task, Verdict, VerifierKind, verdict_failed
 
@@ -64,6 +71,11 @@ class Judge(abc.ABC):
 
     async def aclose(self) -> None:  # noqa: B027 (optional hook; the default holds nothing)
         """Releases per-event-loop resources (network clients)."""
+
+    @property
+    def name(self) -> str:
+        """The judge as errors should name it (a composite names the judge behind it)."""
+        return type(self).__name__
 
 
 class ProgrammaticJudge(Judge):
@@ -119,6 +131,12 @@ class ProgrammaticJudge(Judge):
         if self.fallback is not None:
             await self.fallback.aclose()
 
+    @property
+    def name(self) -> str:
+        if self.fallback is None:
+            return type(self).__name__
+        return f"{type(self).__name__} (rule criteria) + {self.fallback.name} (LLM criteria)"
+
 
 class LLMJudge(Judge):
     """Grades ``criteria_per_call`` (k) criteria of one response per LLM call.
@@ -128,7 +146,9 @@ class LLMJudge(Judge):
     criterion; order does not matter. A missing or duplicated name or a verdict outside the
     criterion's choices fails that criterion; unparseable/truncated JSON, an unknown name or a
     client error fails the whole call. Failed criteria are re-asked (only those) up to
-    ``max_retries`` times, then get ``met=None``. The criterion's last choice means "met".
+    ``max_retries`` times, then get ``met=None``; an unreachable endpoint
+    (``LLMUnavailableError``: the client already spent its retries) is not re-asked. The
+    criterion's last choice means "met".
     Usage of all attempts is split evenly over the chunk's verdicts so sums stay exact.
     """
 
@@ -143,7 +163,7 @@ class LLMJudge(Judge):
         max_tokens: int = 1024,
         seed: int | None = None,
         cache: JudgeCache | None = None,
-        concurrency: int = 64,
+        concurrency: int | None = None,
         structured_output: bool = True,
         progress: bool = False,
     ):
@@ -159,7 +179,12 @@ class LLMJudge(Judge):
         self.max_tokens = int(max_tokens)
         self.seed = seed
         self.cache = cache
-        self.concurrency = int(concurrency)
+        # Calls in flight (default: the client's limit). The client's own limit applies to all its
+        # users, so a judge asked for more raises it rather than being capped silently.
+        self.concurrency = client.max_concurrency if concurrency is None else int(concurrency)
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        client.allow_concurrency(self.concurrency)
         self.structured_output = structured_output
         self.progress = progress  # log "judged i/n calls" every ~10% of a batch
         self.stats = dict.fromkeys(("calls", "retries", "failed_verdicts", "cache_hits"), 0)
@@ -225,6 +250,10 @@ class LLMJudge(Judge):
     async def aclose(self) -> None:
         await self.client.aclose()
 
+    @property
+    def name(self) -> str:
+        return f"LLMJudge({self.client.endpoint})"
+
     async def _judge_chunk(
         self, item: JudgeItem, chunk: tuple[Criterion, ...]
     ) -> dict[str, Verdict]:
@@ -250,6 +279,9 @@ class LLMJudge(Judge):
             self.stats["calls"] += 1
             try:
                 response = await self.client.generate(request)
+            except LLMUnavailableError as e:
+                errors.update({c.id: f"attempt {attempt + 1}: {e}" for c in pending})
+                break  # re-asking an endpoint that is down only waits out the same failure
             except LLMError as e:
                 errors.update({c.id: f"attempt {attempt + 1}: {e}" for c in pending})
                 continue

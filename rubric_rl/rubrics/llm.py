@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable
+import logging
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 # The HTTP backends register "genai" and "openai" in CLIENTS on import.
@@ -24,11 +27,13 @@ from rubric_rl.rubrics.llm_client import (  # noqa: F401  (re-exported API)
     CLIENTS,
     RETRYABLE_STATUS,
     LLMClient,
+    LLMEndpointDownError,
     LLMError,
     LLMHTTPError,
     LLMRequest,
     LLMResponse,
     LLMTruncatedError,
+    LLMUnavailableError,
     Secret,
     UsageCounters,
     api_key_from_env,
@@ -37,24 +42,169 @@ from rubric_rl.rubrics.llm_client import (  # noqa: F401  (re-exported API)
     strip_json_fence,
 )
 
+logger = logging.getLogger(__name__)
+
 
 def make_client(kind: str, **cfg: Any) -> LLMClient:
     """``make_client("openai", model=..., base_url=...)``; kinds: genai, openai, local."""
     return CLIENTS.get(kind)(**cfg)
 
 
-def client_from_settings(own: Any, fallback: Any) -> LLMClient:
-    """A client from a config section's ``backend`` / ``model`` (and, for ``openai``,
-    ``base_url`` / ``api_key_env``), each empty field taken from ``fallback`` (e.g.
-    ``config.judge.llm``): ARISE's reflection and HarnessRL's evolver."""
+def client_from_settings(own: Any, fallback: Any, *, where: str = "judge.llm") -> LLMClient:
+    """A client from a config section's ``backend`` / ``model`` / ``base_url`` (and, for
+    ``openai``, ``api_key_env``), each empty field taken from ``fallback`` (e.g.
+    ``config.judge.llm``), with the fallback's ``timeout_s`` and ``max_retry_s``: ARISE's
+    reflection and HarnessRL's evolver. ``where`` names ``fallback`` in errors."""
     backend = own.backend or fallback.backend
     kw: dict[str, Any] = {"model": own.model or fallback.model}
+    base_url = own.get("base_url") or fallback.get("base_url")
+    if base_url:
+        kw["base_url"] = base_url
     if backend == "openai":
-        kw.update(
-            base_url=own.base_url or fallback.base_url,
-            api_key_env=own.api_key_env or fallback.api_key_env,
-        )
+        kw["api_key_env"] = own.get("api_key_env") or fallback.api_key_env
+    if backend in ("openai", "genai"):
+        kw.update(_retry_settings(fallback, where))
     return make_client(backend, **kw)
+
+
+def judge_client(llm: Any, *, where: str = "judge.llm") -> LLMClient:
+    """The judge's client from ``config.judge.llm``: every HTTP setting passed to either backend
+    (``base_url``, ``timeout_s``, ``max_retry_s``) and ``concurrency`` calls in flight."""
+    concurrency = int(llm.concurrency)
+    if concurrency < 1:
+        raise ValueError(f"config.{where}.concurrency must be >= 1, got {llm.concurrency}")
+    client = client_from_settings(llm, llm, where=where)
+    client.allow_concurrency(concurrency)
+    return client
+
+
+def _retry_settings(section: Any, where: str) -> dict[str, float]:
+    """``timeout`` / ``max_retry_s`` for an HTTP backend from ``timeout_s`` / ``max_retry_s``."""
+    out: dict[str, float] = {}
+    for key, kwarg in (("timeout_s", "timeout"), ("max_retry_s", "max_retry_s")):
+        value = section.get(key)
+        if value is None:
+            continue
+        if not float(value) > 0:
+            raise ValueError(f"config.{where}.{key} must be > 0 seconds, got {value}")
+        out[kwarg] = float(value)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# ``*_env`` settings: the NAME of an environment variable, never its value
+
+# Prefixes of common API keys and tokens (OpenAI / Anthropic, Google, GitHub, Hugging Face, Slack,
+# AWS access key ids, GitLab).
+_KEY_PREFIXES = ("sk-", "sk_", "AIza", "ya29.", "ghp_", "gho_", "github_pat_", "hf_", "xox")
+_KEY_PREFIXES += ("AKIA", "glpat-")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def looks_like_a_key(value: str) -> str | None:
+    """Why ``value`` looks like a secret rather than an environment variable's name (None when
+    it is a plausible name: letters, digits, underscores, e.g. ``OPENAI_API_KEY``)."""
+    prefix = next((p for p in _KEY_PREFIXES if value.startswith(p)), None)
+    if prefix is not None:
+        return f"it starts with {prefix!r}, as API keys do"
+    if not _ENV_NAME.fullmatch(value):
+        return "it holds characters no environment variable name has"
+    if len(value) >= 24 and "_" not in value and not value.isupper():
+        return f"it is {len(value)} mixed-case characters with no underscore"
+    return None
+
+
+def env_settings(config: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every ``(dotted field, value)`` of the config whose key ends in ``_env``."""
+    items = config.items() if isinstance(config, Mapping) or hasattr(config, "items") else ()
+    for key, value in items:
+        field = f"{prefix}{key}"
+        if str(key).endswith("_env") and isinstance(value, str | list | tuple):
+            yield field, value
+        elif isinstance(value, Mapping) or hasattr(value, "items"):
+            yield from env_settings(value, f"{field}.")
+
+
+# The api_key_env settings read only when their section builds a client (_read_env_settings).
+_SECTION_ENV_SETTINGS = tuple(f"{s}.llm.api_key_env" for s in ("judge", "arise", "harness"))
+
+
+def _read_env_settings(config: Any) -> set[str]:
+    """Which of ``_SECTION_ENV_SETTINGS`` an openai client of this run reads (``genai`` reads
+    GEMINI_API_KEY / GOOGLE_API_KEY): judge.llm's for an LLM judge; for ARISE's reflection and
+    HarnessRL's evolver their own, or judge.llm's when theirs is empty, as
+    ``client_from_settings`` does."""
+    judge = config.get("judge")
+    if judge is None:
+        return set()
+    sections = [("judge", judge.llm, judge.get("kind") == "llm")]
+    if config.get("arise") is not None:
+        sections.append(("arise", config.arise.llm, config.arise.get("reflection") == "llm"))
+    if config.get("harness") is not None:
+        sections.append(("harness", config.harness.llm, config.harness.get("evolver") == "llm"))
+    read = set()
+    for name, llm, on in sections:
+        if on and (llm.get("backend") or judge.llm.get("backend")) == "openai":
+            read.add(f"{name if llm.get('api_key_env') else 'judge'}.llm.api_key_env")
+    return read
+
+
+def check_env_settings(config: Any, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Start-up check of every ``*_env`` setting (the NAME of an environment variable holding a
+    key). A value that looks like a key itself is a ``ValueError`` naming the field but not the
+    value, which must reach no log and no run directory (``validate_config`` runs this before
+    ``config.json`` is written). A setting a client will read that names an unset variable is a
+    warning; the warnings are logged and returned."""
+    environ = os.environ if environ is None else environ
+    read = _read_env_settings(config)
+    warnings = []
+    for field, value in env_settings(config):
+        names = [str(n) for n in ([value] if isinstance(value, str) else value) if n]
+        for name in names:
+            why = looks_like_a_key(name)
+            if why is not None:
+                raise ValueError(
+                    f"config.{field}: takes the NAME of an environment variable, but its value "
+                    f"looks like an API key ({why}). Export the key instead (export "
+                    f"MY_KEY=<the key>) and set config.{field}=MY_KEY; the value given is not "
+                    "written to the run directory"
+                )
+        if field in _SECTION_ENV_SETTINGS and field not in read:
+            continue
+        if names and not any(n in environ for n in names):
+            message = (
+                f"config.{field} names the environment variable {' / '.join(names)}, which is "
+                "not set: the client sends no API key (fine for a local server; a hosted one "
+                "refuses the calls)"
+            )
+            logger.warning("%s", message)
+            warnings.append(message)
+    return warnings
+
+
+def redact_env_settings(record: Any) -> Any:
+    """``record`` (a config as plain dicts, e.g. ``config.json``'s content) with every ``*_env``
+    value that looks like a key replaced by a placeholder: a last guard for writers that do not
+    run ``check_env_settings`` first."""
+    if isinstance(record, Mapping):
+        out = {}
+        for key, value in record.items():
+            if str(key).endswith("_env") and isinstance(value, str) and looks_like_a_key(value):
+                value = "<redacted: looked like an API key>"
+            elif str(key).endswith("_env") and isinstance(value, list | tuple):
+                value = [
+                    "<redacted: looked like an API key>"
+                    if isinstance(v, str) and looks_like_a_key(v)
+                    else v
+                    for v in value
+                ]
+            else:
+                value = redact_env_settings(value)
+            out[key] = value
+        return out
+    if isinstance(record, list | tuple):
+        return type(record)(redact_env_settings(v) for v in record)
+    return record
 
 
 EngineFn = Callable[[list[dict[str, str]], dict[str, Any]], Any]

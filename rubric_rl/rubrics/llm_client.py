@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -39,6 +40,16 @@ class LLMHTTPError(LLMError):
     def __init__(self, message: str, status: int | None = None):
         super().__init__(message)
         self.status = status
+
+
+class LLMUnavailableError(LLMHTTPError):
+    """The endpoint could not be reached (refused connection, failed DNS lookup) or gave no
+    usable answer within the retry budget. The client then counts it as down for a while: calls
+    fail at once instead of each waiting out its own retries."""
+
+
+class LLMEndpointDownError(LLMUnavailableError):
+    """A call refused without trying: the endpoint failed recently (``LLMUnavailableError``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,15 +195,49 @@ class LLMClient(abc.ABC):
         max_concurrency: int = 16,
         price_prompt_per_1k: float = 0.0,
         price_completion_per_1k: float = 0.0,
+        down_cooldown_s: float = 30.0,
     ):
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        if down_cooldown_s < 0:
+            raise ValueError(f"down_cooldown_s must be >= 0, got {down_cooldown_s}")
         self.model = model
         self.max_concurrency = int(max_concurrency)
         self.counters = UsageCounters(price_prompt_per_1k, price_completion_per_1k)
         self._secret: Secret | None = None
         # asyncio primitives bind to one event loop; keep one semaphore per loop.
         self._semaphores: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # Circuit breaker: after an LLMUnavailableError every call fails at once, naming the
+        # cause, until ``down_cooldown_s`` has passed; then the next call tries the endpoint.
+        self.down_cooldown_s = float(down_cooldown_s)
+        self._down: tuple[float, str] | None = None  # (time.monotonic() it went down, cause)
+
+    @property
+    def endpoint(self) -> str:
+        """What this client talks to, for error messages: backend and URL (or model)."""
+        return f"{self.kind} backend (model {self.model!r})"
+
+    def raise_if_down(self) -> None:
+        """``LLMEndpointDownError`` while the endpoint is marked down (see ``down_cooldown_s``)."""
+        down = self._down
+        if down is None:
+            return
+        since, cause = down
+        ago = time.monotonic() - since
+        if ago >= self.down_cooldown_s:
+            return
+        raise LLMEndpointDownError(
+            f"{cause} [not retried: the endpoint was marked down {ago:.1f}s ago; calls fail at "
+            f"once until {self.down_cooldown_s:g}s have passed]"
+        )
+
+    def allow_concurrency(self, n: int) -> None:
+        """Raises the limit to ``n`` calls in flight (never lowers it): a user asking for ``n``
+        gets ``n``, not a silent cap at the client's default."""
+        if n > self.max_concurrency:
+            logger.info("%s: max_concurrency %d -> %d", self.endpoint, self.max_concurrency, n)
+            self.max_concurrency = int(n)
+            self._semaphores = weakref.WeakKeyDictionary()  # rebuilt with the new limit
 
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
@@ -207,24 +252,38 @@ class LLMClient(abc.ABC):
         return message
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
+        self._fail_if_down()
         async with self._semaphore():
+            self._fail_if_down()
             try:
                 response = await self._generate(request)
             except LLMHTTPError as e:
                 self.counters.add(calls=1, failures=1)
-                raise LLMHTTPError(self._scrub(str(e)), e.status) from None
+                message = self._scrub(str(e))
+                if isinstance(e, LLMUnavailableError) and not isinstance(e, LLMEndpointDownError):
+                    self._down = (time.monotonic(), message)
+                    logger.warning("LLM endpoint down: %s", message)
+                raise type(e)(message, e.status) from None
             except LLMError as e:
                 self.counters.add(calls=1, failures=1)
                 raise type(e)(self._scrub(str(e))) from None
             except Exception as e:  # a backend bug or transport error: still a failure, scrubbed
                 self.counters.add(calls=1, failures=1)
                 raise LLMError(self._scrub(f"{type(e).__name__}: {e}")) from None
+        self._down = None
         self.counters.add(
             calls=1,
             prompt_tokens=response.usage.get("prompt_tokens", 0),
             completion_tokens=response.usage.get("completion_tokens", 0),
         )
         return response
+
+    def _fail_if_down(self) -> None:
+        try:
+            self.raise_if_down()
+        except LLMEndpointDownError as e:
+            self.counters.add(calls=1, failures=1)
+            raise LLMEndpointDownError(self._scrub(str(e))) from None
 
     def generate_sync(self, request: LLMRequest) -> LLMResponse:
         async def call():

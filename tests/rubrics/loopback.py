@@ -99,6 +99,12 @@ def judge_responder(decide: Callable[[str], str] = lambda name: "yes") -> Callab
     return handler
 
 
+class _Server(ThreadingHTTPServer):
+    # The default backlog (5) drops connection attempts of a burst, which the client's TCP stack
+    # retries a second later: tests of 32 calls in flight need room for them.
+    request_queue_size = 128
+
+
 class LoopbackLLMServer:
     def __init__(self, default: Callable[[Request], Reply] | None = None):
         self.default = default or judge_responder()
@@ -140,7 +146,7 @@ class LoopbackLLMServer:
             def log_message(self, *args):
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._server.block_on_close = False
         self._thread = threading.Thread(
