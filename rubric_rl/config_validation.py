@@ -25,6 +25,7 @@ from rubric_rl.core.registry import (
 )
 from rubric_rl.models.config import PRESETS
 from rubric_rl.registry import Registry
+from rubric_rl.rubrics.llm import check_env_settings
 from rubric_rl.rubrics.rewards import REWARDS
 
 ENGINES = ("jax", "sglang")
@@ -107,6 +108,7 @@ def _bands(config: ConfigDict, prefix: str = "") -> list[tuple[str, tuple]]:
 
 def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> None:
     """Start-up checks; raises ValueError("config.<field>: ...") on the first problem."""
+    check_env_settings(config)  # a key pasted into a *_env setting; a variable that is not set
     r, lo, o = config.rollout, config.loss, config.optim
     if r.engine not in ENGINES:
         _fail("rollout.engine", f"must be one of {ENGINES}, got {r.engine!r}")
