@@ -172,8 +172,10 @@ class HTTPClient(LLMClient):
             except TimeoutError:
                 if not budget.expired():
                     raise
-                last = TransientFailure("timeout", f"no answer within {self.timeout:g}s")
-                raise self._give_up(what, last, n, start, budget_spent=True) from None
+                cut = TransientFailure("timeout", f"no answer within {max(0.0, remaining):.1f}s")
+                if last is not None:  # the earlier failure says more than the cut-short attempt
+                    cut.cause = f"{last.cause}; then {cut.cause}"
+                raise self._give_up(what, cut, n, start, budget_spent=True) from None
             if last.kind == "connect":
                 connect_failures += 1
                 if connect_failures >= self.connect_attempts:
