@@ -162,6 +162,7 @@ def main(argv):
     validate_config(config, num_devices=jax.device_count())
     workdir = claim_workdir(config)
     logging.info("workdir %s", os.path.abspath(workdir))
+    from rubric_rl.checkpoint import NoIntactCheckpointError
     from rubric_rl.run_dir import unlock
     from rubric_rl.trainer import Trainer
 
@@ -171,6 +172,8 @@ def main(argv):
             trainer.run(resume=_RESUME.value)
         finally:
             trainer.close()
+    except NoIntactCheckpointError as e:  # the message names each step's file and cause
+        sys.exit(f"rubric_rl.launch: --resume: {e}")
     finally:
         unlock(workdir)  # exit releases it too, a kill included
 

@@ -221,7 +221,12 @@ def claim(
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise RunDirError(f"--workdir {workdir} is a file, not a directory; choose another path")
     if resume and not checkpoint_steps(workdir):
-        what = "does not exist" if not os.path.exists(workdir) else "holds no checkpoint"
+        if not os.path.exists(workdir):
+            what = "does not exist"
+        elif os.path.exists(os.path.join(workdir, CONFIG)):
+            what = "holds a run that stopped before its first checkpoint was complete"
+        else:
+            what = "holds no checkpoint"
         raise RunDirError(
             f"--resume: nothing to resume, {workdir} {what} (checkpoints/<step>); "
             "run without --resume to start a new run there"

@@ -138,3 +138,19 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_previous_step(run, tmp_
     assert json.loads((w / "config.json").read_text())["optim"]["lr"] == 0.002
     (change,) = [json.loads(x) for x in (w / "config_changes.jsonl").read_text().splitlines()]
     assert change["changes"] == {"optim.lr": {"old": lr, "new": 0.002}}
+
+
+def test_no_intact_checkpoint_is_an_error_naming_each_file(run, tmp_path):
+    w = tmp_path / "w"
+    shutil.copytree(run["w"], w)
+    metadata = [w / "checkpoints" / s / "run_state" / "metadata" for s in ("2", "3")]
+    for path in metadata:
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+    r = _launch(run["env"], *_cmd(w, "--resume")[3:])
+    assert r.returncode == 1
+    assert f"--resume: no intact checkpoint in {w / 'checkpoints'}:\n" in r.stderr
+    for step, path in zip((2, 3), metadata):
+        assert f"  step {step}: {path}: not valid JSON (" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert sorted(os.listdir(w / "checkpoints")) == ["2", "3"]  # nothing moved or deleted

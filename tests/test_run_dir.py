@@ -123,6 +123,11 @@ def test_resume_needs_a_checkpoint_and_a_workdir_must_be_a_directory(tmp_path):
     with pytest.raises(run_dir.RunDirError, match="nothing to resume.*holds no checkpoint"):
         run_dir.claim(str(tmp_path / "empty"), config, resume=True)
     assert os.listdir(tmp_path / "empty") == []
+    stopped = tmp_path / "stopped"  # killed before its first checkpoint was complete
+    (stopped / "checkpoints" / "2.orbax-checkpoint-tmp-1").mkdir(parents=True)
+    run_dir.record_config(str(stopped), run_dir.config_record(config))
+    with pytest.raises(run_dir.RunDirError, match="stopped before its first checkpoint"):
+        run_dir.claim(str(stopped), config, resume=True)
     (tmp_path / "file").write_text("x")
     with pytest.raises(run_dir.RunDirError, match="file, not a directory"):
         run_dir.claim(str(tmp_path / "file"), config)

@@ -41,22 +41,27 @@ def runs(tmp_path_factory):
     env = launch_env(base / "jax_cache")
     full, killed = base / "full", base / "killed"
     subprocess.run(_cmd(full), cwd=REPO, env=env, check=True, timeout=600, capture_output=True)
-    # Killed run: SIGKILL once step 3 is logged (checkpoints exist at 2; 3 must be replayed).
+    # Killed run: SIGKILL once step 3 is logged and the step-2 checkpoint is complete (its
+    # asynchronous write can finish after step 3 is logged; --resume with no checkpoint is an
+    # error, not a fresh start): 3 (and 4, if logged) must be replayed.
     proc = subprocess.Popen(
         _cmd(killed), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     deadline = time.time() + 300
     metrics = killed / "metrics.jsonl"
     while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and any(r["step"] >= 3 for r in read_metrics(str(metrics))):
+        logged = metrics.exists() and any(r["step"] >= 3 for r in read_metrics(str(metrics)))
+        if logged and (killed / "checkpoints" / "2").is_dir():
             break
-        time.sleep(0.05)
+        time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     rows_at_kill = read_metrics(str(metrics))
-    subprocess.run(
-        _cmd(killed, "--resume"), cwd=REPO, env=env, check=True, timeout=600, capture_output=True
-    )
+    resumed = subprocess.run(
+        _cmd(killed, "--resume"), cwd=REPO, env=env, check=True, timeout=600, capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert "resumed from step " in resumed.stderr  # from a checkpoint, not a fresh start
     return full, killed, rows_at_kill
 
 
