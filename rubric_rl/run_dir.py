@@ -115,11 +115,13 @@ def unlock(workdir: str) -> None:
 
 
 def config_record(config: Any) -> dict[str, Any]:
-    """The config as ``config.json`` holds it: credential-like keys dropped, JSON types."""
+    """The config as ``config.json`` holds it: credential-like keys dropped, a key pasted into an
+    ``*_env`` setting redacted (``validate_config`` refuses one first), JSON types."""
     from rubric_rl.metrics import scrub
+    from rubric_rl.rubrics.llm import redact_env_settings
 
     data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    return json.loads(json.dumps(scrub(data), sort_keys=True, default=list))
+    return json.loads(json.dumps(redact_env_settings(scrub(data)), sort_keys=True, default=list))
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -138,3 +138,11 @@ def test_config_diff_names_absent_keys():
         "a.c": ([1, 2], "(absent)"),
         "a.d": ("(absent)", 2),
     }
+
+
+def test_the_config_record_never_holds_a_key():
+    c = grpo.get_config("smoke")
+    c.judge.llm.api_key_env = "sk-" + "a1B2" * 10  # a key pasted where a variable's name goes
+    record = run_dir.config_record(c)
+    assert "a1B2" not in json.dumps(record)
+    assert record["judge"]["llm"]["api_key_env"].startswith("<redacted")
