@@ -51,7 +51,8 @@ SEED_DIR = re.compile(r"^seed(\d+)$")
 def read_jsonl(path: str) -> list[dict[str, Any]]:
     """Rows of a JSONL file. A torn LAST line (a run killed mid-write) is ignored; a bad line
     elsewhere is an error naming the file and line."""
-    with open(path, encoding="utf-8") as f:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         lines = f.read().split("\n")
     while lines and not lines[-1].strip():
         lines.pop()
@@ -71,9 +72,20 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
     return rows
 
 
+def metrics_path(run_dir: str) -> str | None:
+    """``<run>/metrics.jsonl``, else an archived run's ``metrics.jsonl.gz`` (``launch/archive.py``),
+    else None."""
+    for name in ("metrics.jsonl", "metrics.jsonl.gz"):
+        if os.path.exists(os.path.join(run_dir, name)):
+            return os.path.join(run_dir, name)
+    return None
+
+
 def read_metrics(run_dir: str) -> list[dict[str, Any]]:
     """metrics.jsonl rows sorted by step; a step logged twice keeps its last row (a replay)."""
-    path = os.path.join(run_dir, "metrics.jsonl")
+    path = metrics_path(run_dir)
+    if path is None:
+        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (not a run directory?)")
     by_step: dict[int, dict[str, Any]] = {}
     for i, row in enumerate(read_jsonl(path)):
         if "step" not in row:
@@ -127,7 +139,7 @@ class Run:
 
 
 def load_run(run_dir: str) -> Run:
-    if not os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
+    if metrics_path(run_dir) is None:
         raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (not a run directory?)")
     return Run(run_dir, read_config(run_dir), tuple(read_metrics(run_dir)))
 
@@ -172,7 +184,7 @@ def find_runs(root: str) -> dict[str, dict[int, str]]:
             continue
         for name in sorted(os.listdir(gdir)):
             m = SEED_DIR.match(name)
-            if m and os.path.exists(os.path.join(gdir, name, "metrics.jsonl")):
+            if m and metrics_path(os.path.join(gdir, name)) is not None:
                 out.setdefault(group, {})[int(m.group(1))] = os.path.join(gdir, name)
     return out
 

@@ -1,0 +1,96 @@
+"""Keeps a sweep's finished runs where ``launch/aggregate.py`` can read them after the run
+directories are gone: per run, ``config.json`` and ``metrics.jsonl`` gzipped (the only files the
+aggregate's tables read, apart from ARISE's pool events and the calibration, which are copied
+when present), under the same ``<group>/seed<k>`` layout.
+
+    python launch/archive.py runs/protocol_h benchmarks/results/runs/protocol_h
+
+A protocol whose runs take longer than one machine's session adds its seeds to the archive as
+they finish; ``aggregate.py <archive>`` then tables every archived run. Unfinished runs are
+skipped and listed (never archived half-way); an archived run is not replaced unless
+``--force``. The archive's gzip files carry no timestamp, so re-archiving a run gives the same
+bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from rubric_rl import analysis as an  # noqa: E402
+
+COPIED = ("config.json", "controllers/arise.jsonl", "COMMIT")
+
+
+def archive_run(run_dir: str, dest: str) -> None:
+    """Writes ``dest/config.json`` (and the other files of ``COPIED`` present) and
+    ``dest/metrics.jsonl.gz``."""
+    src = an.metrics_path(run_dir)
+    if src is None:
+        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (not a run directory?)")
+    os.makedirs(dest, exist_ok=True)
+    for name in COPIED:
+        if os.path.exists(os.path.join(run_dir, name)):
+            os.makedirs(os.path.dirname(os.path.join(dest, name)), exist_ok=True)
+            shutil.copyfile(os.path.join(run_dir, name), os.path.join(dest, name))
+    if os.path.isdir(os.path.join(run_dir, "controllers", "calibration")):
+        shutil.copytree(
+            os.path.join(run_dir, "controllers", "calibration"),
+            os.path.join(dest, "controllers", "calibration"),
+            dirs_exist_ok=True,
+        )
+    out = os.path.join(dest, "metrics.jsonl.gz")
+    if src.endswith(".gz"):
+        shutil.copyfile(src, out)
+        return
+    with open(src, "rb") as f, open(out + ".tmp", "wb") as raw:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+            shutil.copyfileobj(f, gz)
+    os.replace(out + ".tmp", out)
+
+
+def archive(root: str, dest_root: str, *, force: bool = False) -> dict[str, list[str]]:
+    """Archives every finished ``root/<group>/seed<k>`` (module docstring); returns the runs
+    ``archived``, ``kept`` (already archived) and ``unfinished``."""
+    done: dict[str, list[str]] = {"archived": [], "kept": [], "unfinished": []}
+    for group, seeds in sorted(an.find_runs(root).items()):
+        for seed, run_dir in sorted(seeds.items()):
+            name = f"{group}/seed{seed}"
+            if not an.is_finished(run_dir):
+                done["unfinished"].append(name)
+                continue
+            dest = os.path.join(dest_root, group, f"seed{seed}")
+            if an.metrics_path(dest) is not None and not force:
+                done["kept"].append(name)
+                continue
+            archive_run(run_dir, dest)
+            done["archived"].append(name)
+    if os.path.exists(os.path.join(root, "COMMIT")):
+        os.makedirs(dest_root, exist_ok=True)
+        with open(os.path.join(root, "COMMIT"), encoding="utf-8") as f:
+            commit = f.read().strip()
+        with open(os.path.join(dest_root, "COMMITS"), "a+", encoding="utf-8") as f:
+            f.seek(0)
+            if commit not in f.read().split():
+                f.write(commit + "\n")
+    return done
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("root", help="the sweep's root (<root>/<group>/seed<k>)")
+    p.add_argument("dest", help="the archive's root")
+    p.add_argument("--force", action="store_true", help="replace runs already archived")
+    args = p.parse_args(argv)
+    for what, names in archive(args.root, args.dest, force=args.force).items():
+        print(f"{what}: {len(names)}" + (f" ({', '.join(names)})" if names else ""))
+
+
+if __name__ == "__main__":
+    main()
