@@ -128,7 +128,7 @@ class HTTPClient(LLMClient):
         initial_delay: float,
         max_delay: float,
         max_retry_after: float,
-        max_retry_s: float = 600.0,
+        max_retry_s: float = 300.0,  # as configs/common.py judge.llm.max_retry_s
         connect_attempts: int = 2,
         connect_retry_delay: float = 0.25,
         jitter: float = 1.0,
