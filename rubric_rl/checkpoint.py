@@ -214,17 +214,23 @@ class RunCheckpointer:
             return step, train_state, run_state, failed
         raise NoIntactCheckpointError(self.directory, failed)
 
-    def set_aside(self, step: int) -> str:
+    def set_aside(self, step: int, *, primary: bool = True) -> str:
         """Moves step ``step`` out of the manager's sight to ``<directory>_corrupt/<step>[-n]``
-        (kept for inspection); returns the new path."""
+        (kept for inspection); returns the new path. Multi-host: every process calls it, the
+        primary moves the directory, and every manager forgets the step once it has."""
         self.manager.wait_until_finished()
         root = self.directory + "_corrupt"
-        os.makedirs(root, exist_ok=True)
         dst, n = os.path.join(root, str(int(step))), 1
-        while os.path.exists(dst):
+        while primary and os.path.exists(dst):
             n += 1
             dst = os.path.join(root, f"{int(step)}-{n}")
-        os.rename(self.step_dir(step), dst)
+        if primary:
+            os.makedirs(root, exist_ok=True)
+            os.rename(self.step_dir(step), dst)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"rubric_rl set_aside {int(step)}")
         self.manager.reload()
         return dst
 

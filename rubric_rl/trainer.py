@@ -181,7 +181,7 @@ class Trainer:
         aside (``checkpoints_corrupt/``), so this run saves that step afresh."""
         step, state, rs, failed = self.ckpt.restore_intact(self.state)
         for e in failed:
-            moved = self.ckpt.set_aside(e.step) if self.primary else "(left in place)"
+            moved = self.ckpt.set_aside(e.step, primary=self.primary)
             logging.warning(
                 "checkpoint step %d is unreadable (%s: %s); resuming from step %d instead, the "
                 "damaged step moved to %s", e.step, e.path, e.reason, step, moved,
