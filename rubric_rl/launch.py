@@ -39,7 +39,8 @@ _RESUME = flags.DEFINE_bool("resume", False, "Continue from the workdir's latest
 _ALLOW_CHANGE = flags.DEFINE_list(
     "allow_config_change",
     [],
-    "With --resume: config keys (dotted, comma-separated) that may differ from the run's record.",
+    "With --resume: config keys that may differ from the run's record (dotted, comma-separated; "
+    "a section, e.g. optim, allows each of its keys).",
 )
 
 
@@ -133,10 +134,12 @@ def claim_workdir(config) -> str:
 
     if _ALLOW_CHANGE.value and not _RESUME.value:
         sys.exit("rubric_rl.launch: --allow_config_change applies only with --resume")
+    import jax
+
+    if not _WORKDIR.value and jax.process_count() > 1:
+        sys.exit("rubric_rl.launch: --workdir is required on several hosts (each names its own)")
     try:
         workdir = _WORKDIR.value or run_dir.default_workdir(flags.FLAGS["config"].config_filename)
-        import jax
-
         if jax.process_index() == 0:  # one copy of the run directory's files (multi-host)
             changes = run_dir.claim(
                 workdir, config, resume=_RESUME.value, allow_changes=_ALLOW_CHANGE.value
