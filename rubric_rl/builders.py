@@ -476,13 +476,11 @@ def build_judge(config: ConfigDict, workdir: str):
 
         return ProgrammaticJudge()
     from rubric_rl.rubrics.judge_cache import JudgeCache
-    from rubric_rl.rubrics.llm import make_client
+    from rubric_rl.rubrics.llm import judge_client
 
     llm = j.llm
-    kw: dict[str, Any] = {"model": llm.model}
-    if llm.backend == "openai":
-        kw.update(base_url=llm.base_url, api_key_env=llm.api_key_env, timeout=float(llm.timeout_s))
-    client = make_client(llm.backend, **kw)
+    # Every HTTP setting (base_url, timeout_s, max_retry_s) to either backend, and concurrency.
+    client = judge_client(llm)
     cache = JudgeCache(j.cache_path or os.path.join(workdir, "judge_cache.sqlite"))
     # Programmatic rule criteria still go to the checkers; LLM criteria to the client.
     return ProgrammaticJudge(

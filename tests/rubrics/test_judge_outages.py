@@ -99,6 +99,8 @@ def request():
 def test_refused_connection_fails_fast_naming_backend_url_and_cause(backend):
     url = f"http://127.0.0.1:{free_port()}" + ("/v1" if backend == "openai" else "")
     client = judge_client(judge_config(url, backend=backend).judge.llm)
+    if backend == "genai":
+        import google.genai  # noqa: F401  (its first import, seconds on a loaded machine, is not the timeout)
     t0 = time.monotonic()
     with pytest.raises(LLMUnavailableError) as err:
         client.generate_sync(request())
@@ -194,10 +196,16 @@ def test_judge_concurrency_above_16_is_honoured(tmp_path):
     assert state["peak"] == 32, state
 
 
-def test_genai_backend_uses_base_url_and_timeout():
+@pytest.mark.parametrize("through", ["judge_client", "build_judge"])
+def test_genai_backend_uses_base_url_and_timeout(through, tmp_path):
     with lb.LoopbackLLMServer(default=lambda req: lb.Reply(text="late", delay=3.0)) as server:
-        llm = judge_config(server.url, backend="genai", timeout_s=1.0, max_retry_s=1.5).judge.llm
-        client = judge_client(llm)
+        config = judge_config(server.url, backend="genai", timeout_s=1.0, max_retry_s=1.5)
+        if through == "judge_client":
+            client = judge_client(config.judge.llm)
+        else:  # what a run builds from its config
+            client = build_judge(config, str(tmp_path)).fallback.client
+        import google.genai  # noqa: F401  (imported before the clock starts)
+
         t0 = time.monotonic()
         with pytest.raises(LLMUnavailableError, match="genai backend at " + server.url):
             client.generate_sync(request())
