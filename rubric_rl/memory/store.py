@@ -25,6 +25,13 @@ and critic retrieve from it (§2.3: "the task history in E^time and related crit
   search went through Chroma's HNSW index with a metadata filter per task: approximate beyond 32
   candidates, and the memory was 68 % of a HarnessRL protocol step's time.)
 
+Writes (``record_many``, ``index_criteria``) are validated, numbered and mirrored at once, and
+handed to one background thread that adds them to Chroma in order (ours: Chroma's ``add`` costs
+~2 ms a record, and the next step's generation overlaps it). Every Chroma read (``history``,
+``histories``, ``counts``, ``rollback``) and ``flush`` waits for the pending writes first and
+raises the first one that failed; the harness controller flushes in ``state_dict``, so a
+checkpoint never precedes its step's memory. ``background_writes=False`` writes in the caller.
+
 Rollback (``rollback(step)``): on resume from a checkpoint at step s, every record and every
 criterion version written after s is deleted, so a resumed run's memory equals an uninterrupted
 run's at s.
@@ -32,6 +39,7 @@ run's at s.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import math
@@ -207,6 +215,7 @@ class HarnessMemory:
         *,
         top_k: int = 4,
         floor: float | None = None,
+        background_writes: bool = True,
     ):
         if int(top_k) < 1:
             raise ValueError(f"memory.top_k={top_k}: must be >= 1")
@@ -235,7 +244,33 @@ class HarnessMemory:
         self._cache: dict[str, np.ndarray] = {}
         self._seq: dict[int, int] = {}
         self._current = _Current(int(embedder.dim))
+        self._writer = (
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="harness-memory")
+            if background_writes
+            else None
+        )
+        self._pending: list[concurrent.futures.Future] = []
         self._load_latest()
+
+    def _write(self, add, **kwargs) -> None:
+        if self._writer is None:
+            add(**kwargs)
+        else:
+            self._pending.append(self._writer.submit(add, **kwargs))
+
+    def flush(self) -> None:
+        """Waits for the pending Chroma writes; raises the first that failed (module docstring)."""
+        pending, self._pending = self._pending, []
+        errors = [e for e in (f.exception() for f in pending) if e is not None]
+        if errors:
+            raise RuntimeError(f"{self.path}: a harness memory write failed") from errors[0]
+
+    def close(self) -> None:
+        """Flushes and stops the writer thread."""
+        self.flush()
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
 
     # ------------------------------------------------------------------ time index
 
@@ -264,9 +299,10 @@ class HarnessMemory:
             docs.append(doc)
             metas.append({"task_id": str(task_id), "kind": kind, "step": step, "seq": seq})
         if ids:
-            self._time.add(
-                ids=ids, documents=docs, metadatas=metas, embeddings=np.ones((len(ids), 1))
-            )
+            self._write(
+                self._time.add,
+                ids=ids, documents=docs, metadatas=metas, embeddings=np.ones((len(ids), 1)),
+            )  # fmt: skip
         return ids
 
     def history(
@@ -308,6 +344,7 @@ class HarnessMemory:
         if until is not None:
             clauses.append({"step": {"$lte": int(until)}})
         where = clauses[0] if len(clauses) == 1 else {"$and": clauses}
+        self.flush()
         got = self._time.get(where=where, include=["documents", "metadatas"])
         rows = sorted(
             zip(got["metadatas"], got["documents"], strict=True),
@@ -368,7 +405,10 @@ class HarnessMemory:
                 }
             )
             self._current.set(_Version.of(metas[-1], e.text), vec)
-        self._sem.add(ids=ids, embeddings=vecs, documents=[e.text for e in rows], metadatas=metas)
+        self._write(
+            self._sem.add, ids=ids, embeddings=vecs, documents=[e.text for e in rows],
+            metadatas=metas,
+        )  # fmt: skip
 
     def related(
         self,
@@ -396,6 +436,7 @@ class HarnessMemory:
 
     def _load_latest(self) -> None:
         """Rebuilds the mirror of the current versions and the id counters from Chroma."""
+        self.flush()
         self._current = _Current(int(self.embedder.dim))
         got = self._sem.get(include=["metadatas", "documents", "embeddings"])
         order = sorted(range(len(got["ids"])), key=lambda i: got["ids"][i])
@@ -412,6 +453,7 @@ class HarnessMemory:
         """Deletes every record and criterion version written after ``step``; returns how many
         of each were removed."""
         step = int(step)
+        self.flush()
         removed = {}
         for name, col in (("time", self._time), ("semantic", self._sem)):
             later = col.get(where={"step": {"$gt": step}}, include=[])["ids"]
@@ -423,6 +465,7 @@ class HarnessMemory:
 
     def counts(self) -> dict[str, int]:
         live = self._current.live()
+        self.flush()
         return {
             "time_records": int(self._time.count()),
             "criterion_versions": int(self._sem.count()),

@@ -172,6 +172,7 @@ def test_related_equals_an_exhaustive_numpy_search(tmp_path, embedder):
                 current[(f"t{t}", c)] = (text, deleted)
         m.index_criteria(step, entries)
         m.record_many(step, [(f"t{t}", "group", {"step": step}) for t in range(0, 40, 7)])
+    m.flush()  # the reopened copy below reads Chroma
     queries = texts + ["the response lists exactly 12 items"]
     excl = [None if i % 3 == 0 else f"t{i}" for i in range(len(queries))]
 
@@ -195,3 +196,29 @@ def test_related_equals_an_exhaustive_numpy_search(tmp_path, embedder):
         tasks = ["t0", "t7", "t3", "t99"]
         assert mem.histories(tasks) == {t: mem.history(t) for t in tasks}
         assert [r.step for r in mem.histories(tasks, since=2, until=3)["t7"]] == [2, 3]
+
+
+def test_background_writes_are_flushed_before_every_read_and_failures_surface(tmp_path, embedder):
+    """The writer thread's Chroma adds land before any read (the same records as writing in
+    the caller), and a failed write is raised at the next read, not lost."""
+    mems = [HarnessMemory(str(tmp_path / f"m{b}"), embedder, background_writes=b) for b in (0, 1)]
+    for m in mems:
+        for step in range(1, 4):
+            m.record_many(step, [(f"t{i}", "group", {"i": i, "s": step}) for i in range(20)])
+            _index(m, step, [(f"t{i}", "count", COUNTS[(i + step) % 6]) for i in range(20)])
+    sync, bg = mems
+    assert bg.counts() == sync.counts() == {
+        "time_records": 60, "criterion_versions": 60, "criteria_live": 20
+    }  # fmt: skip
+    assert bg.histories([f"t{i}" for i in range(20)]) == sync.histories(
+        [f"t{i}" for i in range(20)]
+    )
+
+    def fail(**_):
+        raise OSError("disk full")
+
+    bg._write(fail)
+    with pytest.raises(RuntimeError, match="a harness memory write failed") as e:
+        bg.history("t1")
+    assert isinstance(e.value.__cause__, OSError)
+    bg.close()

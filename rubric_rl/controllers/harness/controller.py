@@ -742,6 +742,8 @@ class HarnessController(Controller):
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
+        if self.memory is not None:
+            self.memory.flush()  # a checkpoint never precedes its step's memory records
         return {
             "levels": list(self.levels),
             "rollout_band": [self.rollout_band.lower, self.rollout_band.upper],
