@@ -83,6 +83,11 @@ def get_base_config() -> ConfigDict:
         top_p=1.0,  # DESIGN §9: keep 1.0 in training rollouts (the trainer scores without it)
         top_k=0,  # 0 = off
         max_new_tokens=24,
+        # SamplingParams.min_new_tokens / ignore_eos (SGLang's names) for training rollouts and
+        # agent turns (evaluation samples without them): no stop or EOS token among the first
+        # min_new_tokens tokens; ignore_eos: no token ends a completion (all max_new_tokens).
+        min_new_tokens=0,
+        ignore_eos=False,
         buckets=(8, 16, 24, 32, 64, 128),  # completion lengths are padded up to one of these
         retries=2,  # engine failures retried before the error surfaces
         # "auto": multi-turn agent episodes on a tool-environment domain (sql, inventory: the

@@ -133,6 +133,14 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         _fail("rollout.temperature", f"must be > 0, got {r.temperature}")
     if int(r.max_new_tokens) < 1:
         _fail("rollout.max_new_tokens", f"must be >= 1, got {r.max_new_tokens}")
+    mnt = r.get("min_new_tokens", 0)
+    if isinstance(mnt, bool) or not isinstance(mnt, int) or not 0 <= mnt <= int(r.max_new_tokens):
+        _fail(
+            "rollout.min_new_tokens",
+            f"must be an int in [0, max_new_tokens={r.max_new_tokens}], got {mnt!r}",
+        )
+    if not isinstance(r.get("ignore_eos", False), bool):
+        _fail("rollout.ignore_eos", f"must be True or False, got {r.ignore_eos!r}")
     pb = [int(x) for x in config.model.prompt_buckets]
     if pb != sorted(set(pb)) or (pb and pb[0] < 1):
         _fail("model.prompt_buckets", f"must be strictly increasing positive ints, got {pb}")

@@ -208,6 +208,8 @@ class Services:
             top_p=float(r.top_p),
             top_k=int(r.top_k) if r.top_k > 0 else -1,
             n=int(n),
+            min_new_tokens=int(r.get("min_new_tokens", 0)),
+            ignore_eos=bool(r.get("ignore_eos", False)),
         )
         kw.update(overrides)
         return SamplingParams(**kw)

@@ -131,3 +131,34 @@ def test_launch_refuses_a_misnamed_loss_key_before_the_warm_start(tmp_path):
     )
     assert "warm start" not in log
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "field,value,expected",
+    [
+        ("rollout.min_new_tokens", -1, "must be an int in [0, max_new_tokens="),
+        ("rollout.min_new_tokens", 10_000, "must be an int in [0, max_new_tokens="),
+        # (the ConfigDict refuses a string for this bool field itself; None gets through)
+        ("rollout.ignore_eos", None, "must be True or False, got None"),
+    ],
+)
+def test_min_new_tokens_and_ignore_eos_are_checked_naming_the_field(field, value, expected):
+    c = _smoke(**{field: value})
+    with pytest.raises(ValueError) as info:
+        common.validate_config(c, num_devices=8)
+    assert str(info.value).startswith(f"config.{field}: {expected}")
+
+
+def test_rollout_sampling_options_reach_the_sampling_params():
+    import types
+
+    from rubric_rl.services import Services
+
+    c = _smoke()
+    assert (c.rollout.min_new_tokens, c.rollout.ignore_eos) == (0, False)  # the defaults
+    sp = Services.sampling_params(types.SimpleNamespace(config=c), 3)
+    assert (sp.min_new_tokens, sp.ignore_eos, sp.n) == (0, False, 3)
+    c.rollout.min_new_tokens, c.rollout.ignore_eos = 4, True
+    common.validate_config(c, num_devices=8)
+    sp = Services.sampling_params(types.SimpleNamespace(config=c), 3)
+    assert (sp.min_new_tokens, sp.ignore_eos) == (4, True)

@@ -59,8 +59,22 @@ class SamplingParams:
 
     A sample ends at `max_new_tokens` ("length") or at its first stop token ("stop"), which is
     kept in `token_ids` (it was sampled and is trained on). Stop tokens are `stop_token_ids` plus
-    the model's EOS ids, which every engine always honours (SGLang reads them from the
-    checkpoint's config, the JAX engine from its `eos_token_ids`).
+    the model's EOS ids, which every engine honours unless `ignore_eos` (SGLang reads them from
+    the checkpoint's config, the JAX engine from its `eos_token_ids`).
+
+    `min_new_tokens`: the stop tokens cannot be sampled (their logits are masked to -inf) while
+    fewer than that many tokens have been generated: the first `min_new_tokens` tokens are never
+    stop tokens, so a "stop" sample has at least `min_new_tokens + 1` tokens, the stop included
+    (SGLang's and Hugging Face's convention).
+    `ignore_eos`: no token ends a sample (neither EOS nor `stop_token_ids`, as SGLang's
+    `ignore_eos`); every sample runs to `max_new_tokens` ("length"). A stop token may then be
+    sampled anywhere and is kept. Both are SGLang's sampling parameters of the same names.
+
+    Log-probs under `min_new_tokens` (JAX engine): the full-vocabulary `log_softmax(logits / T)`
+    of the sampled token, the trainer's π_old, NOT the renormalised masked distribution the token
+    was drawn from (which is higher by −log(1 − p_stop) at a masked position). This is the same
+    convention as top-p / top-k: the trainer's ratio π_θ/π_old compares like with like; the
+    behaviour policy differs from π_old only on those first positions.
     """
 
     max_new_tokens: int
@@ -69,6 +83,8 @@ class SamplingParams:
     top_k: int = -1
     stop_token_ids: tuple[int, ...] = ()
     n: int = 1
+    min_new_tokens: int = 0
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -81,6 +97,15 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if self.n < 1:
             raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"SamplingParams.min_new_tokens must be in [0, max_new_tokens="
+                f"{self.max_new_tokens}], got {self.min_new_tokens}"
+            )
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(
+                f"SamplingParams.ignore_eos must be a bool, got {type(self.ignore_eos).__name__}"
+            )
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     @property

@@ -4,7 +4,8 @@ Design (notes/jax-on-cpu.md, "Sampling"): a preallocated per-layer KV cache (a p
 prefill call over left-padded prompts (positions ``cumsum(valid) − 1``), then a ``lax.while_loop``
 decode that exits as soon as every row has stopped. Everything runs inside ONE jitted function per
 static shape ``(batch bucket, prompt bucket, max_new_tokens, filtering on/off)``; temperature,
-top-p, top-k, seeds and the stop-token set are traced arrays, so changing them never recompiles.
+top-p, top-k, seeds, the stop-token set, ``min_new_tokens`` and ``ignore_eos`` are traced arrays,
+so changing them never recompiles.
 Prompt lengths and row counts are rounded up to ``JaxEngineConfig`` buckets, so a training run
 compiles a handful of shapes once and then reuses them step after step.
 
@@ -22,8 +23,12 @@ top-k off in training rollouts. Greedy (T = 0) returns ``log_softmax(logits)`` (
 
 Stop handling: a row stops at the first token in ``eos_token_ids ∪ stop_token_ids``; that token is
 kept in ``token_ids`` (it was sampled and is trained on, as the SGLang client's ``no_stop_trim``)
-with finish_reason "stop"; rows that never stop end with "length". Inside the kernel, a finished
-row keeps emitting ``pad_id`` with log-prob 0; those positions are cut before returning.
+with finish_reason "stop"; rows that never stop end with "length". ``min_new_tokens``: the stop
+tokens' logits are masked to -inf at positions < min_new_tokens (sampling and greedy argmax), the
+returned log-probs stay the full-vocabulary ones above (engine.SamplingParams explains why).
+``ignore_eos``: the done flags ignore stop tokens, so every row runs to max_new_tokens. Inside the
+kernel, a finished row keeps emitting ``pad_id`` with log-prob 0; those positions are cut before
+returning.
 
 Sharding: with a ``mesh``, prompt rows and the KV cache are split over ("data", "fsdp") — the
 training mesh's batch axes — and the parameters stay wherever the trainer put them.
@@ -121,17 +126,25 @@ def sample_tokens(
     top_k: Array,
     *,
     filtering: bool,
+    banned: Array | None = None,
 ) -> tuple[Array, Array]:
     """One sampling step. logits [B, V] float32, keys [B] (typed PRNG keys).
 
+    ``banned``: an optional bool mask broadcastable to [B, V]; those tokens are never chosen
+    (sampled or greedy), as if their logits were -inf.
+
     Returns (token [B] int32, logp [B] float32) with logp = log_softmax(logits / T)[token] over the
-    full vocabulary (core/logprobs.py's expression); T = 0 is greedy with T = 1 log-probs.
+    full vocabulary (core/logprobs.py's expression, ``banned`` tokens included in the
+    normaliser); T = 0 is greedy with T = 1 log-probs.
     """
     greedy = temperature <= 0
     t = jnp.where(greedy, jnp.float32(1.0), temperature)
     scaled = logits.astype(jnp.float32) / t
     logps = scaled - jax.nn.logsumexp(scaled, axis=-1, keepdims=True)
     cand = filter_logits(scaled, top_p, top_k) if filtering else scaled
+    if banned is not None:
+        cand = jnp.where(banned, -jnp.inf, cand)
+        logits = jnp.where(banned, -jnp.inf, logits)
     sampled = jax.vmap(jax.random.categorical)(keys, cand)
     token = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
     return token, jnp.take_along_axis(logps, token[:, None], axis=-1)[:, 0]
@@ -283,6 +296,8 @@ class JaxEngine(RolloutEngine):
             jnp.float32(params.temperature),
             jnp.float32(params.top_p),
             jnp.int32(params.top_k),
+            jnp.int32(params.min_new_tokens),
+            jnp.bool_(params.ignore_eos),
         )
         filtering = (not params.greedy) and (params.top_p < 1.0 or params.top_k > 0)
         max_rows = self.config.batch_buckets[-1]
@@ -317,7 +332,7 @@ class JaxEngine(RolloutEngine):
             for k, (ri, j, seed) in enumerate(chunk):
                 n = int(lengths[k])
                 toks = tuple(int(t) for t in tokens[k, :n])
-                stopped = n > 0 and toks[-1] in stop_set
+                stopped = not params.ignore_eos and n > 0 and toks[-1] in stop_set
                 out[ri][j] = Generation(
                     token_ids=toks,
                     logprobs=tuple(float(x) for x in logps[k, :n]),
@@ -395,6 +410,8 @@ class JaxEngine(RolloutEngine):
         temperature: Array,
         top_p: Array,
         top_k: Array,
+        min_new_tokens: Array,
+        ignore_eos: Array,
         stop_ids: Array,
         *,
         max_new_tokens: int,
@@ -416,13 +433,24 @@ class JaxEngine(RolloutEngine):
         pad = jnp.int32(self.config.pad_id)
 
         def sample(i, logits, done):
+            # The first min_new_tokens tokens (i < min_new_tokens) are never stop tokens: a stop
+            # is token min_new_tokens + 1 at the earliest (SGLang's and HF's convention).
+            vocab = jnp.arange(logits.shape[-1], dtype=jnp.int32)
+            is_stop = jnp.any(vocab[:, None] == stop_ids[None, :], axis=-1)  # -1 pads match none
+            banned = is_stop[None, :] & (i < min_new_tokens)
             token, lp = sample_tokens(
-                logits, fold(base_keys, i), temperature, top_p, top_k, filtering=filtering
+                logits,
+                fold(base_keys, i),
+                temperature,
+                top_p,
+                top_k,
+                filtering=filtering,
+                banned=banned,
             )
             token = jnp.where(done, pad, token)
             lp = jnp.where(done, 0.0, lp)
-            now_done = done | jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
-            return token, lp, now_done
+            hit = jnp.any(token[:, None] == stop_ids[None, :], axis=-1) & ~ignore_eos
+            return token, lp, done | hit
 
         logits, cache = model.decode(
             prompt_ids, positions, cache, jnp.int32(0), cache_mask, last_only=True

@@ -10,6 +10,9 @@ weights) and its in-flight requests are re-sent, so no request is ever dropped.
 SGLang 0.5.23 facts this relies on (read from its source):
 - output log-probs are `log(softmax(logits / T))` over the full vocabulary (before top-p/top-k),
   or `log_softmax(logits)` when the whole batch is greedy;
+- `min_new_tokens` masks the stop and EOS tokens' logits before sampling (a penalizer), and
+  `ignore_eos` skips the stop/EOS check; whether its returned log-probs at the masked positions are
+  those of the masked distribution or of the full one (the JAX engine's) was not checked here;
 - `sampling_seed` is honoured only by a server launched with `--enable-deterministic-inference`
   (on CPU that needs an sgl_kernel op our stand-in does not provide: seeds are sent but ignored);
 - input (prompt) log-probs for scoring are always at T = 1; other temperatures are recovered
@@ -282,6 +285,9 @@ class SGLangEngine(RolloutEngine):
             # keep the matched stop token in output_ids: it was sampled and is trained on
             "no_stop_trim": True,
             "skip_special_tokens": False,
+            # SGLang's own names and meaning (engine.SamplingParams); its defaults are 0 / False
+            "min_new_tokens": params.min_new_tokens,
+            "ignore_eos": params.ignore_eos,
         }
         if params.stop_token_ids:
             sp["stop_token_ids"] = list(params.stop_token_ids)

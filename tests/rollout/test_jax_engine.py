@@ -1,5 +1,6 @@
 """JaxEngine: trainer-equal log-probs, greedy = stepwise argmax, seeds, buckets, stops."""
 
+import dataclasses
 import functools
 import types
 
@@ -286,3 +287,142 @@ def test_buckets_and_seed_key_data():
     assert kd[1].tolist() == [0, 7]
     with pytest.raises(ValueError, match="prompt_buckets"):
         JaxEngineConfig(prompt_buckets=(64, 32))
+
+
+# ----------------------------------------------------------------------------- min_new_tokens,
+# ignore_eos
+
+STOPS16 = tuple(range(100, 116))  # an eighth of the tiny vocabulary: rows stop early
+# Today's outputs with the defaults (recorded before min_new_tokens / ignore_eos existed):
+# _requests(step=3), T = 1, n = 2, stop_token_ids = STOPS16.
+GOLDEN_TOKENS = [
+    [34, 17, 119, 118, 3, 105],
+    [83, 74, 77, 57, 67, 111],
+    [21, 83, 126, 126, 106],
+    [121, 38, 64, 79, 80, 122, 32, 84, 36, 84, 99, 85],
+    [114],
+    [74, 115],
+    [49, 27, 63, 85, 62, 52, 20, 100],
+    [26, 42, 59, 90, 82, 64, 95, 110],
+]
+GOLDEN_FINISH = ["stop"] * 3 + ["length"] + ["stop"] * 4
+
+
+def _flat(gens):
+    return [g for gs in gens for g in gs]
+
+
+def test_defaults_sample_exactly_as_before(engine):
+    sp = SamplingParams(max_new_tokens=N_NEW, temperature=1.0, n=2, stop_token_ids=STOPS16)
+    for params in (sp, dataclasses.replace(sp, min_new_tokens=0, ignore_eos=False)):
+        got = _flat(engine.generate(_requests(step=3), params))
+        assert [list(g.token_ids) for g in got] == GOLDEN_TOKENS
+        assert [g.finish_reason for g in got] == GOLDEN_FINISH
+
+
+def test_sampling_params_check_min_new_tokens_and_ignore_eos():
+    with pytest.raises(ValueError, match=r"min_new_tokens must be in \[0, max_new_tokens=4\]"):
+        SamplingParams(max_new_tokens=4, min_new_tokens=5)
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        SamplingParams(max_new_tokens=4, min_new_tokens=-1)
+    with pytest.raises(TypeError, match="ignore_eos must be a bool"):
+        SamplingParams(max_new_tokens=4, ignore_eos=1)
+
+
+def test_min_new_tokens_keeps_stops_out_and_logprobs_trainer_exact(engine):
+    m = 5
+    reqs = _requests(step=3)
+    base = SamplingParams(max_new_tokens=N_NEW, temperature=1.0, n=2, stop_token_ids=STOPS16)
+    free = _flat(engine.generate(reqs, base))
+    assert sum(len(g.token_ids) <= m for g in free) >= 3  # without it rows stop early
+    before = engine.num_traces
+    got = _flat(engine.generate(reqs, dataclasses.replace(base, min_new_tokens=m)))
+    assert engine.num_traces == before  # a traced mask: nothing recompiled
+    for g in got:
+        assert not set(g.token_ids[:m]) & set(STOPS16)
+        assert len(g.token_ids) >= m + 1
+        assert (g.finish_reason == "stop") == (g.token_ids[-1] in STOPS16)
+    assert sum(g.finish_reason == "stop" for g in got) >= 3  # stops still end rows after m
+    # The returned log-probs are the trainer's full-vocabulary ones of the sampled tokens ...
+    pairs = [(reqs[i // 2].prompt_ids, g.token_ids) for i, g in enumerate(got)]
+    model = engine.model()
+    for g, want in zip(got, _trainer_logps(model, pairs, 1.0)):
+        np.testing.assert_allclose(g.logprobs, want, atol=1e-5, rtol=0)
+    for g, s in zip(got, engine.score(pairs, temperature=1.0)):
+        np.testing.assert_allclose(s, g.logprobs, atol=1e-5, rtol=0)
+    # ... not those of the masked distribution the first m tokens were drawn from, which are
+    # higher by -log(1 - p_stop).
+    ids = np.zeros((len(pairs), REF_LEN), np.int32)
+    for i, (p, c) in enumerate(pairs):
+        ids[i, : len(p) + len(c)] = list(p) + list(c)
+    logits = np.asarray(_jit_logits(model, jnp.asarray(ids)), np.float64)
+    for i, ((p, c), g) in enumerate(zip(pairs, got)):
+        rows = logits[i, len(p) - 1 : len(p) - 1 + m]
+        probs = np.exp(rows - rows.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        p_stop = probs[:, list(STOPS16)].sum(-1)
+        full = np.log(probs[np.arange(m), list(c[:m])])
+        np.testing.assert_allclose(g.logprobs[:m], full, atol=1e-5)
+        assert np.all(-np.log1p(-p_stop) > 0.02)  # the renormalised values would differ
+
+
+def test_min_new_tokens_greedy_takes_the_best_non_stop_token(engine):
+    reqs = _requests()[:1]
+    greedy = engine.generate(reqs, SamplingParams(max_new_tokens=N_NEW, temperature=0.0))
+    stop = greedy[0][0].token_ids[0]
+    sp = SamplingParams(max_new_tokens=N_NEW, temperature=0.0, stop_token_ids=(stop,))
+    (g,) = engine.generate(reqs, sp)[0]
+    assert g.token_ids == (stop,) and g.finish_reason == "stop"
+    (g,) = engine.generate(reqs, dataclasses.replace(sp, min_new_tokens=3))[0]
+    assert stop not in g.token_ids[:3] and len(g.token_ids) >= 4
+    ids = np.zeros((1, REF_LEN), np.int32)
+    prompt = reqs[0].prompt_ids
+    ids[0, : len(prompt)] = prompt
+    row = np.asarray(_jit_logits(engine.model(), jnp.asarray(ids)), np.float64)[0, len(prompt) - 1]
+    second = int(np.argsort(-row)[1])
+    assert int(np.argmax(row)) == stop and g.token_ids[0] == second
+    lse = np.log(np.sum(np.exp(row - row.max()))) + row.max()
+    assert g.logprobs[0] == pytest.approx(row[second] - lse, abs=1e-5)  # full-vocabulary, T = 1
+
+
+def test_ignore_eos_runs_every_row_to_max_new_tokens():
+    """EOS ids from the engine config and the call's stop ids: with ignore_eos no row ends early,
+    and each row's tokens up to its first stop are the ones it samples without ignore_eos."""
+    cfg = JaxEngineConfig(prompt_buckets=(32,), batch_buckets=(8,), eos_token_ids=STOPS16[:8])
+    eng = JaxEngine(_model(0), cfg)
+    reqs = _requests(step=3)
+    base = SamplingParams(max_new_tokens=N_NEW, temperature=1.0, n=2, stop_token_ids=STOPS16[8:])
+    free = _flat(eng.generate(reqs, base))
+    assert sum(g.finish_reason == "stop" for g in free) >= 4
+    before = eng.num_traces
+    got = _flat(eng.generate(reqs, dataclasses.replace(base, ignore_eos=True)))
+    assert eng.num_traces == before
+    assert all(len(g.token_ids) == N_NEW and g.finish_reason == "length" for g in got)
+    mid = [g for g in got if set(g.token_ids[:-1]) & set(STOPS16)]
+    assert len(mid) >= 4  # stop and EOS tokens sampled mid-row did not end it
+    for f, g in zip(free, got):
+        assert g.token_ids[: len(f.token_ids)] == f.token_ids
+    pairs = [(reqs[i // 2].prompt_ids, g.token_ids) for i, g in enumerate(got)]
+    for g, s in zip(got, eng.score(pairs, temperature=1.0)):
+        np.testing.assert_allclose(s, g.logprobs, atol=1e-5, rtol=0)
+    eng.close()
+
+
+def test_sample_tokens_banned_renormalises_the_draw_not_the_logprob():
+    rs = np.random.RandomState(2)
+    logits = rs.randn(1, 6).astype(np.float32)
+    banned = jnp.asarray([[False, True, False, False, True, False]])
+    keys = jax.random.split(jax.random.key(1), 4000)
+    toks, lps = jax.jit(jax.vmap(
+        lambda k: sample_tokens(
+            jnp.asarray(logits), k[None], jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0),
+            filtering=False, banned=banned,
+        )
+    ))(keys)  # fmt: skip
+    toks, lps = np.asarray(toks)[:, 0], np.asarray(lps)[:, 0]
+    full = logits[0] - np.log(np.exp(logits[0]).sum())
+    np.testing.assert_allclose(lps, full[toks], atol=1e-6)
+    freq = np.bincount(toks, minlength=6) / len(toks)
+    renorm = np.where(np.asarray(banned[0]), 0.0, np.exp(full))
+    np.testing.assert_allclose(freq, renorm / renorm.sum(), atol=0.03)
+    assert freq[1] == 0 and freq[4] == 0

@@ -9,6 +9,7 @@ trainer's own scoring (`rubric_rl.core.logprobs.sequence_logprobs` on our JAX Qw
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shutil
 import threading
@@ -225,6 +226,25 @@ def test_retries_5xx_with_backoff_then_succeeds_and_sends_per_sample_seeds():
         seeds = [sp["sampling_seed"] for sp in sent["sampling_params"]]
         assert seeds == list(req.seeds(3)) and len(set(seeds)) == 3
         assert [g.seed for g in out[0]] == seeds
+    finally:
+        srv.close()
+
+
+def test_request_carries_min_new_tokens_and_ignore_eos():
+    """SGLang's own sampling-parameter names, per sample (seeded) and per request (n=)."""
+    srv = _FlakyServer(fail_first=0)
+    req = GenerationRequest((5, 6), "a")
+    try:
+        forced = SamplingParams(max_new_tokens=2, n=2, min_new_tokens=2, ignore_eos=True)
+        with SGLangEngine([srv.url]) as engine:
+            engine.generate([req], forced)
+            engine.generate([req], SamplingParams(max_new_tokens=2, n=2))
+        with SGLangEngine([srv.url], seed_mode="none") as engine:
+            engine.generate([req], dataclasses.replace(forced, ignore_eos=False, n=1))
+        per_sample, default, per_request = (c["sampling_params"] for c in srv.calls)
+        assert [(sp["min_new_tokens"], sp["ignore_eos"]) for sp in per_sample] == [(2, True)] * 2
+        assert [(sp["min_new_tokens"], sp["ignore_eos"]) for sp in default] == [(0, False)] * 2
+        assert (per_request["min_new_tokens"], per_request["ignore_eos"]) == (2, False)
     finally:
         srv.close()
 
