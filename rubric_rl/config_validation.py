@@ -195,9 +195,13 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
             _fail(
                 f"eval.splits.{split}", f"must be >= -1 (-1 = eval.every, 0 = never), got {every}"
             )
-    for f in ("every", "keep"):
-        if int(config.checkpoint[f]) < 1:
-            _fail(f"checkpoint.{f}", f"must be >= 1, got {config.checkpoint[f]}")
+    ck = config.checkpoint
+    if int(ck.every) < 0:
+        _fail("checkpoint.every", f"must be >= 0 (0 = no periodic checkpoints), got {ck.every}")
+    if int(ck.keep) < 1:
+        _fail("checkpoint.keep", f"must be >= 1, got {ck.keep}")
+    if not isinstance(ck.get("final", True), bool):
+        _fail("checkpoint.final", f"must be True or False, got {ck.final!r}")
     if int(config.train.steps) < 0:
         _fail("train.steps", f"must be >= 0, got {config.train.steps}")
     if int(config.warmstart.steps) > 0 and int(config.warmstart.batch) < 1:

@@ -226,7 +226,11 @@ def claim(
         if not os.path.exists(workdir):
             what = "does not exist"
         elif os.path.exists(os.path.join(workdir, CONFIG)):
-            what = "holds a run that stopped before its first checkpoint was complete"
+            ck = _read_json(os.path.join(workdir, CONFIG)).get("checkpoint", {})
+            if ck.get("every") == 0 and ck.get("final") is False:
+                what = "holds a run whose config writes none (checkpoint.every=0, final=False)"
+            else:
+                what = "holds a run that stopped before its first checkpoint was complete"
         else:
             what = "holds no checkpoint"
         raise RunDirError(

@@ -148,8 +148,11 @@ class Trainer:
                 "pass --resume to continue it or choose a new --workdir"
             )
         if latest is None and resume:
+            ck = self.config.checkpoint
+            none = int(ck.every) == 0 and not bool(ck.get("final", True))
+            why = " (checkpoint.every=0 and checkpoint.final=False write none)" if none else ""
             raise FileNotFoundError(
-                f"--resume: nothing to resume, {self.ckpt.directory} holds no checkpoint; "
+                f"--resume: nothing to resume, {self.ckpt.directory} holds no checkpoint{why}; "
                 "run without --resume to start a new run"
             )
         if latest is not None:
@@ -312,6 +315,12 @@ class Trainer:
         m["time/eval"] = time.perf_counter() - t0
         return m
 
+    def _checkpoint_due(self, total: int) -> bool:
+        """``checkpoint.every`` steps (0: never) and, with ``checkpoint.final``, the last one."""
+        every = int(self.config.checkpoint.every)
+        final = bool(self.config.checkpoint.get("final", True))
+        return (every > 0 and self.step % every == 0) or (final and self.step == total)
+
     def run(self, resume: bool = False) -> list[dict[str, Any]]:
         cfg = self.config
         self._restore_or_warmstart(resume)
@@ -332,7 +341,7 @@ class Trainer:
                     # Row first, then the checkpoint: a kill in between replays this step on resume
                     # (rows after the restored step are dropped), so no row is ever lost.
                     rows.append(self.metrics.write(self.step, m))
-                    if self.step % int(cfg.checkpoint.every) == 0 or self.step == total:
+                    if self._checkpoint_due(total):
                         self.save()
                     bar.update(1)
                     bar.set_postfix(headline(m), refresh=False)

@@ -162,3 +162,20 @@ def test_rollout_sampling_options_reach_the_sampling_params():
     common.validate_config(c, num_devices=8)
     sp = Services.sampling_params(types.SimpleNamespace(config=c), 3)
     assert (sp.min_new_tokens, sp.ignore_eos) == (4, True)
+
+
+@pytest.mark.parametrize(
+    "field,value,expected",
+    [
+        ("checkpoint.every", -1, "must be >= 0 (0 = no periodic checkpoints), got -1"),
+        ("checkpoint.keep", 0, "must be >= 1, got 0"),
+        ("checkpoint.final", None, "must be True or False, got None"),
+    ],
+)
+def test_checkpoint_settings_are_checked_naming_the_field(field, value, expected):
+    common.validate_config(
+        _smoke(**{"checkpoint.every": 0, "checkpoint.final": False}), num_devices=8
+    )
+    with pytest.raises(ValueError) as info:
+        common.validate_config(_smoke(**{field: value}), num_devices=8)
+    assert str(info.value) == f"config.{field}: {expected}"

@@ -128,6 +128,12 @@ def test_resume_needs_a_checkpoint_and_a_workdir_must_be_a_directory(tmp_path):
     run_dir.record_config(str(stopped), run_dir.config_record(config))
     with pytest.raises(run_dir.RunDirError, match="stopped before its first checkpoint"):
         run_dir.claim(str(stopped), config, resume=True)
+    none = tmp_path / "none"  # a finished run configured to write no checkpoint
+    none.mkdir()
+    config.checkpoint.update(every=0, final=False)
+    run_dir.record_config(str(none), run_dir.config_record(config))
+    with pytest.raises(run_dir.RunDirError, match=r"writes none \(checkpoint\.every=0, final="):
+        run_dir.claim(str(none), config, resume=True)
     (tmp_path / "file").write_text("x")
     with pytest.raises(run_dir.RunDirError, match="file, not a directory"):
         run_dir.claim(str(tmp_path / "file"), config)

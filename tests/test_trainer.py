@@ -542,3 +542,32 @@ def test_kl_reference_is_the_warm_start_policy_and_survives_a_resume(tmp_path):
         assert all(np.array_equal(a, b) for a, b in zip(init, leaves(cold.ref_params)))
     finally:
         cold.close()
+
+
+def _run_steps(trainer, steps, resume=False, **checkpoint):
+    """``trainer.run`` for ``steps`` more steps with ``checkpoint.<key>`` settings; the config's
+    step count and checkpoint section are restored afterwards."""
+    c = trainer.config
+    saved = (c.train.steps, dict(c.checkpoint))
+    c.train.steps = trainer.step + steps
+    c.checkpoint.update(checkpoint)
+    try:
+        return trainer.run(resume=resume)
+    finally:
+        c.train.steps = saved[0]
+        c.checkpoint.update(saved[1])
+
+
+def test_checkpoint_every_0_and_final_false_write_no_checkpoint(trainer):
+    """(Last in this module: it leaves a checkpoint in the shared trainer's workdir.)"""
+    from rubric_rl.run_dir import checkpoint_steps
+
+    start = trainer.step
+    rows = _run_steps(trainer, 2, every=0, final=False)
+    assert [r["step"] for r in rows] == [start + 1, start + 2] and trainer.step == start + 2
+    assert checkpoint_steps(trainer.workdir) == []
+    with pytest.raises(FileNotFoundError, match=r"nothing to resume.*checkpoint\.every=0 and "):
+        _run_steps(trainer, 1, resume=True, every=0, final=False)
+    # every=0 with the final checkpoint: only the last step's
+    rows = _run_steps(trainer, 2, every=0, final=True)
+    assert checkpoint_steps(trainer.workdir) == [start + 4] == [rows[-1]["step"]]
