@@ -21,7 +21,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rubric_rl.tcmalloc import preload_env
+from rubric_rl.tcmalloc import find_tcmalloc, preload_env
 
 # configs/ lives at the repository root, next to the package: the --config file (not this module)
 # imports configs.common, so the root must be importable when launched from elsewhere.
@@ -71,11 +71,11 @@ def maybe_initialize_distributed() -> bool:
 
 
 def tcmalloc_reexec(
-    argv: list[str], environ: dict[str, str], exists=os.path.exists
+    argv: list[str], environ: dict[str, str], find=find_tcmalloc
 ) -> tuple[list[str], dict[str, str]] | None:
     """(argv, env) to re-execute this entry point with tcmalloc preloaded (``rubric_rl.tcmalloc``:
-    when installed, not yet preloaded, and ``RUBRIC_RL_TCMALLOC`` is not "0"), or None."""
-    env = preload_env(environ, exists)
+    when ``find`` finds it, not yet preloaded, and ``RUBRIC_RL_TCMALLOC`` is not "0"), or None."""
+    env = preload_env(environ, find)
     return None if env is None else ([sys.executable, "-m", "rubric_rl.launch", *argv[1:]], env)
 
 

@@ -94,15 +94,18 @@ def test_tcmalloc_reexec_preloads_once_and_can_be_turned_off():
     from rubric_rl.tcmalloc import TCMALLOC
 
     argv = ["/x/rubric_rl/launch.py", "--config=configs/grpo.py", "--workdir=w"]
-    there = {TCMALLOC}.__contains__
-    args, env = tcmalloc_reexec(argv, {"LD_PRELOAD": "/lib/other.so", "A": "1"}, exists=there)
+
+    def there(environ):  # the library search (test_tcmalloc.py tests it) finds TCMALLOC
+        return TCMALLOC
+
+    args, env = tcmalloc_reexec(argv, {"LD_PRELOAD": "/lib/other.so", "A": "1"}, find=there)
     assert args == [sys.executable, "-m", "rubric_rl.launch", *argv[1:]]
     assert env["LD_PRELOAD"] == f"{TCMALLOC}:/lib/other.so" and env["A"] == "1"
     # The re-executed process sees it preloaded and runs: no loop.
-    assert tcmalloc_reexec(argv, env, exists=there) is None
-    assert tcmalloc_reexec(argv, {"RUBRIC_RL_TCMALLOC": "0"}, exists=there) is None
-    assert tcmalloc_reexec(argv, {}, exists=lambda p: False) is None
-    assert tcmalloc_reexec(argv, {}, exists=there)[1]["LD_PRELOAD"] == TCMALLOC
+    assert tcmalloc_reexec(argv, env, find=there) is None
+    assert tcmalloc_reexec(argv, {"RUBRIC_RL_TCMALLOC": "0"}, find=there) is None
+    assert tcmalloc_reexec(argv, {}, find=lambda environ: None) is None
+    assert tcmalloc_reexec(argv, {}, find=there)[1]["LD_PRELOAD"] == TCMALLOC
 
 
 def test_library_info_lines_are_filtered_and_warnings_kept():
