@@ -14,8 +14,8 @@ import functools
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +48,30 @@ class NonFiniteLossError(RuntimeError):
     """Too many consecutive steps with a NaN/inf loss or gradient norm."""
 
 
+class StepCallback(Protocol):
+    """An object with ``on_step_end(step, metrics, state)`` (a plain function of those three
+    arguments is accepted as well); see ``Trainer.add_callback``."""
+
+    def on_step_end(self, step: int, metrics: Mapping[str, Any], state: Any) -> None: ...
+
+
+class StepCallbackError(RuntimeError):
+    """A step callback raised; the message names the callback and the step, the callback's own
+    exception is the ``__cause__``."""
+
+    def __init__(self, name: str, step: int, cause: BaseException):
+        super().__init__(
+            f"step callback {name} raised at step {step}: {type(cause).__name__}: {cause}"
+        )
+        self.callback, self.step = name, step
+
+
+def callback_name(callback: Any) -> str:
+    """``module.qualname`` of a function, or of an object's class."""
+    target = callback if hasattr(callback, "__qualname__") else type(callback)
+    return f"{getattr(target, '__module__', '?')}.{target.__qualname__}"
+
+
 # The quantities of an update that make it non-finite (the jitted step skips on either).
 NONFINITE_CHECKED = (("loss", "loss"), ("grad_norm", "gradient norm"))
 
@@ -67,7 +91,10 @@ def nonfinite_updates(per_update: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 class Trainer:
-    """``Trainer(config, workdir).run(resume=...)``: builds the run's parts and trains."""
+    """``Trainer(config, workdir).run(resume=...)``: builds the run's parts and trains.
+
+    ``callbacks``: step callbacks (``add_callback``), called in order after each step of ``run``.
+    """
 
     def __init__(
         self,
@@ -77,8 +104,12 @@ class Trainer:
         judge: Any = None,
         extra_controllers: Sequence[Controller] = (),
         pipeline: Pipeline | None = None,
+        callbacks: Sequence[StepCallback | Callable[[int, Mapping[str, Any], Any], Any]] = (),
     ):
         validate_config(config, num_devices=jax.device_count())
+        self.callbacks: list[Any] = []
+        for cb in callbacks:
+            self.add_callback(cb)
         self.config = config
         self.workdir = os.path.abspath(workdir)
         os.makedirs(self.workdir, exist_ok=True)
@@ -131,6 +162,38 @@ class Trainer:
         # bypass mode feeds π_old = π_rollout to the rejection bands unless the step-start
         # log-probs are computed: a preset that rejects gets them every step.
         self._rejects = losses.rejects(str(config.loss.rollout_correction))
+
+    # ------------------------------------------------------------------ callbacks
+
+    def add_callback(
+        self, callback: StepCallback | Callable[[int, Mapping[str, Any], Any], Any]
+    ) -> None:
+        """Registers ``callback``: an object with ``on_step_end(step, metrics, state)`` or a
+        function of ``(step, metrics, state)``. ``run`` calls it after every step, once that
+        step's metrics are final: ``metrics`` is a copy of the step's ``metrics.jsonl`` row
+        (evaluation included, ``"step"`` key, JSON types), written before the call, and the
+        step's checkpoint (if due) has been started. ``state`` is the live
+        ``core.train_step.TrainState`` after the step's updates (``.params``, ``.opt_state``,
+        ``.step``, ``.rest``), as sharded in training: read it, never modify it, and copy what
+        you keep (``jax.device_get``), since the next step donates its buffers. An exception
+        raised by a callback stops the run as a ``StepCallbackError`` naming it and the step.
+        Called by ``run`` only, not by ``train_one_step``; on every process of a multi-host run.
+        """
+        if not callable(getattr(callback, "on_step_end", None)) and not callable(callback):
+            raise TypeError(
+                f"Trainer.add_callback: {callback!r} has no on_step_end(step, metrics, state) "
+                "and is not callable"
+            )
+        self.callbacks.append(callback)
+
+    def _step_end(self, metrics: Mapping[str, Any]) -> None:
+        for cb in self.callbacks:
+            fn = getattr(cb, "on_step_end", None)
+            fn = fn if callable(fn) else cb
+            try:
+                fn(self.step, dict(metrics), self.state)
+            except Exception as e:
+                raise StepCallbackError(callback_name(cb), self.step, e) from e
 
     # ------------------------------------------------------------------ setup / resume
 
@@ -343,6 +406,7 @@ class Trainer:
                     rows.append(self.metrics.write(self.step, m))
                     if self._checkpoint_due(total):
                         self.save()
+                    self._step_end(rows[-1])
                     bar.update(1)
                     bar.set_postfix(headline(m), refresh=False)
                     if self.step % int(cfg.logging.every) == 0:
@@ -358,4 +422,11 @@ class Trainer:
         self.engine.close()
 
 
-__all__ = ["ComponentError", "NonFiniteLossError", "Trainer"]
+__all__ = [
+    "ComponentError",
+    "NonFiniteLossError",
+    "StepCallback",
+    "StepCallbackError",
+    "Trainer",
+    "callback_name",
+]

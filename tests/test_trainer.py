@@ -137,6 +137,24 @@ class _SwitchableJudge(Judge):
         return await self.inner.ascore(items)
 
 
+class _StepRecorder:
+    """A step callback (the ``on_step_end`` object form) keeping what it was given: the step, the
+    metrics row, the TrainState's update count and a copy of its parameters."""
+
+    def __init__(self):
+        self.calls = []
+
+    def on_step_end(self, step, metrics, state):
+        import jax
+        import numpy as np
+
+        params = [np.array(x) for x in jax.tree.leaves(jax.device_get(state.params))]
+        self.calls.append((step, metrics, int(state.step), params))
+
+
+_RECORDER = _StepRecorder()  # registered through Trainer(callbacks=...) by the fixture below
+
+
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
     from rubric_rl.trainer import Trainer
@@ -146,7 +164,9 @@ def trainer(tmp_path_factory):
     c.eval.at_start = False
     c.eval.every = 0
     c.train.max_nonfinite_skips = 2
-    t = Trainer(c, str(tmp_path_factory.mktemp("inproc")), judge=_SwitchableJudge())
+    t = Trainer(
+        c, str(tmp_path_factory.mktemp("inproc")), judge=_SwitchableJudge(), callbacks=[_RECORDER]
+    )
     t._restore_or_warmstart(resume=False)
     yield t
     t.close()
@@ -556,6 +576,49 @@ def _run_steps(trainer, steps, resume=False, **checkpoint):
     finally:
         c.train.steps = saved[0]
         c.checkpoint.update(saved[1])
+
+
+def test_step_callbacks_see_each_steps_final_metrics_and_state(trainer):
+    import jax
+    import numpy as np
+
+    from rubric_rl.trainer import StepCallbackError
+
+    seen = []
+    trainer.add_callback(lambda step, metrics, state: seen.append((step, metrics["step"])))
+    _RECORDER.calls.clear()
+    start, updates = trainer.step, int(trainer.state.step)
+    rows = _run_steps(trainer, 2, every=0, final=False)
+    assert [c[0] for c in _RECORDER.calls] == [start + 1, start + 2]
+    assert seen == [(start + 1, start + 1), (start + 2, start + 2)]  # in registration order
+    # metrics: the step's row as written to metrics.jsonl (and returned by run)
+    assert [c[1] for c in _RECORDER.calls] == rows == read_metrics(trainer.metrics.path)[-2:]
+    assert all(r["train/updates"] == 2.0 and "reward/mean" in r for r in rows)
+    # state: the TrainState after that step's updates (2 per step here)
+    assert [c[2] for c in _RECORDER.calls] == [updates + 2, updates + 4]
+    final = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(trainer.state.params))]
+    assert all(np.array_equal(a, b) for a, b in zip(_RECORDER.calls[-1][3], final))
+    assert any(not np.array_equal(a, b) for a, b in zip(_RECORDER.calls[0][3], final))
+
+    def broken_callback(step, metrics, state):
+        raise KeyError("no such metric")
+
+    trainer.add_callback(broken_callback)
+    try:
+        with pytest.raises(StepCallbackError) as e:
+            _run_steps(trainer, 2, every=0, final=False)
+    finally:
+        trainer.callbacks.remove(broken_callback)
+    name = "tests.test_trainer.test_step_callbacks_see_each_steps_final_metrics_and_state"
+    assert str(e.value) == (
+        f"step callback {name}.<locals>.broken_callback raised at step {start + 3}: "
+        "KeyError: 'no such metric'"
+    )
+    assert isinstance(e.value.__cause__, KeyError) and e.value.step == start + 3
+    assert read_metrics(trainer.metrics.path)[-1]["step"] == start + 3  # its row was written
+    with pytest.raises(TypeError, match="has no on_step_end"):
+        trainer.add_callback(object())
+    trainer.callbacks.pop()  # the lambda
 
 
 def test_checkpoint_every_0_and_final_false_write_no_checkpoint(trainer):
