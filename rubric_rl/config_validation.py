@@ -220,7 +220,9 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
             f"would overwrite the cased embedding rows of the pretrained checkpoint "
             f"{config.model.name!r}; set it False to warm-start a checkpoint",
         )
-    for split in ("n_train", "n_heldout", "n_ood"):
+    # Generated task banks (the constraints and tool domains) have these sizes; the dataset
+    # domain reads its splits from files (domain.dataset.limit caps them), so they are unused.
+    for split in ("n_train", "n_heldout", "n_ood") if config.domain.name != "dataset" else ():
         if int(config.domain[split]) < 1:
             _fail(f"domain.{split}", f"must be >= 1, got {config.domain[split]}")
     n_val = int(config.domain.get("n_validation", 0))

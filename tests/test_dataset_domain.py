@@ -121,6 +121,18 @@ def test_dataset_domain_config_errors_name_the_field(change, field):
         common.validate_config(c, num_devices=1)
 
 
+@pytest.mark.parametrize("split", ["n_train", "n_heldout", "n_ood"])
+def test_generated_split_sizes_are_checked_only_on_domains_that_generate_tasks(split):
+    c = _dataset_config(format="healthbench", train=HEALTHBENCH)
+    c.domain[split] = 0  # unused: the dataset domain reads its splits from files
+    common.validate_config(c, num_devices=1)
+    assert len(builders.build_domain(c).train) == 2
+    for name in ("constraints", "sql"):
+        c.domain.name = name
+        with pytest.raises(ValueError, match=rf"^config\.domain\.{split}: must be >= 1, got 0$"):
+            common.validate_config(c, num_devices=1)
+
+
 def test_dataset_domain_refuses_a_warm_start_it_has_no_corpus_for():
     c = _dataset_config(format="healthbench", train=HEALTHBENCH)
     c.warmstart.steps = 4
