@@ -1,7 +1,7 @@
 """Keeps a sweep's finished runs where ``launch/aggregate.py`` can read them after the run
-directories are gone: per run, ``config.json`` and ``metrics.jsonl`` gzipped (the only files the
-aggregate's tables read, apart from ARISE's pool events and the calibration, which are copied
-when present), under the same ``<group>/seed<k>`` layout.
+directories are gone: per run, ``config.json``, ``metrics.jsonl`` gzipped and ARISE's pool events
+when present, under the same ``<group>/seed<k>`` layout: every table of the aggregate but the
+calibration's (its probe files are large; aggregate the run directories for that one).
 
     python launch/archive.py runs/protocol_h benchmarks/results/runs/protocol_h
 
@@ -39,12 +39,6 @@ def archive_run(run_dir: str, dest: str) -> None:
         if os.path.exists(os.path.join(run_dir, name)):
             os.makedirs(os.path.dirname(os.path.join(dest, name)), exist_ok=True)
             shutil.copyfile(os.path.join(run_dir, name), os.path.join(dest, name))
-    if os.path.isdir(os.path.join(run_dir, "controllers", "calibration")):
-        shutil.copytree(
-            os.path.join(run_dir, "controllers", "calibration"),
-            os.path.join(dest, "controllers", "calibration"),
-            dirs_exist_ok=True,
-        )
     out = os.path.join(dest, "metrics.jsonl.gz")
     if src.endswith(".gz"):
         shutil.copyfile(src, out)
