@@ -27,8 +27,7 @@ from rubric_rl.controllers.reflection_base import (
     failing_records,
 )
 from rubric_rl.registry import Registry
-from rubric_rl.rubrics.llm import LLMClient, LLMError, LLMRequest, strip_json_fence
-from rubric_rl.rubrics.types import Message
+from rubric_rl.rubrics.llm import LLMClient, LLMError, SchemaCaller, strip_json_fence
 
 logger = logging.getLogger(__name__)
 
@@ -228,7 +227,7 @@ def _render_record(rec: RolloutRecord, max_chars: int) -> str:
 
 
 @REFLECTIONS.register("llm")
-class LLMReflection(Reflection):
+class LLMReflection(SchemaCaller, Reflection):
     """Reflection by an LLM through ``LLMClient`` (templates ``arise_propose`` / ``arise_refine``).
 
     The rollouts shown are the window's failures first, then partial successes (a success with a
@@ -249,15 +248,11 @@ class LLMReflection(Reflection):
         temperature: float = 0.0,
         max_tokens: int = 1024,
     ):
-        self.client = client
+        SchemaCaller.__init__(self, client, temperature=temperature, max_tokens=max_tokens)
         self.propose_template = REFLECTION_TEMPLATES.get(propose_template)
         self.refine_template = REFLECTION_TEMPLATES.get(refine_template)
         self.max_examples = int(max_examples)
         self.max_chars = int(max_chars)
-        self.temperature = float(temperature)
-        self.max_tokens = int(max_tokens)
-        self.counts = {"calls": 0, "rejected": 0, "accepted": 0}
-        self.last_error: str | None = None
 
     def _examples(self, records: Sequence[RolloutRecord]) -> list[RolloutRecord]:
         failures = [r for r in records if r.success is False]
@@ -265,24 +260,14 @@ class LLMReflection(Reflection):
         return (failures + partial)[: self.max_examples]
 
     def _call(self, template: ReflectionTemplate, user: str, schema, step: int) -> str | None:
-        self.counts["calls"] += 1
-        request = LLMRequest(
-            messages=(Message("system", template.system), Message("user", user)),
-            temperature=self.temperature,
-            max_tokens=self.max_tokens,
-            json_schema=schema,
-            seed=step,
-            schema_name=template.name,
-        )
         try:
-            return self.client.generate_sync(request).text
+            return self.ask(template, user, schema, step)
         except LLMError as e:
-            self._reject(f"{template.key}: client error: {e}")
+            self._reject(str(e))
             return None
 
     def _reject(self, error: str) -> None:
-        self.counts["rejected"] += 1
-        self.last_error = error
+        self.reject(error)
         logger.warning("ARISE reflection rejected: %s", error)
 
     def propose(

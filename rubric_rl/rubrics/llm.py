@@ -41,6 +41,7 @@ from rubric_rl.rubrics.llm_client import (  # noqa: F401  (re-exported API)
     run_sync,
     strip_json_fence,
 )
+from rubric_rl.rubrics.types import Message
 
 logger = logging.getLogger(__name__)
 
@@ -205,6 +206,40 @@ def redact_env_settings(record: Any) -> Any:
     if isinstance(record, list | tuple):
         return type(record)(redact_env_settings(v) for v in record)
     return record
+
+
+class SchemaCaller:
+    """Asks a client for one reply under a JSON schema, for a controller that evolves something
+    from a model's answers (ARISE's reflection, HarnessRL's attributor and proposer), and counts
+    what became of the answers: ``calls`` / ``accepted`` / ``rejected`` and the ``last_error``.
+    ``template``: anything with ``system``, ``name`` (the schema's) and ``key`` (its version)."""
+
+    def __init__(self, client: LLMClient, *, temperature: float, max_tokens: int):
+        self.client = client
+        self.temperature = float(temperature)
+        self.max_tokens = int(max_tokens)
+        self.counts = {"calls": 0, "accepted": 0, "rejected": 0}
+        self.last_error: str | None = None
+
+    def ask(self, template: Any, user: str, schema: Mapping[str, Any], seed: int) -> str:
+        """The reply's text; a client failure is ``LLMError`` with the template's key first."""
+        self.counts["calls"] += 1
+        req = LLMRequest(
+            messages=(Message("system", template.system), Message("user", user)),
+            temperature=self.temperature, max_tokens=self.max_tokens, json_schema=schema,
+            seed=int(seed), schema_name=template.name,
+        )  # fmt: skip
+        try:
+            return self.client.generate_sync(req).text
+        except LLMError as e:
+            raise LLMError(f"{template.key}: client error: {e}") from e
+
+    def reject(self, why: str) -> None:
+        self.counts["rejected"] += 1
+        self.last_error = why
+
+    def stats(self) -> dict[str, int]:
+        return dict(self.counts)
 
 
 EngineFn = Callable[[list[dict[str, str]], dict[str, Any]], Any]

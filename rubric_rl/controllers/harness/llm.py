@@ -49,8 +49,8 @@ from rubric_rl.controllers.harness.proposer import (
     ProposalContext,
 )
 from rubric_rl.controllers.harness.rubric_ops import OPS, RubricOp, anchor_share_of, apply_ops
-from rubric_rl.rubrics.llm import LLMClient, LLMError, LLMRequest, strip_json_fence
-from rubric_rl.rubrics.types import Criterion, Message, Verifier
+from rubric_rl.rubrics.llm import LLMClient, LLMError, SchemaCaller, strip_json_fence
+from rubric_rl.rubrics.types import Criterion, Verifier
 
 RESPONSE_CHARS = 600  # a rollout as shown to the model
 
@@ -137,32 +137,12 @@ def _norm(s: str) -> str:
     return " ".join(s.split()).lower()
 
 
-class _Caller:
-    def __init__(self, client: LLMClient, *, temperature: float, max_tokens: int):
-        self.client = client
-        self.temperature = temperature
-        self.max_tokens = max_tokens
-        self.counts = {"calls": 0, "accepted": 0, "rejected": 0}
-        self.last_error: str | None = None
-
+class _Caller(SchemaCaller):
     def call(self, template: EvolverTemplate, user: str, schema, seed: int) -> str:
-        self.counts["calls"] += 1
-        req = LLMRequest(
-            messages=(Message("system", template.system), Message("user", user)),
-            temperature=self.temperature, max_tokens=self.max_tokens, json_schema=schema,
-            seed=seed, schema_name=template.name,
-        )  # fmt: skip
         try:
-            return self.client.generate_sync(req).text
+            return self.ask(template, user, schema, seed)
         except LLMError as e:
-            raise LLMEvolverError(f"{template.key}: client error: {e}") from e
-
-    def reject(self, why: str) -> None:
-        self.counts["rejected"] += 1
-        self.last_error = why
-
-    def stats(self) -> dict[str, int]:
-        return dict(self.counts)
+            raise LLMEvolverError(str(e)) from e
 
 
 class LLMAttributor(_Caller):
