@@ -594,11 +594,12 @@ def test_step_callbacks_see_each_steps_final_metrics_and_state(trainer):
     # metrics: the step's row as written to metrics.jsonl (and returned by run)
     assert [c[1] for c in _RECORDER.calls] == rows == read_metrics(trainer.metrics.path)[-2:]
     assert all(r["train/updates"] == 2.0 and "reward/mean" in r for r in rows)
-    # state: the TrainState after that step's updates (2 per step here)
+    # state: the TrainState after that step's updates (2 per step here), the last one the
+    # trainer's final state (earlier tests may have run the lr schedule down to 0, so parameters
+    # of consecutive steps are not compared)
     assert [c[2] for c in _RECORDER.calls] == [updates + 2, updates + 4]
     final = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(trainer.state.params))]
     assert all(np.array_equal(a, b) for a, b in zip(_RECORDER.calls[-1][3], final))
-    assert any(not np.array_equal(a, b) for a, b in zip(_RECORDER.calls[0][3], final))
 
     def broken_callback(step, metrics, state):
         raise KeyError("no such metric")
