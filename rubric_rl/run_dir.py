@@ -172,8 +172,9 @@ def check_config_change(
     workdir: str, record: Mapping[str, Any], allow: Iterable[str] = ()
 ) -> dict[str, tuple[Any, Any]]:
     """The allowed changes of ``record`` against ``<workdir>/config.json`` (empty when there is
-    no record yet); raises ``RunDirError`` with the diff when a key outside ``allow`` changed, or
-    when an allowed key is not a config key (a typo would allow nothing)."""
+    no record yet), keys new since the record included; raises ``RunDirError`` with the diff when
+    a recorded key outside ``allow`` changed or is gone, or when an allowed key is not a config
+    key (a typo would allow nothing)."""
     allow = [a.strip() for a in allow if a.strip()]
     keys = set(flatten(record))
     for a in allow:
@@ -183,7 +184,10 @@ def check_config_change(
     if not os.path.exists(path):
         return {}
     diff = config_diff(_read_json(path), record)
-    refused = {k: v for k, v in diff.items() if not _allowed(k, allow)}
+    # A key the record lacks was added to the configs after the run started (a new option, at
+    # its default unless the launch sets it): taken as it is now, warned and recorded as a
+    # change, not refused — else every run recorded before a new option could never resume.
+    refused = {k: v for k, v in diff.items() if not _allowed(k, allow) and v[0] != _ABSENT}
     if refused:
         lines = "\n".join(f"  {k}: {old!r} -> {new!r}" for k, (old, new) in refused.items())
         raise RunDirError(

@@ -113,6 +113,26 @@ def test_allowed_changes_are_recorded_beside_the_new_record(tmp_path):
     assert len((w / "config_changes.jsonl").read_text().splitlines()) == 1
 
 
+def test_keys_new_since_the_record_are_taken_and_recorded_but_a_gone_key_is_refused(tmp_path):
+    """A run recorded before an option existed resumes (the option's value recorded as a
+    change from "(absent)"); a recorded key the config no longer has is a change to refuse."""
+    w = _finished_run(tmp_path)
+    old = json.loads((w / "config.json").read_text())
+    ckpt = old["checkpoint"].pop("final")  # as recorded before checkpoint.final existed
+    old["optim"]["retired_option"] = 1
+    (w / "config.json").write_text(json.dumps(old))
+    with pytest.raises(run_dir.RunDirError, match=r"optim.retired_option: 1 -> '\(absent\)'"):
+        run_dir.claim(str(w), grpo.get_config("smoke"), resume=True)
+    run_dir.unlock(str(w))
+    del old["optim"]["retired_option"]
+    (w / "config.json").write_text(json.dumps(old))
+    changes = run_dir.claim(str(w), grpo.get_config("smoke"), resume=True)
+    run_dir.unlock(str(w))
+    assert changes == {"checkpoint.final": ("(absent)", ckpt)}
+    (row,) = [json.loads(x) for x in (w / "config_changes.jsonl").read_text().splitlines()]
+    assert row["changes"] == {"checkpoint.final": {"old": "(absent)", "new": ckpt}}
+
+
 def test_resume_needs_a_checkpoint_and_a_workdir_must_be_a_directory(tmp_path):
     config = grpo.get_config("smoke")
     missing = tmp_path / "missing"
