@@ -110,16 +110,21 @@ class _Version:
 
 
 class _Current:
-    """The current version of every criterion with its embedding, one row per criterion: the
-    exact search behind ``HarnessMemory.related``."""
+    """The current version of every criterion, one row per criterion, and one embedding per
+    distinct text (criteria of many tasks share a text): the exact search behind
+    ``HarnessMemory.related``."""
 
     def __init__(self, dim: int):
         self._rows: dict[tuple[str, str], int] = {}
         self._versions: list[_Version] = []
-        self._vecs = np.zeros((64, dim), np.float32)
         self._alive = np.zeros(64, bool)
         self._task = np.zeros(64, np.int64)  # task code per row
+        self._text = np.zeros(64, np.int64)  # text code per row
         self._codes: dict[str, int] = {}
+        self._task_rows: dict[int, list[int]] = {}
+        self._texts: dict[str, int] = {}
+        self._t32 = np.zeros((64, dim), np.float32)  # per text: the ranking's copy
+        self._t64 = np.zeros((64, dim), np.float64)  # per text: the exact cosines' copy
         self._rank = np.zeros(0, np.int64)
 
     def version(self, key: tuple[str, str]) -> _Version | None:
@@ -129,22 +134,35 @@ class _Current:
     def live(self) -> int:
         return int(self._alive[: len(self._versions)].sum())
 
+    @staticmethod
+    def _grown(a: np.ndarray, n: int) -> np.ndarray:
+        return a if n < len(a) else np.concatenate([a, np.zeros_like(a)])
+
     def set(self, v: _Version, vec: np.ndarray) -> None:
+        """Makes ``v`` its criterion's current version; a text keeps its first embedding."""
         key = (v.task_id, v.criterion_id)
         r = self._rows.get(key)
         if r is None:
             r = len(self._versions)
-            if r == len(self._alive):
-                self._vecs = np.concatenate([self._vecs, np.zeros_like(self._vecs)])
-                self._alive = np.concatenate([self._alive, np.zeros_like(self._alive)])
-                self._task = np.concatenate([self._task, np.zeros_like(self._task)])
+            self._alive, self._task, self._text = (
+                self._grown(a, r) for a in (self._alive, self._task, self._text)
+            )
             self._rows[key] = r
             self._versions.append(v)
+            code = self._codes.setdefault(v.task_id, len(self._codes))
+            self._task[r] = code
+            self._task_rows.setdefault(code, []).append(r)
         else:
             self._versions[r] = v
-        self._vecs[r] = vec
+        t = self._texts.get(v.text)
+        if t is None:
+            t = len(self._texts)
+            self._t32, self._t64 = self._grown(self._t32, t), self._grown(self._t64, t)
+            self._t32[t] = vec
+            self._t64[t] = self._t32[t]
+            self._texts[v.text] = t
+        self._text[r] = t
         self._alive[r] = not v.deleted
-        self._task[r] = self._codes.setdefault(v.task_id, len(self._codes))
 
     def _name_rank(self) -> np.ndarray:
         """Per row, the rank of its (task, criterion) in sorted order: the tie-break."""
@@ -160,29 +178,32 @@ class _Current:
         block: int = 256,
     ) -> list[list[Neighbour]]:  # fmt: skip
         """Per row of ``q``: the best ``k`` live criteria (not of the row's excluded task) with
-        cosine ≥ ``floor``, ties broken by (task, criterion). Ranked in float32 over every row;
-        the cosines of those within 1e-4 of the k-th best (and of the floor) are recomputed in
-        float64, each row's sum on its own (the same value whatever else is recomputed)."""
-        n = len(self._versions)
+        cosine ≥ ``floor``, ties broken by (task, criterion). Ranked in float32 over every
+        criterion; the cosines of the distinct texts within 1e-4 of the k-th best (and of the
+        floor) are recomputed in float64, each text's sum on its own (the same value whatever
+        else is recomputed)."""
+        n, u = len(self._versions), len(self._texts)
         out: list[list[Neighbour]] = [[] for _ in range(len(q))]
         if n == 0 or not self._alive[:n].any():
             return out
-        vecs, alive, task = self._vecs[:n], self._alive[:n], self._task[:n]
+        text, dead = self._text[:n], ~self._alive[:n]
         rank = self._name_rank()
-        excl = np.array([-2 if e is None else self._codes.get(str(e), -2) for e in exclude])
+        excl = [None if e is None else self._codes.get(str(e)) for e in exclude]
         slack = 1e-4  # far above float32's error on unit vectors of a few hundred dimensions
         kk = min(k, n)
         for b0 in range(0, len(q), block):
-            sims = q[b0 : b0 + block] @ vecs.T
-            ok = alive[None, :] & (task[None, :] != excl[b0 : b0 + block, None])
-            sims = np.where(ok, sims, -np.inf)
+            sims = (q[b0 : b0 + block] @ self._t32[:u].T)[:, text]
+            sims[:, dead] = -np.inf
+            for r, code in enumerate(excl[b0 : b0 + block]):
+                if code is not None:
+                    sims[r, self._task_rows[code]] = -np.inf
             kth = -np.partition(-sims, kk - 1, axis=1)[:, kk - 1]
             for r in range(len(sims)):
                 cols = np.flatnonzero(sims[r] >= max(float(kth[r]), floor) - slack)
                 if not cols.size:
                     continue
-                qi = q[b0 + r].astype(np.float64)
-                cos = (vecs[cols].astype(np.float64) * qi).sum(axis=1)
+                texts, which = np.unique(text[cols], return_inverse=True)
+                cos = (self._t64[texts] * q[b0 + r].astype(np.float64)).sum(axis=1)[which]
                 keep = cos >= floor
                 cols, cos = cols[keep], cos[keep]
                 best = np.lexsort((rank[cols], -cos))[:k]
@@ -442,7 +463,10 @@ class HarnessMemory:
         order = sorted(range(len(got["ids"])), key=lambda i: got["ids"][i])
         for i in order:
             v = _Version.of(got["metadatas"][i], got["documents"][i])
-            self._current.set(v, np.asarray(got["embeddings"][i], np.float32))
+            vec = np.asarray(got["embeddings"][i], np.float32)
+            self._current.set(v, vec)
+            # A reopened memory embeds a known text as the run did (the first stored vector).
+            self._cache.setdefault(v.text, vec)
         self._seq = {}
         for col in (self._time, self._sem):
             for i in col.get(include=[])["ids"]:
