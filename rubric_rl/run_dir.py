@@ -44,6 +44,12 @@ def checkpoint_steps(workdir: str) -> list[int]:
     return sorted(int(n) for n in os.listdir(d) if n.isdigit() and os.path.isdir(f"{d}/{n}"))
 
 
+def writes_no_checkpoint(checkpoint: Mapping[str, Any]) -> bool:
+    """A run whose ``checkpoint`` section (config or record) saves no step: ``every=0`` and
+    ``final=False``."""
+    return int(checkpoint.get("every", 1)) == 0 and checkpoint.get("final", True) is False
+
+
 # ------------------------------------------------------------------------------ naming
 
 
@@ -231,7 +237,7 @@ def claim(
             what = "does not exist"
         elif os.path.exists(os.path.join(workdir, CONFIG)):
             ck = _read_json(os.path.join(workdir, CONFIG)).get("checkpoint", {})
-            if ck.get("every") == 0 and ck.get("final") is False:
+            if writes_no_checkpoint(ck):
                 what = "holds a run whose config writes none (checkpoint.every=0, final=False)"
             else:
                 what = "holds a run that stopped before its first checkpoint was complete"
@@ -265,4 +271,5 @@ __all__ = [
     "lock",
     "record_config",
     "unlock",
+    "writes_no_checkpoint",
 ]

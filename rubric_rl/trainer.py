@@ -23,7 +23,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from rubric_rl import builders, evaluation, run_files, warmstart
+from rubric_rl import builders, evaluation, run_dir, run_files, warmstart
 from rubric_rl.checkpoint import RunCheckpointer, key_from_json, key_to_json
 from rubric_rl.config_validation import validate_config
 from rubric_rl.controllers.base import Controller
@@ -211,8 +211,7 @@ class Trainer:
                 "pass --resume to continue it or choose a new --workdir"
             )
         if latest is None and resume:
-            ck = self.config.checkpoint
-            none = int(ck.every) == 0 and not bool(ck.get("final", True))
+            none = run_dir.writes_no_checkpoint(self.config.checkpoint)
             why = " (checkpoint.every=0 and checkpoint.final=False write none)" if none else ""
             raise FileNotFoundError(
                 f"--resume: nothing to resume, {self.ckpt.directory} holds no checkpoint{why}; "

@@ -431,12 +431,16 @@ class JaxEngine(RolloutEngine):
         base_keys = jax.random.wrap_key_data(seeds)
         fold = jax.vmap(jax.random.fold_in, in_axes=(0, None))
         pad = jnp.int32(self.config.pad_id)
+        logits, cache = model.decode(
+            prompt_ids, positions, cache, jnp.int32(0), cache_mask, last_only=True
+        )
+        # The vocabulary's stop tokens, once per call (-1 pads of stop_ids match none).
+        vocab = jnp.arange(logits.shape[-1], dtype=jnp.int32)
+        is_stop = jnp.any(vocab[:, None] == stop_ids[None, :], axis=-1)
 
         def sample(i, logits, done):
             # The first min_new_tokens tokens (i < min_new_tokens) are never stop tokens: a stop
             # is token min_new_tokens + 1 at the earliest (SGLang's and HF's convention).
-            vocab = jnp.arange(logits.shape[-1], dtype=jnp.int32)
-            is_stop = jnp.any(vocab[:, None] == stop_ids[None, :], axis=-1)  # -1 pads match none
             banned = is_stop[None, :] & (i < min_new_tokens)
             token, lp = sample_tokens(
                 logits,
@@ -452,9 +456,6 @@ class JaxEngine(RolloutEngine):
             hit = jnp.any(token[:, None] == stop_ids[None, :], axis=-1) & ~ignore_eos
             return token, lp, done | hit
 
-        logits, cache = model.decode(
-            prompt_ids, positions, cache, jnp.int32(0), cache_mask, last_only=True
-        )
         done0 = ~active
         tok0, lp0, done = sample(0, logits[:, 0], done0)
         tokens = self._constrain(jnp.full((b, n), pad).at[:, 0].set(tok0))

@@ -248,7 +248,6 @@ class OpenAIClient(HTTPClient):
         structured_output: bool = True,
         **kwargs: Any,
     ):
-        kwargs.setdefault("jitter", 1.0)
         super().__init__(
             model=model,
             timeout=timeout,

@@ -364,7 +364,6 @@ class HarnessController(Controller):
         not_attributed = 0  # tasks whose LLM attribution failed this step
         sec_metrics = self._update_sec(rollouts) if self.sec is not None else {}
         self.last_attributions = []
-        semantic = self.config.memory == "full"
         todo = []  # (group index, its task's state, criterion ids, their texts): first draws
         for g, group in enumerate(rollouts.groups):
             if group.task.id in seen or group.task.id not in self.index:
@@ -379,7 +378,7 @@ class HarnessController(Controller):
         # history read for the step's tasks and their neighbours.
         related, history_cache = evidence.prefetch(
             self.memory, [(rollouts.groups[g].task.id, texts) for g, _, _, texts in todo],
-            semantic=semantic,
+            semantic=self.config.memory == "full",
         )  # fmt: skip
         times["memory"] += time.perf_counter() - t0
         for g, st, ids, texts in todo:
@@ -394,9 +393,9 @@ class HarnessController(Controller):
             responses = tuple(t.response for t in group.trajectories)
             t0 = time.perf_counter()
             ev = evidence.gather(
-                self.memory, task.id, ids, texts, semantic=semantic,
-                last_label=self.last_label, draws=st.draws, retry_after=self.config.retry_after,
-                cache=history_cache, related=None if related is None else related[task.id],
+                self.memory, task.id, ids, last_label=self.last_label, draws=st.draws,
+                retry_after=self.config.retry_after, cache=history_cache,
+                related=None if related is None else related[task.id],
             )  # fmt: skip
             times["memory"] += time.perf_counter() - t0
             t0 = time.perf_counter()

@@ -52,9 +52,7 @@ def gather(
     memory,
     task_id: str,
     criterion_ids: Sequence[str],
-    texts: Sequence[str],
     *,
-    semantic: bool,
     last_label: Mapping[str, str],
     draws: int,
     retry_after: int,
@@ -63,7 +61,7 @@ def gather(
 ) -> TaskEvidence:
     """The task's evidence (module docstring); ``memory`` None gives none. ``cache``: task id ->
     its history, shared by the calls of one step (the memory does not change within them);
-    ``related``: the texts' neighbours when already searched (``prefetch``)."""
+    ``related``: the texts' neighbours from ``prefetch`` (None without the semantic index)."""
     ev = TaskEvidence()
     if memory is None:
         return ev
@@ -93,9 +91,8 @@ def gather(
                 for t in op["targets"] or [n["id"] for n in op["new"]]:
                     rejected.add((op["op"], t))
     ev.rejected = frozenset(rejected)
-    if semantic:
-        hits = related if related is not None else memory.related(texts, exclude_task=task_id)
-        for cid, nbs in zip(criterion_ids, hits, strict=True):
+    if related is not None:
+        for cid, nbs in zip(criterion_ids, related, strict=True):
             ev.related[cid] = [
                 RelatedEvidence(
                     f"{nb.task_id}/{nb.criterion_id}",
