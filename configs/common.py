@@ -39,6 +39,18 @@ def get_base_config() -> ConfigDict:
         # ``teacher_context``): the same buckets, capped at this.
         max_teacher_prompt_len=192,
         init_seed=0,
+        # Fields of the preset replaced (rubric_rl.models.SHAPE_FIELDS: hidden_size,
+        # num_hidden_layers, vocab_size, ...): a random-init model of that shape, seeded by
+        # init_seed, e.g. name="tiny", shape=dict(hidden_size=256, intermediate_size=768). Not
+        # with a checkpoint directory (its config.json is the shape).
+        shape={},
+        # An embedded preset's vocabulary: the tokenizer's size rounded up to a multiple of this
+        # (64: tensor-axis friendly; 1 = exactly the tokenizer's). shape.vocab_size overrides it.
+        vocab_multiple=64,
+        # How messages become a prompt: "auto" = the tokenizer's chat template (else
+        # "role: content" lines); "raw" = no template, the messages' contents as they are (one
+        # message: exactly its content); or a Jinja template string used instead of the tokenizer's.
+        chat_template="auto",
     )
 
     # --- device mesh (DESIGN §8): product must equal the device count (-1 = fill) -------------
@@ -270,6 +282,9 @@ def get_base_config() -> ConfigDict:
         wandb_project="rubric_rl",
         rollouts_per_step=8,  # sampled rollouts (with verdicts) written per step
         progress_bar=True,
+        # False: orbax's and optax's INFO lines (several per checkpoint save) are dropped, by the
+        # launcher and by Trainer alike; their warnings and errors always pass (rubric_rl/logs.py).
+        library_info=False,
     )
 
     # every: a checkpoint every N steps (0 = none); final: one after the last step; keep: the

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+from absl import logging
 from flax import nnx
 
 from rubric_rl.checkpoint import publish_dir
@@ -27,7 +28,8 @@ from rubric_rl.core import sharding
 from rubric_rl.core.train_step import TrainConfig
 from rubric_rl.envs import tool_domain
 from rubric_rl.envs.base import Env
-from rubric_rl.models import PRESETS, Qwen3ForCausalLM, Tokenizer, get_config
+from rubric_rl.models import PRESETS, Qwen3Config, Qwen3ForCausalLM, Tokenizer, get_config
+from rubric_rl.models.config import checkpoint_shape_error, with_shape
 from rubric_rl.registry import Registry
 from rubric_rl.rubrics.types import Task
 
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
     from rubric_rl.rubrics.datasets import LoadReport
 
 ConfigDict = ml_collections.ConfigDict
-EMBEDDED_PRESETS = ("tiny", "1m", "5m", "20m")
+EMBEDDED_PRESETS = ("tiny", "1m", "5m", "20m", "peer-3m")
 SPECIAL_TOKENS = ("<|pad|>", "<|unk|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>")
 # Units as the constraint domain defines them (constraint_lexicon.units).
 _UNIT_PATTERN = r"</?[a-z_]+>|[A-Za-z]+|\d+|[^\sA-Za-z\d]"
@@ -339,6 +341,13 @@ def build_spaced_tokenizer(vocabulary: Sequence[str], directory: str) -> Tokeniz
 
 
 def build_tokenizer(config: ConfigDict, domain: Domain, workdir: str) -> Tokenizer:
+    """``model.tokenizer``, a checkpoint's own, or the embedded one over the domain's vocabulary;
+    prompts formatted as ``model.chat_template`` says (models/tokenizer.py)."""
+    template = config.model.get("chat_template", "auto")
+    return Tokenizer(_tokenizer(config, domain, workdir).hf, chat_template=template)
+
+
+def _tokenizer(config: ConfigDict, domain: Domain, workdir: str) -> Tokenizer:
     if config.model.tokenizer:
         return Tokenizer(config.model.tokenizer)
     if config.model.name not in EMBEDDED_PRESETS:
@@ -367,26 +376,64 @@ def build_mesh(config: ConfigDict) -> jax.sharding.Mesh:
     return sharding.make_mesh(int(m.data), int(m.fsdp), int(m.tensor))
 
 
-def model_config(config: ConfigDict, tokenizer: Tokenizer):
-    """The Qwen3Config: a preset (embedded ones resized to the tokenizer) or a HF directory."""
-    name = config.model.name
-    cfg = get_config(name)
-    if name in EMBEDDED_PRESETS:
-        vocab = -(-tokenizer.vocab_size // 64) * 64  # a multiple of 64 (tensor-axis friendly)
-        cfg = dataclasses.replace(cfg, vocab_size=vocab, eos_token_id=tokenizer.eos_id)
-    elif cfg.vocab_size < tokenizer.vocab_size:
+def model_config(config: ConfigDict, tokenizer: Tokenizer) -> Qwen3Config:
+    """The Qwen3Config: a preset with ``model.shape``'s fields replaced (``models.with_shape``),
+    or a HF directory's config.json. The vocabulary (``model_vocab_size``) and the reason for it
+    are logged in one INFO line."""
+    m = config.model
+    shape = dict(m.get("shape") or {})
+    if m.name not in PRESETS:
+        if shape:
+            raise ValueError(checkpoint_shape_error(m.name))
+        cfg = get_config(m.name)
+        vocab, why = cfg.vocab_size, f"the checkpoint {m.name!r}'s config.json"
+    else:
+        cfg = with_shape(PRESETS[m.name], shape)
+        vocab, why = model_vocab_size(config, cfg, tokenizer)
+    if vocab < tokenizer.vocab_size:
+        field = "config.model.shape.vocab_size" if "vocab_size" in shape else "config.model.name"
         raise ValueError(
-            f"config.model.name: vocab {cfg.vocab_size} < tokenizer's {tokenizer.vocab_size}"
+            f"{field}: the model's vocabulary {vocab} ({why}) < the tokenizer's "
+            f"{tokenizer.vocab_size} token ids (config.model.tokenizer={m.tokenizer!r})"
         )
-    return cfg
+    logging.info("model vocabulary %d: %s", vocab, why)
+    eos = cfg.eos_token_id
+    if m.name in EMBEDDED_PRESETS or eos is None:
+        eos = tokenizer.eos_id
+    return dataclasses.replace(cfg, vocab_size=vocab, eos_token_id=eos)
+
+
+def model_vocab_size(config: ConfigDict, cfg: Qwen3Config, tokenizer: Tokenizer) -> tuple[int, str]:
+    """(vocabulary size, why) for a preset ``cfg`` (``model.shape`` already applied): an explicit
+    ``model.shape.vocab_size`` as given; an embedded preset's the tokenizer's size rounded up to
+    a multiple of ``model.vocab_multiple`` (64 by default: tensor-axis friendly; 1 = exactly the
+    tokenizer's); another preset's (a real Qwen3 vocabulary) its own."""
+    m, n = config.model, tokenizer.vocab_size
+    if "vocab_size" in (m.get("shape") or {}):
+        return cfg.vocab_size, f"config.model.shape.vocab_size (the tokenizer has {n} ids)"
+    if m.name not in EMBEDDED_PRESETS:
+        return cfg.vocab_size, f"preset {m.name!r}'s (the tokenizer has {n} ids)"
+    k = int(m.get("vocab_multiple", 64))
+    vocab = -(-n // k) * k
+    if vocab == n:
+        return vocab, f"the tokenizer's {n} ids (a multiple of config.model.vocab_multiple={k})"
+    return vocab, (
+        f"the tokenizer's {n} ids rounded up to {vocab}, a multiple of "
+        f"config.model.vocab_multiple={k}"
+    )
 
 
 def build_model(config: ConfigDict, tokenizer: Tokenizer, mesh) -> Qwen3ForCausalLM:
+    """A preset (with ``model.shape``) initialised from ``model.init_seed``, or a HF directory's
+    weights (``init_seed`` unused: nothing is random)."""
     dtype = jnp.dtype(config.model.dtype)
     name = config.model.name
     if name not in PRESETS:
         from rubric_rl.models import from_pretrained
 
+        if config.model.get("shape"):
+            raise ValueError(checkpoint_shape_error(name))
+        model_config(config, tokenizer)  # the vocabulary check and its log line
         return from_pretrained(name, mesh=mesh, dtype=dtype)
     cfg = model_config(config, tokenizer)
     param_dtype = jnp.dtype(config.model.param_dtype)

@@ -23,7 +23,8 @@ from rubric_rl.core.registry import (
     KL_ESTIMATORS,
     ROLLOUT_CORRECTION_PRESETS,
 )
-from rubric_rl.models.config import PRESETS
+from rubric_rl.models.config import PRESETS, checkpoint_shape_error, with_shape
+from rubric_rl.models.tokenizer import check_chat_template
 from rubric_rl.registry import Registry
 from rubric_rl.rubrics.llm import check_env_settings
 from rubric_rl.rubrics.rewards import REWARDS
@@ -32,7 +33,7 @@ ENGINES = ("jax", "sglang")
 # "auto": multi-turn agent episodes on a tool-environment domain, single-turn otherwise.
 ROLLOUT_MODES = ("auto", "single", "agent")
 # builders.EMBEDDED_PRESETS (not imported: builders builds models; a test keeps them equal).
-_EMBEDDED_PRESETS = ("tiny", "1m", "5m", "20m")
+_EMBEDDED_PRESETS = ("tiny", "1m", "5m", "20m", "peer-3m")
 JUDGES = ("programmatic", "llm")
 LLM_BACKENDS = ("openai", "genai", "local")
 # model.dtype / model.param_dtype: the float types the model computes and stores in.
@@ -208,7 +209,9 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         _fail("warmstart.batch", f"must be >= 1, got {config.warmstart.batch}")
     if int(config.warmstart.steps) > 0:
         _one_of("warmstart.schedule", config.warmstart.schedule, WARMSTART_SCHEDULES)
-    if not 0.0 <= float(config.warmstart.p_keep) <= 1.0:
+    # The warm start's corpus setting: unused (not checked) when there is no warm start, as on
+    # the dataset domain, which has no corpus.
+    if int(config.warmstart.steps) > 0 and not 0.0 <= float(config.warmstart.p_keep) <= 1.0:
         _fail("warmstart.p_keep", f"must be in [0, 1], got {config.warmstart.p_keep}")
     if (
         config.warmstart.tie_case
@@ -332,6 +335,33 @@ def _validate_model(config: ConfigDict) -> None:
         )
     if m.tokenizer and not os.path.isdir(m.tokenizer):
         _fail("model.tokenizer", f"directory {m.tokenizer!r} does not exist")
+    _validate_model_options(config)
+
+
+def _validate_model_options(config: ConfigDict) -> None:
+    """``model.shape`` (preset fields, not with a checkpoint), ``model.vocab_multiple``,
+    ``model.chat_template``; ``logging.library_info``."""
+    m = config.model
+    shape = m.get("shape") or {}
+    if not hasattr(shape, "items"):
+        _fail("model.shape", f"must be a dict of Qwen3Config fields, got {shape!r}")
+    if shape and m.name not in PRESETS:
+        raise ValueError(checkpoint_shape_error(m.name))
+    if shape:
+        with_shape(PRESETS[m.name], dict(shape))  # its errors name config.model.shape.<key>
+    k = m.get("vocab_multiple", 64)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        _fail("model.vocab_multiple", f"must be an int >= 1 (1 = the tokenizer's size), got {k!r}")
+    template = check_chat_template(m.get("chat_template", "auto"), "config.model.chat_template")
+    if template == "raw" and rollout_mode(config) == "agent":
+        _fail(
+            "model.chat_template",
+            "'raw' drops the roles, and a multi-turn agent episode needs them to tell the model's "
+            "turns from the tool outputs; use 'auto' or a template",
+        )
+    info = config.get("logging", {}).get("library_info", False)
+    if not isinstance(info, bool):
+        _fail("logging.library_info", f"must be True or False, got {info!r}")
 
 
 def _validate_copy_demonstrations(config: ConfigDict) -> None:

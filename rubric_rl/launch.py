@@ -21,6 +21,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from rubric_rl.logs import quiet_library_info, set_library_info  # noqa: F401 (re-exported)
 from rubric_rl.tcmalloc import find_tcmalloc, preload_env
 
 # configs/ lives at the repository root, next to the package: the --config file (not this module)
@@ -77,16 +78,6 @@ def tcmalloc_reexec(
     when ``find`` finds it, not yet preloaded, and ``RUBRIC_RL_TCMALLOC`` is not "0"), or None."""
     env = preload_env(environ, find)
     return None if env is None else ([sys.executable, "-m", "rubric_rl.launch", *argv[1:]], env)
-
-
-# Library INFO lines that are not the run's: orbax logs every save step, optax every constant
-# schedule it builds from a zero-length warm-up.
-_QUIET_LIBRARIES = (f"{os.sep}orbax{os.sep}", f"{os.sep}optax{os.sep}")
-
-
-def quiet_library_info(record) -> bool:
-    """A logging filter: False for the INFO (and DEBUG) records of ``_QUIET_LIBRARIES``."""
-    return record.levelno >= 30 or not any(p in record.pathname for p in _QUIET_LIBRARIES)
 
 
 _HELP = {"--help", "-help", "-?", "--helpshort", "-helpshort", "--helpfull", "-helpfull"}
@@ -153,11 +144,12 @@ def claim_workdir(config) -> str:
 
 def main(argv):
     del argv
-    logging.get_absl_handler().addFilter(quiet_library_info)
-    maybe_initialize_distributed()
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config is required, e.g. --config=configs/grpo.py")
+    # orbax / optax INFO lines dropped unless config.logging.library_info (rubric_rl/logs.py).
+    set_library_info(bool(config.logging.get("library_info", False)))
+    maybe_initialize_distributed()
     import jax
 
     from rubric_rl.config_validation import validate_config

@@ -23,7 +23,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from rubric_rl import builders, evaluation, run_dir, run_files, warmstart
+from rubric_rl import builders, evaluation, logs, run_dir, run_files, warmstart
 from rubric_rl.checkpoint import RunCheckpointer, key_from_json, key_to_json
 from rubric_rl.config_validation import validate_config
 from rubric_rl.controllers.base import Controller
@@ -107,6 +107,8 @@ class Trainer:
         callbacks: Sequence[StepCallback | Callable[[int, Mapping[str, Any], Any], Any]] = (),
     ):
         validate_config(config, num_devices=jax.device_count())
+        # orbax / optax INFO lines dropped unless config.logging.library_info (the launcher too).
+        logs.set_library_info(bool(config.logging.get("library_info", False)))
         self.callbacks: list[Any] = []
         for cb in callbacks:
             self.add_callback(cb)

@@ -279,10 +279,18 @@ def _case_pairs_for(config, tokenizer, params) -> CasePairs | None:
     return pairs
 
 
+# Model options added after warm starts were first cached: left out of the key at these defaults
+# (the behaviour before they existed), so a cache keeps serving the runs it served.
+_MODEL_KEY_DEFAULTS = {"shape": {}, "vocab_multiple": 64, "chat_template": "auto"}
+
+
 def cache_key(config) -> str:
     """Hash of every config field the warm-started parameters depend on."""
     ws = {k: v for k, v in config.warmstart.to_dict().items() if k != "cache_dir"}
-    model = {k: v for k, v in config.model.to_dict().items() if k != "max_teacher_prompt_len"}
+    model = config.model.to_dict()
+    left_out = {"max_teacher_prompt_len"}
+    left_out |= {k for k, v in _MODEL_KEY_DEFAULTS.items() if model.get(k, v) == v}
+    model = {k: v for k, v in model.items() if k not in left_out}
     relevant = {
         "model": model,
         "domain": config.domain.to_dict(),

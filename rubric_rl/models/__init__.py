@@ -1,5 +1,6 @@
 """Qwen3 family in Flax NNX, Hugging Face checkpoint import/export, tokenizer wrapper."""
 
+from rubric_rl.models.config import SHAPE_FIELDS, with_shape
 from rubric_rl.models.hf_io import from_pretrained, save_pretrained
 from rubric_rl.models.qwen3 import (
     PRESETS,
@@ -13,6 +14,7 @@ from rubric_rl.models.tokenizer import Tokenizer
 
 __all__ = [
     "PRESETS",
+    "SHAPE_FIELDS",
     "Qwen3Config",
     "Qwen3ForCausalLM",
     "Tokenizer",
@@ -21,4 +23,5 @@ __all__ = [
     "get_config",
     "logits_from_hidden",
     "save_pretrained",
+    "with_shape",
 ]

@@ -1,4 +1,5 @@
-"""Qwen3 model configuration: `Qwen3Config`, named `PRESETS`, `get_config`.
+"""Qwen3 model configuration: `Qwen3Config`, named `PRESETS`, `get_config`, and `with_shape` (a
+preset with some of its fields replaced: ``config.model.shape``).
 
 Re-exported by `rubric_rl.models.qwen3` and `rubric_rl.models`.
 """
@@ -8,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -145,6 +148,9 @@ PRESETS: dict[str, Qwen3Config] = {
     "1m": Qwen3Config(1024, 128, 448, 4, 4, 2, 32, max_position_embeddings=2048),
     "5m": Qwen3Config(2048, 256, 768, 6, 8, 4, 32, max_position_embeddings=2048),
     "20m": Qwen3Config(4096, 512, 1536, 6, 8, 4, 64, max_position_embeddings=2048),
+    # The GRPO peer workload's shape (the TRL / Tunix step-time comparison): 3,279,616 params
+    # with its 512-id tokenizer. Embedded like the sizes above: vocabulary from the tokenizer.
+    "peer-3m": Qwen3Config(512, 256, 768, 4, 4, 2, 64, max_position_embeddings=2048),
     # Real Qwen3 shapes (HF config.json of Qwen/Qwen3-*).
     "qwen3_0_6b": Qwen3Config(151936, 1024, 3072, 28, 16, 8, 128, eos_token_id=151645),
     "qwen3_1_7b": Qwen3Config(151936, 2048, 6144, 28, 16, 8, 128, eos_token_id=151645),
@@ -153,6 +159,57 @@ PRESETS: dict[str, Qwen3Config] = {
         151936, 4096, 12288, 36, 32, 8, 128, tie_word_embeddings=False, eos_token_id=151645
     ),
 }
+
+
+# The fields ``config.model.shape`` may override (``with_shape``): every Qwen3Config field but the
+# special token ids, which come from the tokenizer.
+SHAPE_FIELDS: tuple[str, ...] = tuple(
+    f.name
+    for f in dataclasses.fields(Qwen3Config)
+    if f.name not in ("bos_token_id", "eos_token_id")
+)
+_FLOAT_FIELDS = ("rms_norm_eps", "rope_theta")
+_BOOL_FIELDS = ("tie_word_embeddings",)
+
+
+def with_shape(
+    base: Qwen3Config, shape: Mapping[str, Any], *, field: str = "config.model.shape"
+) -> Qwen3Config:
+    """``base`` with the fields in ``shape`` replaced (``SHAPE_FIELDS`` only). A key that is not
+    one, a value of the wrong type or an inconsistent result (heads not a multiple of the KV
+    heads, odd head_dim) is a ValueError naming ``<field>.<key>``."""
+    for key in shape:
+        if key not in SHAPE_FIELDS:
+            raise ValueError(
+                f"{field}.{key}: not a field of the model's shape; the valid ones are "
+                f"{list(SHAPE_FIELDS)}"
+            )
+    values: dict[str, Any] = {}
+    for key, v in shape.items():
+        number = isinstance(v, int | float) and not isinstance(v, bool)
+        if key in _BOOL_FIELDS:
+            ok, kind = isinstance(v, bool), "True or False"
+        elif key in _FLOAT_FIELDS:
+            ok, kind = number and v > 0, "a positive number"
+            v = float(v) if ok else v
+        else:
+            ok, kind = number and isinstance(v, int) and v > 0, "a positive int"
+        if not ok:
+            raise ValueError(f"{field}.{key}: must be {kind}, got {v!r}")
+        values[key] = v
+    try:
+        return dataclasses.replace(base, **values)
+    except ValueError as e:  # Qwen3Config's own consistency checks: "Qwen3Config.<key> must ..."
+        raise ValueError(re.sub(r"^Qwen3Config\.(\w+) ", rf"{field}.\1: ", str(e))) from None
+
+
+def checkpoint_shape_error(name: str) -> str:
+    """The error of a ``config.model.shape`` given with a checkpoint directory as the model."""
+    return (
+        f"config.model.shape: model.name {name!r} is a checkpoint directory, whose config.json "
+        "fixes the shape and whose weights are loaded; a shape builds a random-init model from a "
+        f"preset (model.name one of {list(PRESETS)}, e.g. 'tiny', then its fields replaced)"
+    )
 
 
 def get_config(name_or_path: str) -> Qwen3Config:

@@ -15,16 +15,40 @@ def _as_dict(m: Any) -> dict[str, str]:
     raise TypeError(f"chat message must be a dict or Message, got {type(m).__name__}")
 
 
+# ``chat_template`` (``config.model.chat_template``): "auto" = the tokenizer's own template, else
+# the role fallback below; "raw" = no template; anything else must be a Jinja template.
+CHAT_TEMPLATE_MODES = ("auto", "raw")
+# "raw": several messages' contents are joined by this (ours: a blank line, as between paragraphs).
+RAW_SEPARATOR = "\n\n"
+
+
+def check_chat_template(value: Any, field: str = "chat_template") -> str:
+    """``value`` if it is "auto", "raw" or a Jinja template (has "{{" or "{%"), else ValueError
+    naming ``field``."""
+    if isinstance(value, str) and (value in CHAT_TEMPLATE_MODES or "{{" in value or "{%" in value):
+        return value
+    raise ValueError(
+        f"{field}: must be 'auto' (the tokenizer's template), 'raw' (no template: the messages' "
+        f"contents as they are) or a Jinja chat template string, got {value!r}"
+    )
+
+
 class Tokenizer:
     """Encode/decode and chat formatting for one tokenizer directory (no downloads).
 
-    `apply_chat_template` uses the tokenizer's chat template when it has one. Without a template
-    the fallback is plain concatenation: each message as "{role}: {content}\\n", then "assistant: "
-    when `add_generation_prompt` — a readable format for models trained from scratch on it, not
-    any model family's official format.
+    ``chat_template`` says how `chat_text` / `apply_chat_template` turn messages into a prompt:
+
+    - "auto" (default): the tokenizer's chat template when it has one. Without a template the
+      fallback is plain concatenation: each message as "{role}: {content}\\n", then "assistant: "
+      when `add_generation_prompt` — a readable format for models trained from scratch on it, not
+      any model family's official format.
+    - "raw": no template. The prompt is the messages' contents as they are: one message's content
+      exactly, several joined by ``RAW_SEPARATOR``; no role words, no generation prompt.
+    - a Jinja template string: used instead of the tokenizer's own (same variables: ``messages``,
+      ``add_generation_prompt``, ``tools``, the special tokens).
     """
 
-    def __init__(self, path_or_tokenizer: Any):
+    def __init__(self, path_or_tokenizer: Any, *, chat_template: str = "auto"):
         if isinstance(path_or_tokenizer, str | os.PathLike):
             from transformers import AutoTokenizer
 
@@ -34,6 +58,7 @@ class Tokenizer:
             self.hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
         else:
             self.hf = path_or_tokenizer
+        self.chat_template = check_chat_template(chat_template, "Tokenizer(chat_template=...)")
 
     @property
     def vocab_size(self) -> int:
@@ -59,7 +84,10 @@ class Tokenizer:
 
     @property
     def has_chat_template(self) -> bool:
-        return bool(getattr(self.hf, "chat_template", None))
+        """Whether a Jinja template renders prompts (never with ``chat_template="raw"``)."""
+        if self.chat_template == "raw":
+            return False
+        return self.chat_template != "auto" or bool(getattr(self.hf, "chat_template", None))
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
@@ -67,12 +95,27 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(map(int, ids)), skip_special_tokens=skip_special_tokens)
 
-    def chat_text(self, messages: Sequence[Any], *, add_generation_prompt: bool = True) -> str:
-        """The prompt string for `messages` (dicts {role, content} or `Message`s)."""
+    def chat_text(
+        self,
+        messages: Sequence[Any],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Any] | None = None,
+    ) -> str:
+        """The prompt string for `messages` (dicts {role, content} or `Message`s); ``tools``
+        (schemas) are passed to a Jinja template that renders them."""
         msgs = [_as_dict(m) for m in messages]
+        if self.chat_template == "raw":
+            return RAW_SEPARATOR.join(str(m["content"]) for m in msgs)
         if self.has_chat_template:
+            custom = None if self.chat_template == "auto" else self.chat_template
+            extra = {"tools": list(tools)} if tools else {}
             return self.hf.apply_chat_template(
-                msgs, tokenize=False, add_generation_prompt=add_generation_prompt
+                msgs,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                chat_template=custom,
+                **extra,
             )
         text = "".join(f"{m['role']}: {m['content']}\n" for m in msgs)
         return text + ("assistant: " if add_generation_prompt else "")

@@ -122,11 +122,8 @@ class ChatFormat:
     def prompt_ids(self, observation: Observation) -> list[int]:
         tok = self.tokenizer
         if not self.tools_in_system and observation.tools and tok.has_chat_template:
-            text = tok.hf.apply_chat_template(
-                observation.chat_messages(),
-                tools=list(observation.tools),
-                tokenize=False,
-                add_generation_prompt=True,
+            text = tok.chat_text(
+                observation.chat_messages(), tools=observation.tools, add_generation_prompt=True
             )
             return tok.encode(text)
         msgs = observation.chat_messages(tools_in_system=self.tools_in_system)
