@@ -42,8 +42,9 @@ def get_base_config() -> ConfigDict:
         # Fields of the preset replaced (rubric_rl.models.SHAPE_FIELDS: hidden_size,
         # num_hidden_layers, vocab_size, ...): a random-init model of that shape, seeded by
         # init_seed, e.g. name="tiny", shape=dict(hidden_size=256, intermediate_size=768). Not
-        # with a checkpoint directory (its config.json is the shape).
-        shape={},
+        # with a checkpoint directory (its config.json is the shape). None (or {}) = the preset as
+        # it is; None, not {}, so that model.update(shape=dict(...)) works on a locked config.
+        shape=None,
         # An embedded preset's vocabulary: the tokenizer's size rounded up to a multiple of this
         # (64: tensor-axis friendly; 1 = exactly the tokenizer's). shape.vocab_size overrides it.
         vocab_multiple=64,

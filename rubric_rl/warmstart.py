@@ -280,8 +280,9 @@ def _case_pairs_for(config, tokenizer, params) -> CasePairs | None:
 
 
 # Model options added after warm starts were first cached: left out of the key at these defaults
-# (the behaviour before they existed), so a cache keeps serving the runs it served.
-_MODEL_KEY_DEFAULTS = {"shape": {}, "vocab_multiple": 64, "chat_template": "auto"}
+# (the behaviour before they existed; model.shape: when empty), so a cache keeps serving the runs
+# it served.
+_MODEL_KEY_DEFAULTS = {"vocab_multiple": 64, "chat_template": "auto"}
 
 
 def cache_key(config) -> str:
@@ -290,6 +291,7 @@ def cache_key(config) -> str:
     model = config.model.to_dict()
     left_out = {"max_teacher_prompt_len"}
     left_out |= {k for k, v in _MODEL_KEY_DEFAULTS.items() if model.get(k, v) == v}
+    left_out |= set() if model.get("shape") else {"shape"}
     model = {k: v for k, v in model.items() if k not in left_out}
     relevant = {
         "model": model,

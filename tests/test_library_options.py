@@ -29,9 +29,8 @@ def tok(tmp_path_factory):
 
 
 def _config(**model):
-    c = grpo.get_config("smoke")
-    for k, v in model.items():
-        c.model[k] = v  # assigned whole: update() would merge a shape into the locked empty one
+    c = grpo.get_config("smoke")  # locked: model.shape is None, so update() can set a dict
+    c.model.update(model)
     return c
 
 
