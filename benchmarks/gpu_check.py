@@ -1,4 +1,4 @@
-"""One-shot GPU acceptance check (issue 15, item 1); prints ONE JSON line.
+r"""One-shot GPU acceptance check (issue 15, item 1); prints ONE JSON line.
 
     python benchmarks/gpu_check.py --mode=cpu                   # tiny shapes, seconds (the test)
     python benchmarks/gpu_check.py --mode=gpu --out OUT.json    # one H200, fits 8 minutes
@@ -45,26 +45,33 @@ attends over the whole preallocated cache (prompt + max_new_tokens − 1 slots),
 the same run. Goals (issue 15): ``train_step`` MFU ≥ 0.45 (Qwen3-0.6B and 1.7B), log-prob temp
 bytes ≤ 0.25 × B·T·V·4; ``goals`` holds them as booleans (null where not measured).
 
-RUNNING IT ON THE DEVICE MACHINE (nvidia-h200: no network; its own python3 with jax 0.11.x CUDA 13,
-flax, optax, orbax-checkpoint, numpy, absl-py, pyyaml, tokenizers, transformers, jinja2, tqdm).
-Of setup.py's CORE it lacks ``ml-collections`` (configs/, builders, Trainer: the ``loop`` part
-only) and ``tensorboardX`` (not needed: the loop turns TensorBoard off); the other parts import
-only jax, flax, optax, numpy and rubric_rl.{core,models,rollout}. Once, here, in the repo root:
+RUNNING IT ON THE DEVICE MACHINE (nvidia-h200: no network; its own python3 3.12 with jax 0.11.x
+CUDA 13, flax, optax, orbax-checkpoint, numpy, ml-dtypes, absl-py, pyyaml, safetensors, tokenizers,
+transformers, jinja2, httpx, tqdm, pyarrow; /work/.library/device/KINDS.md). Of setup.py's CORE it
+lacks ``ml-collections`` (configs/, builders, Trainer: needed by the ``loop`` part only) and
+``tensorboardX`` (optional in metrics.py; the loop turns TensorBoard off anyway); its versions of
+jax/flax/transformers differ from our pins (the JSON's ``env.versions`` records them). The other
+parts import only jax, flax, optax, numpy and rubric_rl.{core,models,rollout}. The script puts
+the repo root on ``sys.path`` itself: no install of rubric_rl. Once, here, in the repo root:
 
-    echo /.whl/ >> .git/info/exclude
-    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \\
+    mkdir -p .git/info && echo /.whl/ >> .git/info/exclude
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
       --implementation cp --platform manylinux2014_x86_64 -d .whl ml-collections==1.1.0
 
-(ml-collections is pure Python; its needs absl-py and PyYAML are on the device.) Then the device
+(a 77 kB pure-Python wheel; its needs, absl-py and PyYAML, are on the device). Then ONE device
 call, ``run`` with ``carry=[".whl"]`` and ``timeout_s=600``:
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
-      --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; \\
-    PYTHONUNBUFFERED=1 timeout 560 python3 benchmarks/gpu_check.py --mode=gpu \\
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; \
+    PYTHONUNBUFFERED=1 timeout 560 python3 benchmarks/gpu_check.py --mode=gpu \
       --out $OUT/gpu_check.json 2>&1 | tee $OUT/gpu_check.log
 
-``--out`` is rewritten after every part, so a run cut short still returns what it measured. The
-default ``--budget-s`` (GPU 420) stops starting parts after 7 minutes.
+``--out`` is rewritten after every part, so a run cut short (``timeout 560``) still returns what
+it measured; progress lines go to stderr. The default ``--budget-s`` (GPU 420) starts no part
+after 7 minutes; a part it skipped says so, and a second call can run just those
+(``--parts=decode,loop --budget-s=400``) if device time is left (15 minutes per session, the
+machine's start included). ``--loop-preset=20m`` makes the loop a small embedded model when the
+28-layer compiles do not fit.
 """
 
 from __future__ import annotations
@@ -266,9 +273,10 @@ def part_parity(ctx: dict) -> dict:
     mask[0, :pad] = 0  # row 0 left-padded: its first `pad` query rows are fully masked
     real = mask.astype(bool)
 
-    def stats(g32, p32, g16, p16, ids, mask, real):
-        l32 = nnx.merge(g32, p32)(ids, None, mask)
-        l16 = nnx.merge(g16, p16)(ids, None, mask)
+    def logits(graphdef, params, ids, mask):
+        return nnx.merge(graphdef, params)(ids, None, mask)
+
+    def stats(l32, l16, real):
         a, c = jax.nn.log_softmax(l32, -1), jax.nn.log_softmax(l16, -1)
         err = jnp.abs(a - c)
         rel = err / jnp.maximum(jnp.abs(a), 1.0)
@@ -292,8 +300,13 @@ def part_parity(ctx: dict) -> dict:
         np.array_equal(np.asarray(x), np.asarray(y))
         for x, y in zip(jax.tree.leaves(p32), jax.tree.leaves(p16))
     )
-    fn = jax.jit(stats, static_argnums=(0, 2))
-    out = {k: v.item() for k, v in fn(g32, p32, g16, p16, ids, mask, real).items()}
+    run = jax.jit(logits, static_argnums=0)
+    # The reference in full float32 (GPUs may run float32 dots as TF32 by default); the bf16
+    # model at the default precision, as training runs it.
+    with jax.default_matmul_precision("highest"):
+        l32 = run(g32, p32, ids, mask)
+    l16 = run(g16, p16, ids, mask)
+    out = {k: v.item() for k, v in jax.jit(stats)(l32, l16, real).items()}
     out = {k: v if isinstance(v, bool) else _r(v) for k, v in out.items()}
     out.update(
         same_parameters=same,
@@ -317,12 +330,13 @@ def _reference_attention_np(q, k, v, mask):
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     g = q.shape[2] // k.shape[2]
     k, v = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
-    s = np.einsum("bthd,bshd->bhts", q, k) / math.sqrt(q.shape[-1])
+    q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))  # [B, H, T, hd]: batched GEMMs
+    s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1])
     s = np.where(mask[:, None], s, -np.inf)
     with np.errstate(invalid="ignore"):
         p = np.exp(s - s.max(-1, keepdims=True))
         p = p / p.sum(-1, keepdims=True)
-    return np.einsum("bhts,bshd->bthd", p, v)
+    return (p @ v).transpose(0, 2, 1, 3)
 
 
 def _reference_attention_jnp(q, k, v, mask):
@@ -361,9 +375,12 @@ def part_attention(ctx: dict) -> dict:
     ref = _reference_attention_np(q, k, v, mask)
     # Gradient weights: real rows only (what a loss sees), so masked rows' garbage is ignored.
     w = jax.random.normal(jax.random.key(2), (b, t, h, hd), jnp.float32) * real[..., None, None]
-    ref_grads = jax.jit(
-        jax.grad(lambda q, k, v: jnp.sum(_reference_attention_jnp(q, k, v, mask) * w), (0, 1, 2))
-    )(q, k, v)
+    with jax.default_matmul_precision("highest"):  # full float32 reference (not TF32)
+        ref_grads = jax.jit(
+            jax.grad(
+                lambda q, k, v: jnp.sum(_reference_attention_jnp(q, k, v, mask) * w), (0, 1, 2)
+            )
+        )(q, k, v)
     blocks = 4  # the training forward's query blocks (causal_blocks_for: 4 from T = 256 on)
     impls: dict[str, Callable] = {
         "model_xla": lambda q, k, v, m: qwen3.attention(q, k, v, m),
@@ -580,7 +597,7 @@ def part_train_step(ctx: dict) -> dict:
             try:
                 out[name] = _bench_train_preset(ctx, name, batch)
                 break
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - recorded per preset
                 if _is_oom(e) and batch > 1:
                     tries.append(batch)
                     batch //= 2
@@ -590,6 +607,7 @@ def part_train_step(ctx: dict) -> dict:
                 break
         if tries:
             out[name]["out_of_memory_at_batch"] = tries
+        gc.collect()  # this preset's parameters and optimizer state, before the next one
     return out
 
 
@@ -597,6 +615,7 @@ def part_decode(ctx: dict) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
+    from flax import nnx
 
     from rubric_rl.models.qwen3 import PRESETS
     from rubric_rl.rollout.engine import GenerationRequest, SamplingParams
@@ -625,7 +644,7 @@ def part_decode(ctx: dict) -> dict:
     compile_s, _ = run(0)
     runs = [run(i + 1) for i in range(s["repeats"])]
     best, tokens = min(r[0] for r in runs), runs[0][1]
-    weight_bytes = sum(x.nbytes for x in jax.tree.leaves(engine._params))
+    weight_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     itemsize = jnp.dtype(dtype).itemsize
     per_slot = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * itemsize
     cache_slots = p + n - 1
