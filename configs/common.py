@@ -146,7 +146,15 @@ def get_base_config() -> ConfigDict:
         mismatch_every=10,
         adv_eps=1e-6,
         zero_var_eps=1e-6,  # a group whose reward std is below this is zero-variance
-        reward="weighted",  # a name in rubric_rl.rubrics.rewards.REWARDS
+        # A name in rubric_rl.rubrics.rewards.REWARDS (the "rubric" signal), "task_verifier", or
+        # a reward function's name (reward_fns below): the signal trained alone.
+        reward="weighted",
+        # Non-empty: the trained mix instead, {signal: weight} over "rubric" (computed with
+        # loss.reward, then a rubric reward), "task_verifier" and reward functions' names:
+        # A = Σ w_k · norm_g(r_k) (rubric_rl/step.py). Not with a method whose controllers set
+        # their own mix (ARISE's signal_weights). None (or {}) = loss.reward alone; None, not {},
+        # so that loss.update(reward_weights=dict(...)) works on a locked config.
+        reward_weights=None,
         # A name in rubric_rl.core.advantages.ADVANTAGE_ESTIMATORS. "mean_only" (Dr.GRPO:
         # A = r - mean_g r) keeps the rubric's weights meaningful: with GRPO's division by the
         # group std, a group whose members differ only in a 0.1-weight cue (no genuine criterion
@@ -287,6 +295,13 @@ def get_base_config() -> ConfigDict:
         # launcher and by Trainer alike; their warnings and errors always pass (rubric_rl/logs.py).
         library_info=False,
     )
+
+    # --- reward functions (rubric_rl/reward_fns.py) --------------------------------------------
+    # name -> "package.module:function", TRL's signature fn(prompts, completions, **fields) ->
+    # [float | None], imported when the Trainer is built; each is the signal of its name, trained
+    # through loss.reward / loss.reward_weights. Trainer(reward_fns=...) records its callables here.
+    # None (or {}) = none; None so that c.update(reward_fns=dict(...)) works on a locked config.
+    c.reward_fns = None
 
     # every: a checkpoint every N steps (0 = none); final: one after the last step; keep: the
     # newest N kept. With every=0 and final=False a run writes none (and cannot be resumed).

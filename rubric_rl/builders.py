@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -169,7 +170,51 @@ def dataset_domain(cfg: ConfigDict) -> Domain:
     for split in ("heldout", "ood"):
         if split in reports:
             _refuse_split_overlap(ds, reports["train"], split, reports[split])
-    return Domain(name="dataset", train=train, heldout=heldout, ood=ood)
+    vocabulary = plain_vocabulary(train + heldout + ood) if ds.format == "plain" else None
+    return Domain(name="dataset", train=train, heldout=heldout, ood=ood, vocabulary=vocabulary)
+
+
+def plain_vocabulary(tasks: Sequence[Task]) -> tuple[str, ...]:
+    """The embedded tokenizer's vocabulary for tasks without a domain lexicon (the ``plain``
+    format): the units (``_UNIT_PATTERN``) of their messages and of their rows' string fields,
+    sorted. Ours: an embedded preset can then write every word its tasks use; give
+    ``model.tokenizer`` for anything else."""
+    texts = [m.content for t in tasks for m in t.prompt]
+    texts += [v for t in tasks for v in (t.raw or {}).values() if isinstance(v, str)]
+    return tuple(sorted({u for text in texts for u in re.findall(_UNIT_PATTERN, text)}))
+
+
+# Trainer(tasks=...): the splits a dict of rows may give.
+TASK_SPLITS = ("train", "heldout", "ood")
+
+
+def tasks_domain(tasks: Mapping[str, Sequence[Any]]) -> Domain:
+    """``Trainer(tasks=dict(train=[...], heldout=[...], ood=[...]))``: rows given in Python, each
+    a dict in the ``plain`` format (``prompt``, optional ``id``, any other fields for reward
+    functions; ``rubrics.datasets.plain_tasks``) or a ``Task``. Only ``train`` is required. No
+    verifier, oracle or warm-start corpus (``warmstart.steps=0``); the embedded tokenizer gets
+    ``plain_vocabulary``. A task id in training and an evaluation split is an error."""
+    from rubric_rl.rubrics.datasets import plain_tasks
+
+    if not isinstance(tasks, Mapping):
+        raise TypeError(f"Trainer(tasks=...): expected a dict of splits {TASK_SPLITS}, got "
+                        f"{type(tasks).__name__}")  # fmt: skip
+    unknown = sorted(set(tasks) - set(TASK_SPLITS))
+    if unknown:
+        raise ValueError(f"Trainer(tasks=...): unknown split {unknown[0]!r}; splits: {TASK_SPLITS}")
+    splits = {s: tuple(plain_tasks(tasks.get(s) or (), f"tasks[{s!r}]")) for s in TASK_SPLITS}
+    if not splits["train"]:
+        raise ValueError("Trainer(tasks=...): tasks['train'] holds no tasks")
+    train_ids = {t.id for t in splits["train"]}
+    for s in ("heldout", "ood"):
+        shared = sorted(train_ids & {t.id for t in splits[s]})
+        if shared:
+            raise ValueError(f"Trainer(tasks=...): {len(shared)} task ids of tasks[{s!r}] are also "
+                             f"in tasks['train'], e.g. {shared[:3]}")  # fmt: skip
+    every = splits["train"] + splits["heldout"] + splits["ood"]
+    return Domain(
+        name="tasks", **splits, vocabulary=plain_vocabulary(every), embedded_tokenizer="word"
+    )
 
 
 def _directory_split(ds: ConfigDict, split: str) -> str:

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from rubric_rl.controllers.base import Controller
 from rubric_rl.controllers.reflection_base import satisfied
@@ -188,9 +189,14 @@ def _logged(fig: dict[str, Any]) -> dict[str, float]:
 
 
 def build_calibration(config: Any, domain: Any) -> list[Controller]:
-    """``[CalibrationController]`` when ``config.calibration.enabled``, else ``[]``."""
+    """``[CalibrationController]`` when ``config.calibration.enabled``, else ``[]``; also ``[]``
+    (logged) when no training task has criteria (the ``plain`` format's): there is nothing to
+    calibrate."""
     cal = config.get("calibration")
     if cal is None or not bool(cal.enabled):
+        return []
+    if not any(len(t.rubric.evaluated()) for t in domain.train):
+        logging.info("calibration skipped: no training task has criteria")
         return []
     library = getattr(domain, "criteria_library", None)
     return [CalibrationController(domain.train, int(cal.tasks), int(cal.seed), library)]

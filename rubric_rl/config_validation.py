@@ -9,6 +9,7 @@ checked by its validator in ``METHOD_VALIDATORS`` (``config.method``: ARISE's ``
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 
@@ -285,9 +286,11 @@ def _validate_loss_names(config: ConfigDict) -> None:
     start, rather than when the first RL step reaches them."""
     lo = config.loss
     _one_of("loss.advantage", lo.advantage, ADVANTAGE_ESTIMATORS.names())
-    _one_of("loss.reward", lo.reward, [*REWARDS.names(), _VERIFIER_REWARD])
+    fns = _validate_reward_fns(config)
+    _one_of("loss.reward", lo.reward, [*REWARDS.names(), _VERIFIER_REWARD, *fns])
     if lo.reward == _VERIFIER_REWARD and config.domain.name == "dataset":
         _fail("loss.reward", "'task_verifier' needs a domain verifier; the dataset domain has none")
+    _validate_reward_weights(config, fns)
     _one_of("loss.agg_mode", lo.agg_mode, AGGREGATORS.names())
     _one_of("loss.rollout_correction", lo.rollout_correction, ROLLOUT_CORRECTION_PRESETS.names())
     if float(lo.kl_beta) > 0:
@@ -298,6 +301,60 @@ def _validate_loss_names(config: ConfigDict) -> None:
             f"{lo.sd_coef} with loss.sd_estimator='none': self-distillation is off, so the "
             f"coefficient does nothing; choose an estimator "
             f"({[n for n in losses.sd_estimator_names() if n != 'none']}) or set sd_coef=0",
+        )
+
+
+def _validate_reward_fns(config: ConfigDict) -> list[str]:
+    """``reward_fns``: name -> "package.module:function" (imported when the Trainer is built);
+    returns the names."""
+    from rubric_rl.reward_fns import check_name
+
+    names = []
+    for name, path in dict(config.get("reward_fns") or {}).items():
+        check_name(name, f"config.reward_fns.{name}")
+        if not isinstance(path, str) or path.count(":") != 1 or not all(path.split(":")):
+            _fail(f"reward_fns.{name}", f"expected 'package.module:function', got {path!r}")
+        names.append(name)
+    return names
+
+
+def _validate_reward_weights(config: ConfigDict, fns: list[str]) -> None:
+    """``loss.reward_weights``: the trained mix over the run's signals, finite weights; "rubric"
+    there needs ``loss.reward`` to name the rubric reward it is computed with. A run whose tasks
+    have no rubric (the dataset domain's ``plain`` format) cannot train one."""
+    lo = config.loss
+    mix = dict(lo.get("reward_weights") or {})
+    signals = ["rubric", _VERIFIER_REWARD, *fns]
+    for key, w in mix.items():
+        if key not in signals:
+            _fail(
+                f"loss.reward_weights.{key}",
+                f"names no signal; expected one of {signals} (a reward function is named in "
+                "config.reward_fns or Trainer(reward_fns=...))",
+            )
+        if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w):
+            _fail(f"loss.reward_weights.{key}", f"must be a finite number, got {w!r}")
+    if "rubric" in mix and lo.reward not in REWARDS.names():
+        _fail(
+            "loss.reward",
+            f"{lo.reward!r}: loss.reward_weights trains 'rubric', computed with loss.reward, "
+            f"which must then be a rubric reward, one of {REWARDS.names()}",
+        )
+    if _VERIFIER_REWARD in mix and config.domain.name == "dataset":
+        _fail(
+            f"loss.reward_weights.{_VERIFIER_REWARD}",
+            "needs a domain verifier; the dataset domain has none",
+        )
+    trains_rubric = "rubric" in mix if mix else lo.reward in REWARDS.names()
+    ds = config.domain.get("dataset")
+    plain = config.domain.name == "dataset" and ds is not None and ds.format == "plain"
+    if plain and trains_rubric and config.get("method", "grpo") == "grpo":
+        field = "loss.reward_weights.rubric" if mix else "loss.reward"
+        _fail(
+            field,
+            f"trains the rubric, but domain.dataset.format='plain' tasks have none; train a "
+            f"reward function (config.reward_fns: {fns}) through loss.reward or "
+            "loss.reward_weights",
         )
 
 

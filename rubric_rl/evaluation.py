@@ -14,7 +14,11 @@ and numpy, so the trainer and the analysis read one definition:
   ``/pass_rate`` (task verifier), ``/oracle`` (hidden quality), ``/criteria/<id>``, and per
   environment (``Task.env_name``; None counts as ``DEFAULT_ENV``) ``/env/<env>/{score,pass_rate}``
   with their unweighted mean over environments ``/env_mean/{score,pass_rate}``: a large
-  environment cannot hide a weak small one (RISED's multi-environment view).
+  environment cannot hide a weak small one (RISED's multi-environment view). A set whose tasks
+  have no criteria (the ``plain`` format) has no ``score`` keys.
+- ``reward_fn_metrics(...)``: each reward function's mean over the set's responses,
+  ``eval/<split>/reward_fn/<name>`` (None / NaN values left out), and ``.../failed`` (the share
+  of responses whose call raised).
 - ``evaluate(services, domain, config, splits)``: runs the protocol on the first ``eval.n``
   tasks of each set through the step's ``Services`` (generate, judge) and the domain's
   analysis-only verifier and oracle, and returns ``split_metrics`` of each.
@@ -23,13 +27,14 @@ and numpy, so the trainer and the analysis read one definition:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from rubric_rl.reward_fns import call_reward_fn
 from rubric_rl.rollout.engine import SamplingParams
-from rubric_rl.rubrics.rewards import POINTS_SCALE, batch_rewards
+from rubric_rl.rubrics.rewards import POINTS_SCALE, REWARDS, batch_rewards
 from rubric_rl.rubrics.scores import pack_verdicts
 from rubric_rl.rubrics.types import Task
 from rubric_rl.step_metrics import criterion_pass_rates
@@ -45,6 +50,7 @@ __all__ = [
     "due_splits",
     "env_of",
     "evaluate",
+    "reward_fn_metrics",
     "split_every",
     "split_metrics",
 ]
@@ -103,14 +109,15 @@ def split_metrics(
     split: str,
     tasks: Sequence[Task],
     responses: Sequence[str],
-    rewards: np.ndarray,
+    rewards: np.ndarray | None,
     passed: Sequence[bool | None] | None,
     oracle: Sequence[float | None] | None,
     criterion_rates: Mapping[str, float],
 ) -> dict[str, float]:
     """The metrics of one evaluation set, one response per task.
 
-    ``rewards`` [N]: each response's reward on the [0, 1] scale, NaN where undefined.
+    ``rewards`` [N]: each response's reward on the [0, 1] scale, NaN where undefined; None when
+    no task of the set has criteria (no ``score`` keys then).
     ``passed`` [N]: the task verifier's verdict (None = it failed), or None when the domain has
     no verifier (then no ``pass_rate`` keys). ``oracle`` [N]: the hidden quality in [0, 1]
     (None = undefined), or None when the domain has none (no ``oracle`` key).
@@ -118,7 +125,8 @@ def split_metrics(
     Undefined entries are left out of every mean; a mean over nothing is NaN.
     """
     n = len(tasks)
-    rewards = np.asarray(rewards, np.float64).reshape(-1)
+    scored = rewards is not None
+    rewards = np.asarray(rewards if scored else np.full(n, np.nan), np.float64).reshape(-1)
     for name, seq in (("responses", responses), ("rewards", rewards), ("passed", passed)):
         if seq is not None and len(seq) != n:
             raise ValueError(f"split_metrics({split!r}): {len(seq)} {name} for {n} tasks")
@@ -127,7 +135,8 @@ def split_metrics(
 
     p = f"eval/{split}"
     out: dict[str, float] = {f"{p}/criteria/{cid}": float(r) for cid, r in criterion_rates.items()}
-    out[f"{p}/score"] = _score(rewards)
+    if scored:
+        out[f"{p}/score"] = _score(rewards)
     if passed is not None:
         out[f"{p}/pass_rate"] = _mean_defined(passed)
     if oracle is not None:
@@ -139,28 +148,56 @@ def split_metrics(
     env_scores, env_pass = [], []
     for env in sorted(envs):
         idx = envs[env]
-        s = _score(rewards[idx])
-        out[f"{p}/env/{env}/score"] = s
-        env_scores.append(s)
+        if scored:
+            s = _score(rewards[idx])
+            out[f"{p}/env/{env}/score"] = s
+            env_scores.append(s)
         if passed is not None:
             r = _mean_defined([passed[i] for i in idx])
             out[f"{p}/env/{env}/pass_rate"] = r
             env_pass.append(r)
     # Unweighted over environments (each counts once, whatever its size); an environment whose
     # value is undefined is left out.
-    if envs:
+    if envs and scored:
         out[f"{p}/env_mean/score"] = _mean_defined(env_scores)
-        if passed is not None:
-            out[f"{p}/env_mean/pass_rate"] = _mean_defined(env_pass)
+    if envs and passed is not None:
+        out[f"{p}/env_mean/pass_rate"] = _mean_defined(env_pass)
+    return out
+
+
+def reward_fn_metrics(
+    split: str,
+    reward_fns: Mapping[str, Callable],
+    tasks: Sequence[Task],
+    responses: Sequence[str],
+    step: int | None = None,
+) -> dict[str, float]:
+    """``eval/<split>/reward_fn/<name>``: each reward function's mean over the set's responses
+    (one batched call; None / NaN values left out, NaN when none is defined), and
+    ``eval/<split>/reward_fn/<name>/failed``: the share of responses whose call raised (1 or 0).
+    A result that is no reward per response raises ``RewardFnError`` as in training."""
+    out: dict[str, float] = {}
+    at = f"in the evaluation of {split!r}" + (f" at step {step}" if step is not None else "")
+    for name, fn in reward_fns.items():
+        values, error = call_reward_fn(name, fn, tasks, responses, at)
+        out[f"eval/{split}/reward_fn/{name}"] = _mean_defined(list(values))
+        out[f"eval/{split}/reward_fn/{name}/failed"] = 0.0 if error is None else 1.0
     return out
 
 
 def evaluate(
-    services: Any, domain: Any, config: Any, splits: Sequence[str] = EVAL_SPLITS
+    services: Any,
+    domain: Any,
+    config: Any,
+    splits: Sequence[str] = EVAL_SPLITS,
+    *,
+    reward_fns: Mapping[str, Callable] | None = None,
+    step: int | None = None,
 ) -> dict[str, float]:
     """HarnessRL §3 protocol on each of ``splits``: one response per task (greedy when
-    ``eval.greedy``), no guidance, the tasks' seed rubrics, the frozen judge. A set the domain
-    does not have, or that is empty, is skipped.
+    ``eval.greedy``), no guidance, the tasks' seed rubrics, the frozen judge, and each of
+    ``reward_fns`` (``reward_fn_metrics``). A set the domain does not have, or that is empty, is
+    skipped; tasks without criteria are not judged, and a set with none has no rubric score.
 
     ``services``: ``generate(prompts, n, stream=, params=, names=)`` and ``judge(tasks,
     responses)`` (rubric_rl/services.py); ``domain``: the splits as attributes, ``verify`` and
@@ -172,9 +209,9 @@ def evaluate(
     params = SamplingParams(
         max_new_tokens=int(config.rollout.max_new_tokens), temperature=temperature, n=1
     )
-    # The seed rubric's score; an outcome-only run (loss.reward="task_verifier") is scored with
-    # the weighted rubric reward, its verifier result is the pass rate.
-    rubric_reward = "weighted" if config.loss.reward == "task_verifier" else config.loss.reward
+    # The seed rubric's score; an outcome-only run (loss.reward="task_verifier") or one trained
+    # on a reward function is scored with the weighted rubric reward.
+    rubric_reward = config.loss.reward if config.loss.reward in REWARDS else "weighted"
     agent = services.rollout_mode() == "agent"
     for split in splits:
         tasks = list(getattr(domain, split, None) or ())[:n]
@@ -191,10 +228,14 @@ def evaluate(
                 names=[t.id for t in tasks],
             )
         responses = [g[0].response for g in trajs]
-        verdicts = services.judge(tasks, [[r] for r in responses])
+        judged = [i for i, t in enumerate(tasks) if len(t.rubric.evaluated())]
+        verdicts = services.judge([tasks[i] for i in judged], [[responses[i]] for i in judged])
         groups = [[{v.criterion_id: v for v in vs} for vs in g] for g in verdicts]
-        scores = pack_verdicts(groups, [t.rubric.evaluated() for t in tasks])
-        rewards = batch_rewards(rubric_reward, scores).values.astype(np.float64)[:, 0]
+        scores = pack_verdicts(groups, [tasks[i].rubric.evaluated() for i in judged])
+        rewards = None
+        if judged:  # NaN (left out of every mean) for a task without criteria
+            rewards = np.full(len(tasks), np.nan)
+            rewards[judged] = batch_rewards(rubric_reward, scores).values.astype(np.float64)[:, 0]
         passed = None
         if domain.verify is not None:
             passed = [bool(domain.verify(t, r)) for t, r in zip(tasks, responses)]
@@ -203,4 +244,5 @@ def evaluate(
             oracle = [float(domain.oracle(t, r)) for t, r in zip(tasks, responses)]
         rates = criterion_pass_rates(scores)
         out.update(split_metrics(split, tasks, responses, rewards, passed, oracle, rates))
+        out.update(reward_fn_metrics(split, reward_fns or {}, tasks, responses, step))
     return out

@@ -20,11 +20,13 @@ How several controllers compose (documented order, never "first wins"):
   when one controller's ``sample_prompts`` gives them (two for one group is an error); the
   group's prompt is trained either way (RuscaRL: the scaffold is removed for the loss);
 - ``reward``: the built-in signals (``rubric`` from ``loss.reward``'s rubric reward and
-  ``task_verifier`` from the domain's verifier), then each controller's ``reward_signals`` adds
-  new named signals (a name given twice is an error);
-- ``advantage``: the trained mix is ``loss.reward`` alone, or the union of the controllers'
-  ``signal_weights`` (a signal weighted twice is an error): A = Σ_k w_k · norm_g(r_k) with
-  ``loss.advantage`` as the normaliser; then each controller's ``shape_advantages`` in turn;
+  ``task_verifier`` from the domain's verifier), then one signal per reward function
+  (``rubric_rl/reward_fns.py``, named by its name), then each controller's ``reward_signals``
+  adds new named signals (a name given twice is an error);
+- ``advantage``: the trained mix is the union of the controllers' ``signal_weights`` (a signal
+  weighted twice is an error), else ``loss.reward_weights``, else ``loss.reward`` alone (a rubric
+  reward, the verifier or a reward function): A = Σ_k w_k · norm_g(r_k) with ``loss.advantage``
+  as the normaliser; then each controller's ``shape_advantages`` in turn;
 - ``select``: a group is trained iff every controller's ``select`` keeps it;
 - ``teacher``: the controllers' contexts are joined by newlines; ``gate``: their gates multiply.
 """
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,8 +43,9 @@ import numpy as np
 from rubric_rl.controllers.base import ControllerSet
 from rubric_rl.core.advantages import ADVANTAGE_ESTIMATORS, multi_signal_advantages
 from rubric_rl.registry import Registry
+from rubric_rl.reward_fns import REWARD_FN_ERRORS, RewardFn, call_reward_fn
 from rubric_rl.rollout.batch import Group, Messages, Rollouts, score_matrices
-from rubric_rl.rubrics.rewards import batch_rewards
+from rubric_rl.rubrics.rewards import REWARDS, batch_rewards
 from rubric_rl.rubrics.types import append_to_last_user, append_to_system
 from rubric_rl.services import TRAIN_STREAM, Services
 
@@ -65,6 +68,7 @@ class StepContext:
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     signal_weights: dict[str, float] | None = None  # the trained mix (set by ``advantage``)
+    reward_fns: Mapping[str, RewardFn] = dataclasses.field(default_factory=dict)  # name -> fn
 
     @property
     def needs_teacher(self) -> bool:
@@ -205,26 +209,36 @@ def mark_behaviour(t, j: int, behaviour_ids, prompt_ids):
 
 
 def judge(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
-    """Verdicts of every unjudged trajectory on its task's rubric; ``rollouts.scores``."""
+    """Verdicts of every unjudged trajectory on its task's rubric; ``rollouts.scores``. A task
+    without judged criteria (the ``plain`` format's) is not sent to the judge."""
     todo = [g for g in rollouts.groups if g.trajectories and not g.info.get("judged")]
-    if todo:
+    judged = [g for g in todo if len(g.task.rubric.evaluated())]
+    if judged:
         verdicts = ctx.services.judge(
-            [g.task for g in todo], [[t.response for t in g.trajectories] for g in todo]
+            [g.task for g in judged], [[t.response for t in g.trajectories] for g in judged]
         )
-        for g, vs in zip(todo, verdicts, strict=True):
+        for g, vs in zip(judged, verdicts, strict=True):
             for t, v in zip(g.trajectories, vs, strict=True):
                 t.verdicts = tuple(v)
-            g.info["judged"] = True
+    for g in todo:
+        g.info["judged"] = True
     rollouts.scores = score_matrices(rollouts)
     return rollouts
 
 
+def rubric_reward_name(config: Any) -> str | None:
+    """The rubric reward the ``rubric`` signal is computed with: ``loss.reward`` when it names
+    one (``rubrics.rewards.REWARDS``); None when it names the verifier or a reward function."""
+    name = str(config.loss.reward)
+    return name if name in REWARDS else None
+
+
 def reward(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
-    """Named reward signals: ``rubric`` (the rubric reward named by ``loss.reward``, unless that
-    is the outcome reward), ``task_verifier`` (1 / 0 from the domain's verifier, when it has one;
-    NaN where it raised), then the controllers' own signals."""
-    name = str(ctx.config.loss.reward)
-    if name != VERIFIER_SIGNAL:
+    """Named reward signals: ``rubric`` (the rubric reward named by ``loss.reward``, when it
+    names one), ``task_verifier`` (1 / 0 from the domain's verifier, when it has one; NaN where
+    it raised), one per reward function (``reward_fn_signals``), then the controllers' own."""
+    name = rubric_reward_name(ctx.config)
+    if name is not None:
         values = batch_rewards(name, rollouts.scores).values.astype(np.float64)
         rollouts.set_signal(RUBRIC_SIGNAL, values)
     if ctx.domain.verify is not None:
@@ -232,20 +246,72 @@ def reward(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
             for t in g.trajectories:
                 if VERIFIER_SIGNAL not in t.signals:
                     t.signals[VERIFIER_SIGNAL] = ctx.services.task_verifier(g.task, t.response)
+    ctx.metrics.update(reward_fn_signals(rollouts, ctx))
     for sig, values in ctx.controllers.reward_signals(rollouts).items():
         if sig in (RUBRIC_SIGNAL, VERIFIER_SIGNAL):
             raise ValueError(f"a controller's reward signal {sig!r} shadows a built-in signal")
+        if sig in ctx.reward_fns:
+            raise ValueError(
+                f"a controller's reward signal {sig!r} has the name of a reward function "
+                f"(config.reward_fns.{sig}); rename the reward function"
+            )
         rollouts.set_signal(sig, np.asarray(values, np.float64))
     return rollouts
 
 
+def reward_fn_signals(rollouts: Rollouts, ctx: StepContext) -> dict[str, float]:
+    """Each reward function's signal on the trajectories that lack it, one batched call per
+    function (``reward_fns.call_reward_fn``). A call that raised leaves NaN and its error in
+    each trajectory's ``info["reward_fn_errors"][name]``. Returns, over the step's trajectories
+    that have the signal, ``reward_fn/<name>/failed`` (share whose call raised) and
+    ``reward_fn/<name>/undefined`` (share that is None / NaN otherwise: not applicable)."""
+    out: dict[str, float] = {}
+    for name, fn in ctx.reward_fns.items():
+        todo = [(g, t) for g in rollouts.groups for t in g.trajectories if name not in t.signals]
+        if todo:
+            values, error = call_reward_fn(
+                name, fn, [g.task for g, _ in todo], [t.response for _, t in todo],
+                f"at step {ctx.step}",
+            )  # fmt: skip
+            for (_, t), v in zip(todo, values, strict=True):
+                t.signals[name] = float(v)
+                if error is not None:
+                    t.info.setdefault(REWARD_FN_ERRORS, {})[name] = error
+        trajs = [t for g in rollouts.groups for t in g.trajectories if name in t.signals]
+        failed = [name in t.info.get(REWARD_FN_ERRORS, {}) for t in trajs]
+        undefined = [np.isnan(t.signals[name]) and not f for t, f in zip(trajs, failed)]
+        out[f"reward_fn/{name}/failed"] = float(np.mean(failed)) if trajs else 0.0
+        out[f"reward_fn/{name}/undefined"] = float(np.mean(undefined)) if trajs else 0.0
+    return out
+
+
 def trained_signals(ctx: StepContext) -> dict[str, float]:
-    """The trained mix: the controllers' ``signal_weights`` if any, else ``loss.reward``."""
+    """The trained mix: the controllers' ``signal_weights`` if any, else ``loss.reward_weights``
+    when non-empty, else ``loss.reward`` alone (``rubric`` for a rubric reward, else the signal
+    it names: ``task_verifier`` or a reward function)."""
     weights = ctx.controllers.signal_weights()
+    mix = {str(k): float(w) for k, w in dict(ctx.config.loss.get("reward_weights") or {}).items()}
     if weights:
+        if mix:
+            raise ValueError(
+                f"config.loss.reward_weights: {mix} given, but the controllers set the trained "
+                f"mix themselves (signal_weights {weights}); leave loss.reward_weights empty"
+            )
         return weights
+    if mix:
+        return mix
     name = str(ctx.config.loss.reward)
-    return {VERIFIER_SIGNAL if name == VERIFIER_SIGNAL else RUBRIC_SIGNAL: 1.0}
+    return {RUBRIC_SIGNAL if name in REWARDS else name: 1.0}
+
+
+def reward_fn_failed(rollouts: Rollouts, names: Sequence[str]) -> np.ndarray:
+    """``[G, J_max]`` True where the call of a reward function in ``names`` raised."""
+    out = np.zeros((len(rollouts.groups), rollouts.group_size), bool)
+    for g, group in enumerate(rollouts.groups):
+        for j, t in enumerate(group.trajectories):
+            errors = t.info.get(REWARD_FN_ERRORS) or {}
+            out[g, j] = any(n in errors for n in names)
+    return out
 
 
 def advantage(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
@@ -279,6 +345,9 @@ def advantage(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
         adv = np.asarray(adv, np.float64)
         zero_var = np.all(np.stack([np.asarray(z) for z in zvs.values()]), axis=0)
         trainable = ~np.isnan(adv)
+    # A trajectory whose reward function raised is not trained, in a mix too (its reward is
+    # unknown, not the other signals' alone); one that is None there (not applicable) is.
+    trainable &= ~reward_fn_failed(rollouts, list(weights))
     adv = ctx.controllers.shape_advantages(rollouts, np.nan_to_num(adv), adv_trainable=trainable)
     rollouts.set_matrix("reward", rewards)
     for g, group in enumerate(rollouts.groups):
@@ -391,6 +460,8 @@ __all__ = [
     "StepContext",
     "build_pipeline",
     "default_pipeline",
+    "reward_fn_signals",
+    "rubric_reward_name",
     "trained_signals",
     "with_context",
 ]

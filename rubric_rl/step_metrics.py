@@ -17,7 +17,7 @@ import numpy as np
 
 from rubric_rl.diagnostics import failure_metrics
 from rubric_rl.rollout.batch import Rollouts, score_matrices, task_outcome_metrics
-from rubric_rl.rubrics.rewards import POINTS_SCALE, batch_rewards
+from rubric_rl.rubrics.rewards import POINTS_SCALE, REWARDS, batch_rewards
 from rubric_rl.rubrics.scores import ScoreMatrices, failure_counts
 
 
@@ -117,7 +117,7 @@ def oracle_diagnostics(rollouts: Rollouts, ctx: Any, seed_by_id: Mapping[str, An
         out.update(failure_metrics(list(zip(trained, oracle)), prefix="failure/seed/"))
         return out
     name = str(config.loss.reward)
-    name = "weighted" if name == "task_verifier" else name
+    name = name if name in REWARDS else "weighted"  # the verifier or a reward function is trained
     verdicts = services.judge(
         seed, [[t.response for t in g.trajectories] for g in sel], check_failure_rate=False
     )
@@ -130,7 +130,9 @@ def oracle_diagnostics(rollouts: Rollouts, ctx: Any, seed_by_id: Mapping[str, An
 
 
 def rollout_rows(rollouts: Rollouts, n: int) -> list[dict[str, Any]]:
-    """The first ``n`` rollouts of the step (group-major), with verdicts, signals and oracle."""
+    """The first ``n`` rollouts of the step (group-major), with verdicts, signals and oracle;
+    ``reward_fn_errors`` ({function: exception}) on a rollout whose reward function raised (its
+    signal is NaN there, as a failed verdict is None)."""
     rows = []
     for g in rollouts.groups:
         for t in g.trajectories:
@@ -152,6 +154,8 @@ def rollout_rows(rollouts: Rollouts, n: int) -> list[dict[str, Any]]:
                     "verdicts": {v.criterion_id: v.met for v in t.verdicts},
                 }
             )
+            if errors := t.info.get("reward_fn_errors"):
+                rows[-1]["reward_fn_errors"] = dict(errors)
     return rows
 
 

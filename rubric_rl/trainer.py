@@ -11,6 +11,7 @@ restored checkpoint (metrics, controller logs and directories) are rolled back.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import time
@@ -24,6 +25,7 @@ from absl import logging
 from flax import nnx
 
 from rubric_rl import builders, evaluation, logs, run_dir, run_files, warmstart
+from rubric_rl import reward_fns as reward_fns_lib
 from rubric_rl.checkpoint import RunCheckpointer, key_from_json, key_to_json
 from rubric_rl.config_validation import validate_config
 from rubric_rl.controllers.base import Controller
@@ -38,8 +40,10 @@ from rubric_rl.metrics import (
     progress_bar,
 )
 from rubric_rl.metrics import summary_line as format_summary
+from rubric_rl.reward_fns import RewardFn
+from rubric_rl.rubrics.rewards import REWARDS
 from rubric_rl.services import ComponentError, Services
-from rubric_rl.step import Pipeline, StepContext, build_pipeline
+from rubric_rl.step import RUBRIC_SIGNAL, Pipeline, StepContext, build_pipeline
 from rubric_rl.step_metrics import oracle_diagnostics, rollout_rows, step_metrics
 from rubric_rl.trainer_batch import rollouts_to_batch, update_batches
 
@@ -94,6 +98,17 @@ class Trainer:
     """``Trainer(config, workdir).run(resume=...)``: builds the run's parts and trains.
 
     ``callbacks``: step callbacks (``add_callback``), called in order after each step of ``run``.
+
+    ``reward_fns``: plain Python reward functions (``rubric_rl/reward_fns.py``), a dict name ->
+    callable or a list of callables named by ``__name__``, next to those ``config.reward_fns``
+    names by import path; each is recorded in ``config.reward_fns`` (and the run's
+    ``config.json``) as its "module:qualname". Train one with ``loss.reward=<name>`` or
+    ``loss.reward_weights``.
+
+    ``tasks``: the tasks in Python instead of ``config.domain``: ``dict(train=[...],
+    heldout=[...], ood=[...])`` of ``plain``-format rows (``{"prompt": str | messages, "id":
+    optional, **fields}``) or ``Task`` objects (``builders.tasks_domain``); ``domain``: a
+    ``builders.Domain`` instead. Neither has a warm-start corpus: ``warmstart.steps=0``.
     """
 
     def __init__(
@@ -105,7 +120,13 @@ class Trainer:
         extra_controllers: Sequence[Controller] = (),
         pipeline: Pipeline | None = None,
         callbacks: Sequence[StepCallback | Callable[[int, Mapping[str, Any], Any], Any]] = (),
+        reward_fns: Mapping[str, RewardFn] | Sequence[RewardFn] = (),
+        tasks: Mapping[str, Sequence[Any]] | None = None,
+        domain: builders.Domain | None = None,
     ):
+        # Before the validation: it checks loss.reward / loss.reward_weights against the names.
+        self._given_reward_fns = bool(reward_fns)
+        self.reward_fns = reward_fns_lib.resolve_reward_fns(config, reward_fns)
         validate_config(config, num_devices=jax.device_count())
         # orbax / optax INFO lines dropped unless config.logging.library_info (the launcher too).
         logs.set_library_info(bool(config.logging.get("library_info", False)))
@@ -116,7 +137,7 @@ class Trainer:
         self.workdir = os.path.abspath(workdir)
         os.makedirs(self.workdir, exist_ok=True)
         self.mesh = builders.build_mesh(config)
-        self.domain = builders.build_domain(config)
+        self.domain = self._domain(config, tasks, domain)
         self.seed_by_id = {t.id: t for t in self.domain.train}
         self.tokenizer = builders.build_tokenizer(config, self.domain, self.workdir)
         self.tcfg = builders.train_config(config)
@@ -133,6 +154,7 @@ class Trainer:
         self.controllers = builders.build_controllers(config, self.domain, extra_controllers)
         self.controllers_dir = os.path.join(self.workdir, "controllers")
         self.controllers.bind(self.services, self.controllers_dir)
+        self._check_trained_mix()
         self.pipeline = pipeline if pipeline is not None else build_pipeline(config)
         self.rng = jax.random.key(int(config.train.seed))
         self.step = 0
@@ -164,6 +186,69 @@ class Trainer:
         # bypass mode feeds π_old = π_rollout to the rejection bands unless the step-start
         # log-probs are computed: a preset that rejects gets them every step.
         self._rejects = losses.rejects(str(config.loss.rollout_correction))
+
+    # ------------------------------------------------------------------ tasks, rewards
+
+    @staticmethod
+    def _domain(config: Any, tasks: Any, domain: builders.Domain | None) -> builders.Domain:
+        """``domain``, or one of ``tasks`` given in Python, or ``config.domain``'s."""
+        if tasks is not None and domain is not None:
+            raise ValueError("Trainer: give tasks= or domain=, not both")
+        if tasks is None and domain is None:
+            return builders.build_domain(config)
+        out = domain if domain is not None else builders.tasks_domain(tasks)
+        if int(config.warmstart.steps) > 0 and out.corpus is None:
+            raise ValueError(
+                f"config.warmstart.steps: {config.warmstart.steps}, but the tasks given to the "
+                "Trainer have no warm-start corpus; set warmstart.steps=0"
+            )
+        return out
+
+    def _check_trained_mix(self) -> None:
+        """``loss.reward_weights`` is not for controllers that set the mix themselves; a trained
+        rubric needs training tasks that have criteria."""
+        lo = self.config.loss
+        mix = dict(lo.get("reward_weights") or {})
+        own = self.controllers.signal_weights()
+        if mix and own:
+            raise ValueError(
+                f"config.loss.reward_weights: {mix} given, but controllers set the trained mix "
+                f"themselves (signal_weights {own}); leave loss.reward_weights empty"
+            )
+        trained = own or mix or {RUBRIC_SIGNAL if lo.reward in REWARDS else lo.reward: 1.0}
+        has_criteria = any(len(t.rubric.evaluated()) for t in self.domain.train)
+        if RUBRIC_SIGNAL in trained and not has_criteria:
+            field = "loss.reward_weights.rubric" if mix else "loss.reward"
+            raise ValueError(
+                f"config.{field}: trains the rubric, but no training task has criteria (tasks "
+                f"without a rubric); train a reward function {sorted(self.reward_fns)} through "
+                "loss.reward or loss.reward_weights"
+            )
+
+    def _record_reward_fns(self, resume: bool) -> None:
+        """The reward functions given to the Trainer, by "module:qualname", in
+        ``<workdir>/config.json`` (``reward_fns``): the launcher's record updated, or the config
+        recorded. A resumed run whose record names another function under a name is an error."""
+        if not self._given_reward_fns or not self.primary:
+            return
+        path = os.path.join(self.workdir, run_dir.CONFIG)
+        record = run_dir.config_record(self.config)
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                old = json.load(f)
+            before = old.get("reward_fns") or {}
+            changed = [
+                f"reward_fns.{k}: {before[k]!r} -> {v!r}"
+                for k, v in record["reward_fns"].items()
+                if k in before and before[k] != v
+            ]
+            if resume and changed:
+                raise ValueError(
+                    f"resume: the reward functions differ from the run's record {path}: "
+                    + "; ".join(changed)
+                )
+            record = {**old, "reward_fns": {**before, **record["reward_fns"]}}
+        run_dir.record_config(self.workdir, record)
 
     # ------------------------------------------------------------------ callbacks
 
@@ -287,7 +372,10 @@ class Trainer:
         self.controllers.pop_seconds()
         self.services.pop_seconds()
         self.services.begin_step(step)
-        ctx = StepContext(step, self.config, np_rng, self.services, self.controllers, self.domain)
+        ctx = StepContext(
+            step, self.config, np_rng, self.services, self.controllers, self.domain,
+            reward_fns=self.reward_fns,
+        )  # fmt: skip
         rollouts = self.pipeline(ctx)
         tb = rollouts_to_batch(rollouts, self.services, self.tcfg.needs_teacher, self.mesh)
         t0 = time.perf_counter()
@@ -368,7 +456,10 @@ class Trainer:
             )
 
     def evaluate(self, splits: Sequence[str] = evaluation.EVAL_SPLITS) -> dict[str, float]:
-        return evaluation.evaluate(self.services, self.domain, self.config, splits)
+        return evaluation.evaluate(
+            self.services, self.domain, self.config, splits,
+            reward_fns=self.reward_fns, step=self.step,
+        )  # fmt: skip
 
     def _evaluate_due(self, final: bool) -> dict[str, float]:
         splits = evaluation.due_splits(self.config, self.step, final)
@@ -387,6 +478,7 @@ class Trainer:
 
     def run(self, resume: bool = False) -> list[dict[str, Any]]:
         cfg = self.config
+        self._record_reward_fns(resume)
         self._restore_or_warmstart(resume)
         total = int(cfg.train.steps)
         rows = []

@@ -22,10 +22,15 @@ Formats (``format=``), each read as the public dataset publishes it:
   and tag "hard_rule"; principles ``PRINCIPLE_WEIGHT`` (1) and tag "principle".
 * ``jsonl``: our own format, a direct serialisation of Task (``dump_tasks`` writes it; loading
   what it wrote gives equal tasks).
+* ``plain``: a task with no rubric, for reward functions (``rubric_rl/reward_fns.py``): JSON/JSONL/
+  parquet rows with ``prompt`` (a string, one user message, or a list of {role, content}) and
+  an optional ``id``; every other column is kept in ``Task.raw`` and given to reward functions
+  as fields. The only format whose rubric may be empty. ``plain_tasks`` parses rows given in
+  Python the same way.
 
 Environments: every task carries ``env_name``, the environment its evaluation is reported under
 (``eval/<split>/env/<env_name>/...``): the row's own category where the format has one, else the
-format's name. healthbench: the first ``theme:`` example tag (its seven themes, e.g.
+format's name. plain: "plain". healthbench: the first ``theme:`` example tag (its seven themes, e.g.
 "emergency_referrals"), else "healthbench". rar: ``question_source``, else "rar". rubrichub:
 ``data_source`` (as ``domain``), else "rubrichub". openrubrics: ``source`` / ``domain`` (as
 ``domain``), else "openrubrics". jsonl: the row's ``env_name``; when absent or null its
@@ -589,6 +594,44 @@ def _parse_jsonl(row: _Row) -> Task:
     )
 
 
+# --- plain: no rubric ------------------------------------------------------------------------
+
+
+@FORMATS.register("plain")
+def _parse_plain(row: _Row) -> Task:
+    prompt = row.messages(
+        "prompt", row.field("prompt", (str, list), "a string or a list of {role, content} messages")
+    )
+    task_id = row.content_id()
+    if row.data.get("id") is not None:
+        value = row.expect("id", row.data["id"], (str, int), "a string or integer id")
+        task_id = row.text("id", value) if isinstance(value, str) else str(value)
+    return Task(id=task_id, prompt=prompt, rubric=Rubric(()), env_name="plain", raw=row.data)
+
+
+def plain_tasks(rows: Sequence[Any], source: str = "<rows>") -> list[Task]:
+    """Tasks from rows given in Python (dicts as the ``plain`` format's rows; a ``Task`` is kept
+    as it is): errors name ``source``, the 1-based row and the field, as ``load_tasks`` does. A
+    duplicate id is an error."""
+    if isinstance(rows, str | bytes | dict):
+        what = f"expected a list of rows, got {type(rows).__name__}"
+        raise DatasetError(source, None, "<rows>", what)
+    tasks, seen = [], {}
+    for number, data in enumerate(rows, start=1):
+        row = _Row(source, number, data, "plain")
+        if isinstance(data, Task):
+            task = data
+        elif isinstance(data, dict):
+            task = _parse_plain(row)
+        else:
+            raise row.error("<row>", f"expected a dict (or a Task), got {type(data).__name__}")
+        if task.id in seen:
+            raise row.error("id", f"duplicate task id {task.id!r} (first at row {seen[task.id]})")
+        seen[task.id] = number
+        tasks.append(task)
+    return tasks
+
+
 # --- entry point -----------------------------------------------------------------------------
 
 
@@ -606,7 +649,7 @@ def load_tasks(
 
     Args:
       path: a .jsonl / .jsonl.gz / .json / .parquet file, or a directory of them.
-      format: one of ``FORMATS`` (healthbench, rar, rubrichub, openrubrics, jsonl).
+      format: one of ``FORMATS`` (healthbench, rar, rubrichub, openrubrics, jsonl, plain).
       lenient: skip malformed rows (counted in ``report`` and logged) instead of raising.
       split: with a directory, only files whose path inside it has this word, or one of these
         words (e.g. "train": train.jsonl, train-00000-of-00002.parquet, train/part0.jsonl).
