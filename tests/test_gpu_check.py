@@ -30,7 +30,7 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(*args: str, timeout: float = 400) -> dict:
+def _run(*args: str, timeout: float = 900) -> dict:
     proc = subprocess.run(
         [sys.executable, SCRIPT, *args],
         capture_output=True,
