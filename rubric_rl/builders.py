@@ -176,11 +176,15 @@ def dataset_domain(cfg: ConfigDict) -> Domain:
 
 def plain_vocabulary(tasks: Sequence[Task]) -> tuple[str, ...]:
     """The embedded tokenizer's vocabulary for tasks without a domain lexicon (the ``plain``
-    format): the units (``_UNIT_PATTERN``) of their messages and of their rows' string fields,
-    sorted. Ours: an embedded preset can then write every word its tasks use; give
-    ``model.tokenizer`` for anything else."""
+    format): the units (``_UNIT_PATTERN``) of their messages and of the string fields their
+    reward functions get (``reward_fns.fields_of``), sorted. Ours: an embedded preset can then
+    write every word its tasks use; give ``model.tokenizer`` for anything else."""
+    from rubric_rl.reward_fns import fields_of
+
     texts = [m.content for t in tasks for m in t.prompt]
-    texts += [v for t in tasks for v in (t.raw or {}).values() if isinstance(v, str)]
+    fields = fields_of(tasks)
+    fields.pop("task_id")
+    texts += [v for values in fields.values() for v in values if isinstance(v, str)]
     return tuple(sorted({u for text in texts for u in re.findall(_UNIT_PATTERN, text)}))
 
 

@@ -32,7 +32,9 @@ their "module:qualname".
 from __future__ import annotations
 
 import importlib
+import json
 import math
+import os
 import re
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -168,6 +170,51 @@ def resolve_reward_fns(config: Any, given: Mapping[str, RewardFn] | Sequence[Rew
     return out
 
 
+def check_rubric_trainable(config: Any, train: Sequence[Task], fns: Mapping[str, Any]) -> None:
+    """A trained ``rubric`` (``loss.reward`` a rubric reward, or ``loss.reward_weights.rubric``)
+    needs training tasks with criteria: an error naming the field when none has any (tasks in
+    Python, the ``plain`` format). Not checked for methods whose controllers set their own mix."""
+    from rubric_rl.rubrics.rewards import REWARDS
+
+    if str(config.get("method", "grpo")) != "grpo" or any(len(t.rubric.evaluated()) for t in train):
+        return
+    lo = config.loss
+    mix = dict(lo.get("reward_weights") or {})
+    if ("rubric" in mix) if mix else (lo.reward in REWARDS.names()):
+        field = "loss.reward_weights.rubric" if mix else "loss.reward"
+        raise ValueError(
+            f"config.{field}: trains the rubric, but no training task has criteria; train a "
+            f"reward function ({sorted(fns) or 'none given'}) through loss.reward or "
+            "loss.reward_weights"
+        )
+
+
+def record_in_run_dir(workdir: str, config: Any, resume: bool) -> str:
+    """``config.reward_fns`` (the functions given to the Trainer, by "module:qualname") in
+    ``<workdir>/config.json``: the launcher's record updated, or the config recorded when there
+    is none. On ``resume``, a name the record gives another function is an error naming both
+    (the record is left as it was). Returns the path."""
+    from rubric_rl import run_dir
+
+    path = os.path.join(workdir, run_dir.CONFIG)
+    record = run_dir.config_record(config)
+    ours = record.get("reward_fns") or {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            old = json.load(f)
+        before = old.get("reward_fns") or {}
+        changed = [f"reward_fns.{k}: {before[k]!r} -> {v!r}" for k, v in ours.items()
+                   if k in before and before[k] != v]  # fmt: skip
+        if resume and changed:
+            raise ValueError(
+                f"--resume: the reward functions differ from the run's record {path}: "
+                + "; ".join(changed)
+            )
+        record = {**old, "reward_fns": {**before, **ours}}
+    run_dir.record_config(workdir, record)
+    return path
+
+
 # ------------------------------------------------------------------------------ calling
 
 
@@ -256,9 +303,11 @@ __all__ = [
     "as_reward_fns",
     "call_reward_fn",
     "check_name",
+    "check_rubric_trainable",
     "check_values",
     "fields_of",
     "import_reward_fn",
+    "record_in_run_dir",
     "reward_fn_path",
     "resolve_reward_fns",
 ]

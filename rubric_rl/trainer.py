@@ -11,7 +11,6 @@ restored checkpoint (metrics, controller logs and directories) are rolled back.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 import time
@@ -41,9 +40,8 @@ from rubric_rl.metrics import (
 )
 from rubric_rl.metrics import summary_line as format_summary
 from rubric_rl.reward_fns import RewardFn
-from rubric_rl.rubrics.rewards import REWARDS
 from rubric_rl.services import ComponentError, Services
-from rubric_rl.step import RUBRIC_SIGNAL, Pipeline, StepContext, build_pipeline
+from rubric_rl.step import Pipeline, StepContext, build_pipeline
 from rubric_rl.step_metrics import oracle_diagnostics, rollout_rows, step_metrics
 from rubric_rl.trainer_batch import rollouts_to_batch, update_batches
 
@@ -138,6 +136,7 @@ class Trainer:
         os.makedirs(self.workdir, exist_ok=True)
         self.mesh = builders.build_mesh(config)
         self.domain = self._domain(config, tasks, domain)
+        reward_fns_lib.check_rubric_trainable(config, self.domain.train, self.reward_fns)
         self.seed_by_id = {t.id: t for t in self.domain.train}
         self.tokenizer = builders.build_tokenizer(config, self.domain, self.workdir)
         self.tcfg = builders.train_config(config)
@@ -154,7 +153,7 @@ class Trainer:
         self.controllers = builders.build_controllers(config, self.domain, extra_controllers)
         self.controllers_dir = os.path.join(self.workdir, "controllers")
         self.controllers.bind(self.services, self.controllers_dir)
-        self._check_trained_mix()
+        self._check_mix_owner()
         self.pipeline = pipeline if pipeline is not None else build_pipeline(config)
         self.rng = jax.random.key(int(config.train.seed))
         self.step = 0
@@ -204,51 +203,15 @@ class Trainer:
             )
         return out
 
-    def _check_trained_mix(self) -> None:
-        """``loss.reward_weights`` is not for controllers that set the mix themselves; a trained
-        rubric needs training tasks that have criteria."""
-        lo = self.config.loss
-        mix = dict(lo.get("reward_weights") or {})
+    def _check_mix_owner(self) -> None:
+        """``loss.reward_weights`` is not for controllers that set the mix themselves."""
+        mix = dict(self.config.loss.get("reward_weights") or {})
         own = self.controllers.signal_weights()
         if mix and own:
             raise ValueError(
                 f"config.loss.reward_weights: {mix} given, but controllers set the trained mix "
                 f"themselves (signal_weights {own}); leave loss.reward_weights empty"
             )
-        trained = own or mix or {RUBRIC_SIGNAL if lo.reward in REWARDS else lo.reward: 1.0}
-        has_criteria = any(len(t.rubric.evaluated()) for t in self.domain.train)
-        if RUBRIC_SIGNAL in trained and not has_criteria:
-            field = "loss.reward_weights.rubric" if mix else "loss.reward"
-            raise ValueError(
-                f"config.{field}: trains the rubric, but no training task has criteria (tasks "
-                f"without a rubric); train a reward function {sorted(self.reward_fns)} through "
-                "loss.reward or loss.reward_weights"
-            )
-
-    def _record_reward_fns(self, resume: bool) -> None:
-        """The reward functions given to the Trainer, by "module:qualname", in
-        ``<workdir>/config.json`` (``reward_fns``): the launcher's record updated, or the config
-        recorded. A resumed run whose record names another function under a name is an error."""
-        if not self._given_reward_fns or not self.primary:
-            return
-        path = os.path.join(self.workdir, run_dir.CONFIG)
-        record = run_dir.config_record(self.config)
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                old = json.load(f)
-            before = old.get("reward_fns") or {}
-            changed = [
-                f"reward_fns.{k}: {before[k]!r} -> {v!r}"
-                for k, v in record["reward_fns"].items()
-                if k in before and before[k] != v
-            ]
-            if resume and changed:
-                raise ValueError(
-                    f"resume: the reward functions differ from the run's record {path}: "
-                    + "; ".join(changed)
-                )
-            record = {**old, "reward_fns": {**before, **record["reward_fns"]}}
-        run_dir.record_config(self.workdir, record)
 
     # ------------------------------------------------------------------ callbacks
 
@@ -478,7 +441,8 @@ class Trainer:
 
     def run(self, resume: bool = False) -> list[dict[str, Any]]:
         cfg = self.config
-        self._record_reward_fns(resume)
+        if self._given_reward_fns and self.primary:
+            reward_fns_lib.record_in_run_dir(self.workdir, self.config, resume)
         self._restore_or_warmstart(resume)
         total = int(cfg.train.steps)
         rows = []

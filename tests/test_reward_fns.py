@@ -431,3 +431,68 @@ def test_tasks_in_python_train_on_a_plain_function_without_a_rubric(tmp_path):
             "count_words": f"{__name__}:test_tasks_in_python_train_on_a_plain_function_without_"
             "a_rubric.<locals>.count_words"
         }
+
+
+def test_tasks_in_python_are_checked_before_any_model_is_built(tmp_path):
+    from rubric_rl.trainer import Trainer
+
+    rows = [{"prompt": "say ok", "answer": "ok"}, {"prompt": "say no", "answer": "no"}]
+    c = grpo.get_config("smoke")
+    c.warmstart.steps = 0
+    # loss.reward is the default rubric reward: nothing to train on tasks without criteria.
+    with pytest.raises(ValueError, match=r"^config\.loss\.reward: trains the rubric, but no "):
+        Trainer(c, str(tmp_path), reward_fns=[words_reward], tasks=dict(train=rows))
+    c.loss.update(reward="words_reward", reward_weights={"rubric": 1.0, "words_reward": 1.0})
+    with pytest.raises(ValueError, match=r"^config\.loss\.reward: 'words_reward': loss\.reward_w"):
+        Trainer(c, str(tmp_path), reward_fns=[words_reward], tasks=dict(train=rows))
+    c.loss.update(reward="weighted")
+    with pytest.raises(ValueError, match=r"^config\.loss\.reward_weights\.rubric: trains the "):
+        Trainer(c, str(tmp_path), reward_fns=[words_reward], tasks=dict(train=rows))
+    c.loss.reward, c.loss.reward_weights = "words_reward", {}
+    c.warmstart.steps = 2
+    with pytest.raises(ValueError, match=r"^config\.warmstart\.steps: 2, but the tasks given"):
+        Trainer(c, str(tmp_path), reward_fns=[words_reward], tasks=dict(train=rows))
+    domain = builders.tasks_domain(dict(train=rows))
+    with pytest.raises(ValueError, match=r"give tasks= or domain=, not both"):
+        Trainer(c, str(tmp_path), tasks=dict(train=rows), domain=domain)
+
+
+def test_tasks_domain_parses_rows_and_refuses_bad_splits():
+    rows = [{"prompt": "say ok", "id": "a"}, {"prompt": "say no", "id": "b"}]
+    domain = builders.tasks_domain(dict(train=rows, ood=[{"prompt": "say maybe"}]))
+    assert [t.id for t in domain.train] == ["a", "b"] and domain.heldout == ()
+    assert domain.vocabulary == ("maybe", "no", "ok", "say") and domain.corpus is None
+    for tasks, match in [
+        (dict(train=rows, test=rows), r"unknown split 'test'"),
+        (dict(heldout=rows), r"tasks\['train'\] holds no tasks"),
+        (dict(train=rows, heldout=rows[:1]), r"1 task ids of tasks\['heldout'\] are also in"),
+        (dict(train=[{"prompt": "x"}, "y"]), r"^tasks\['train'\]:2: field '<row>': expected a d"),
+        (dict(train=rows + rows[:1]), r"^tasks\['train'\]:3: field 'id': duplicate task id 'a'"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            builders.tasks_domain(tasks)
+
+
+def test_the_recorded_functions_are_checked_when_a_run_resumes(tmp_path):
+    from rubric_rl.reward_fns import record_in_run_dir
+
+    c = grpo.get_config("smoke")
+    resolve_reward_fns(c, {"words": words_reward})
+    path = record_in_run_dir(str(tmp_path), c, resume=False)
+    with open(path) as f:
+        record = json.load(f)
+    assert record["reward_fns"] == {"words": f"{__name__}:words_reward"}
+    assert record["train"] == c.train.to_dict()  # the whole config when there was no record
+
+    def words(prompts, completions, **fields):
+        return [0.0] * len(completions)
+
+    other = grpo.get_config("smoke")
+    resolve_reward_fns(other, {"words": words})
+    with pytest.raises(ValueError, match=r"--resume: .*reward_fns\.words: '.*:words_reward' -> "):
+        record_in_run_dir(str(tmp_path), other, resume=True)
+    with open(path) as f:
+        assert json.load(f) == record  # left as it was
+    record_in_run_dir(str(tmp_path), other, resume=False)  # a new run may change it
+    with open(path) as f:
+        assert json.load(f)["reward_fns"]["words"].endswith("<locals>.words")
