@@ -1,0 +1,326 @@
+"""The peer workload side by side: rubric_rl vs Tunix vs TRL on one GRPO step; prints ONE JSON line.
+
+    python benchmarks/peer_step.py [--rounds 3] [--steps 12] [--sides ours,tunix,trl]
+
+The workload is shared/notes/peers.md's (3.3M-parameter Qwen3, 8 prompts x 4 completions of
+exactly 64 tokens per step, AdamW, float32; ``benchmarks/peers/workload.py``). Each round runs every
+side once, in the order of ``--sides`` (ours, Tunix, TRL, ours, ...), each in its own subprocess
+with its own Python:
+
+  ours   examples/peer_workload.py   the library's public API, run as a user would (this Python,
+                                     PYTHONPATH = the repository)
+  tunix  benchmarks/peers/tunix_side.py   <venvs>/tunix/bin/python  (google-tunix 0.1.7, jax 0.10.2)
+  trl    benchmarks/peers/trl_side.py     <venvs>/trl/bin/python    (trl 1.16, torch 2.13 CPU)
+
+``--venvs`` defaults to ``$PEER_VENVS`` or ``peer-venvs`` beside the repository; the install lines
+are in ``benchmarks/peers/README.md``. A side whose Python (or script) is missing is reported as
+skipped, not an error; a side that fails is reported with its exit code and the tail of its stderr.
+
+Each side runs ``--warmup`` + ``--steps`` steps and prints the medians of its timed steps (whole
+step = one step's parameters ready to the next's; generation; the rest). This script reports, per
+side, the median over rounds of those per-run medians and every round's figures; for ours against
+each peer the ratio of those medians (step, generation, train), the step ratio of each round, and
+the issue's goals (issue 15): step <= 0.8x Tunix's and <= 0.5x TRL's. tcmalloc is preloaded for
+every side alike when found (``rubric_rl.tcmalloc``; it gave every peer ~20 % in the note), unless
+``--tcmalloc=off``. Absolute times on a shared CPU mean little; the ratios from alternating rounds
+are the figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEERS = os.path.join(ROOT, "benchmarks", "peers")
+FIGURES = ("step_s_median", "gen_s_median", "train_s_median")
+# The issue's goals: our whole step at most this fraction of the peer's.
+GOALS = {"tunix": 0.8, "trl": 0.5}
+PARAMS, NEW_TOKENS = 3_279_616, 64  # workload.PARAMS / NEW_TOKENS (checked by the test)
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """One side of the comparison: which Python runs which script, with which extra environment."""
+
+    name: str
+    python: str
+    script: str
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def default_sides(venvs: str, python: str = sys.executable) -> dict[str, Side]:
+    """ours (``python``, PYTHONPATH = the repository); tunix and trl (their venvs in ``venvs``)."""
+    return {
+        "ours": Side(
+            "ours", python, os.path.join(ROOT, "examples", "peer_workload.py"), {"PYTHONPATH": ROOT}
+        ),
+        "tunix": Side(
+            "tunix",
+            os.path.join(venvs, "tunix", "bin", "python"),
+            os.path.join(PEERS, "tunix_side.py"),
+        ),
+        "trl": Side(
+            "trl", os.path.join(venvs, "trl", "bin", "python"), os.path.join(PEERS, "trl_side.py")
+        ),
+    }
+
+
+def missing(side: Side) -> str | None:
+    """Why ``side`` cannot run here (its Python or its script is missing), or None."""
+    if not (os.path.isfile(side.python) and os.access(side.python, os.X_OK)):
+        return f"no Python at {side.python}"
+    if not os.path.isfile(side.script):
+        return f"no script at {side.script}"
+    return None
+
+
+def last_json_line(stdout: str) -> dict | None:
+    """The last line of ``stdout`` that is a JSON object with the step figures, or None."""
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and all(k in row for k in FIGURES):
+            return row
+    return None
+
+
+def run_side(
+    side: Side, *, steps: int, warmup: int, workdir: str, env: Mapping[str, str], timeout_s: float
+) -> dict:
+    """One run of ``side``: its JSON line plus ``status`` "ok", or ``status`` "failed" with why."""
+    os.makedirs(workdir, exist_ok=True)
+    cmd = [
+        side.python,
+        side.script,
+        f"--steps={steps}",
+        f"--warmup={warmup}",
+        f"--workdir={workdir}",
+    ]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            cmd,
+            env={**env, **side.env},
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return dict(
+            status="failed",
+            error=f"{side.name}: timed out after {timeout_s:.0f} s: {' '.join(cmd)}",
+        )
+    wall_s = time.perf_counter() - start
+    row = last_json_line(proc.stdout) if proc.returncode == 0 else None
+    if row is None:
+        tail = (proc.stderr or proc.stdout)[-2000:]
+        why = (
+            f"exit code {proc.returncode}"
+            if proc.returncode
+            else "no JSON line with " + ", ".join(FIGURES)
+        )
+        return dict(status="failed", error=f"{side.name}: {why}: {' '.join(cmd)}\n{tail}")
+    return dict(row, status="ok", wall_s=wall_s)
+
+
+def workload_checks(row: Mapping, tokenizer_digest: str | None = None) -> dict:
+    """Did the run do the workload: exactly 64 new tokens per completion, rewards in [0, 1],
+    3,279,616 parameters, the tokenizer ``tokenizer_digest`` names (a side that does not report a
+    field is not judged on it)."""
+    checks = {}
+    if "completion_tokens_mean" in row:
+        lengths = [
+            row.get(k, row["completion_tokens_mean"])
+            for k in ("completion_tokens_min", "completion_tokens_max")
+        ]
+        checks["tokens_64"] = row["completion_tokens_mean"] == NEW_TOKENS and set(lengths) == {
+            NEW_TOKENS
+        }
+    if "reward_mean" in row:
+        low, high = (row.get(k, row["reward_mean"]) for k in ("reward_min", "reward_max"))
+        checks["reward_in_0_1"] = 0.0 <= low <= high <= 1.0
+    if "params" in row:
+        checks["params"] = row["params"] == PARAMS
+    if "tokenizer_digest" in row and tokenizer_digest is not None:
+        checks["tokenizer"] = row["tokenizer_digest"] == tokenizer_digest
+    return checks
+
+
+def aggregate(
+    runs: Mapping[str, Sequence[dict]],
+    skipped: Mapping[str, str],
+    tokenizer_digest: str | None = None,
+) -> dict:
+    """The JSON line: per side the median over its ok rounds of each figure and every round's
+    figures; for ours against each peer the ratios of those medians, the step ratio per round
+    (rounds where both ran) and the goal booleans (None when either side has no figures)."""
+    out: dict = {"sides": {}}
+    for name, reason in skipped.items():
+        out["sides"][name] = dict(status="skipped", reason=reason)
+    for name, rows in runs.items():
+        ok = [r for r in rows if r.get("status") == "ok"]
+        side: dict = dict(status="ok" if ok else "failed", rounds_ok=len(ok), rounds=len(rows))
+        for f in FIGURES:
+            side[f] = statistics.median(r[f] for r in ok) if ok else None
+            side[f.replace("_median", "_per_round")] = [r.get(f) for r in rows]
+        side["errors"] = [r["error"] for r in rows if r.get("status") != "ok"]
+        checks: dict[str, bool] = {}
+        for r in ok:
+            for k, v in workload_checks(r, tokenizer_digest).items():
+                checks[k] = checks.get(k, True) and v
+        side["checks"] = checks
+        side["runs"] = [
+            {k: v for k, v in r.items() if k not in FIGURES and k != "error"} for r in rows
+        ]
+        out["sides"][name] = side
+    ours = out["sides"].get("ours", {})
+    for peer, goal in GOALS.items():
+        theirs = out["sides"].get(peer, {})
+        ratios = {}
+        for f in FIGURES:
+            a, b = ours.get(f), theirs.get(f)
+            ratios[f.replace("_s_median", "")] = a / b if a is not None and b else None
+        pairs = zip(runs.get("ours", []), runs.get(peer, []))
+        per_round = [
+            a["step_s_median"] / b["step_s_median"]
+            for a, b in pairs
+            if a.get("status") == b.get("status") == "ok"
+        ]
+        out[f"ours_over_{peer}"] = dict(ratios, step_per_round=per_round)
+        out[f"goal_step_le_{goal}x_{peer}"] = (
+            None if ratios["step"] is None else ratios["step"] <= goal
+        )
+    return out
+
+
+def reference_digest(workdir: str) -> str | None:
+    """The workload tokenizer's digest as this Python trains it (the one ours runs with by default),
+    or None when this Python lacks ``tokenizers``/``transformers``."""
+    spec = importlib.util.spec_from_file_location(
+        "peer_workload_shared", os.path.join(PEERS, "workload.py")
+    )
+    workload = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(workload)  # no dataclasses: needs no sys.modules entry
+    try:
+        return workload.tokenizer_digest(workload.byte_bpe(os.path.join(workdir, "reference-bpe")))
+    except ImportError:
+        return None
+
+
+def side_env(tcmalloc: bool, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment every side starts with: this one, tcmalloc preloaded if asked and found."""
+    if tcmalloc:
+        sys.path.insert(0, ROOT)
+        from rubric_rl.tcmalloc import preload_env  # stdlib only
+
+        env = preload_env(environ)
+        if env is not None:
+            return env
+    return dict(environ)
+
+
+def run_rounds(
+    sides: Sequence[Side],
+    *,
+    rounds: int,
+    steps: int,
+    warmup: int,
+    workdir: str,
+    env: Mapping[str, str],
+    timeout_s: float,
+    tokenizer_digest: str | None = None,
+    log=None,
+) -> dict:
+    """``rounds`` rounds over the sides that can run, in order; the aggregated JSON object
+    (``tokenizer_digest``: the workload tokenizer's, to check the sides' against)."""
+    skipped = {s.name: why for s in sides if (why := missing(s))}
+    runnable = [s for s in sides if s.name not in skipped]
+    runs: dict[str, list[dict]] = {s.name: [] for s in runnable}
+    for i in range(rounds):
+        for s in runnable:
+            row = run_side(
+                s,
+                steps=steps,
+                warmup=warmup,
+                workdir=os.path.join(workdir, f"{s.name}-{i}"),
+                env=env,
+                timeout_s=timeout_s,
+            )
+            runs[s.name].append(dict(row, round=i))
+            if log is not None:
+                brief = {k: row.get(k) for k in ("status", *FIGURES)}
+                print(f"round {i} {s.name}: {json.dumps(brief)}", file=log, flush=True)
+    out = aggregate(runs, skipped, tokenizer_digest)
+    out.update(
+        rounds=rounds,
+        steps=steps,
+        warmup=warmup,
+        order=[s.name for s in runnable],
+        tokenizer_digest=tokenizer_digest,
+    )
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=12, help="timed steps per run")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps before them (compilation)")
+    p.add_argument(
+        "--sides", default="ours,tunix,trl", help="comma-separated, run in this order each round"
+    )
+    venvs = os.environ.get("PEER_VENVS", os.path.join(os.path.dirname(ROOT), "peer-venvs"))
+    p.add_argument(
+        "--venvs", default=venvs, help="folder holding the tunix/ and trl/ virtual environments"
+    )
+    p.add_argument("--python", default=sys.executable, help="the Python that runs our side")
+    p.add_argument(
+        "--tcmalloc",
+        choices=("auto", "off"),
+        default="auto",
+        help="preload tcmalloc for every side",
+    )
+    p.add_argument("--timeout_s", type=float, default=1800, help="per run of one side")
+    p.add_argument("--workdir", default=None, help="run directories (default: a temporary folder)")
+    a = p.parse_args(argv)
+    if a.rounds < 1 or a.steps < 1 or a.warmup < 1:
+        p.error(
+            f"--rounds ({a.rounds}), --steps ({a.steps}) and --warmup ({a.warmup}) must be >= 1"
+        )
+    known = default_sides(a.venvs, a.python)
+    names = [n.strip() for n in a.sides.split(",") if n.strip()]
+    if unknown := [n for n in names if n not in known]:
+        p.error(f"--sides: unknown side(s) {unknown}; known: {sorted(known)}")
+    env = side_env(a.tcmalloc == "auto")
+    with tempfile.TemporaryDirectory(prefix="peer_step_") as tmp:
+        out = run_rounds(
+            [known[n] for n in names],
+            rounds=a.rounds,
+            steps=a.steps,
+            warmup=a.warmup,
+            workdir=a.workdir or tmp,
+            env=env,
+            timeout_s=a.timeout_s,
+            tokenizer_digest=reference_digest(a.workdir or tmp),
+            log=sys.stderr,
+        )
+    out["tcmalloc"] = env.get("LD_PRELOAD") if "tcmalloc" in env.get("LD_PRELOAD", "") else None
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()

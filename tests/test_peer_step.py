@@ -1,0 +1,273 @@
+"""benchmarks/peer_step.py and benchmarks/peers/workload.py (issue 15): the workload every peer
+imports is the example's (same rows, rewards and token ids); the aggregation's medians, ratios and
+goals on fixed inputs; rounds alternate the sides; a side whose Python is missing is skipped.
+
+Needs neither peer environment: the sides run here are small scripts written by the test.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import sys
+import types
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "peer_workload.py")
+
+
+def _load(name: str, path: str) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+peer_step = _load("peer_step_under_test", os.path.join(ROOT, "benchmarks", "peer_step.py"))
+workload = _load(
+    "peer_workload_under_test", os.path.join(ROOT, "benchmarks", "peers", "workload.py")
+)
+
+
+def _example_definitions() -> types.SimpleNamespace:
+    """TOPICS, ROWS, peer_reward and byte_bpe exactly as examples/peer_workload.py defines them,
+    executed from its source without its library imports (jax, the Trainer), which the workload
+    definitions do not use."""
+    tree = ast.parse(open(EXAMPLE).read(), EXAMPLE)
+    wanted = {"TOPICS", "ROWS", "peer_reward", "byte_bpe"}
+    keep = []
+    for node in tree.body:
+        if isinstance(node, ast.Import) or (
+            isinstance(node, ast.ImportFrom) and node.module in ("tokenizers", "transformers")
+        ):
+            keep.append(node)
+        elif (
+            isinstance(node, ast.Assign) and {getattr(t, "id", None) for t in node.targets} & wanted
+        ):
+            keep.append(node)
+        elif isinstance(node, ast.FunctionDef) and node.name in wanted:
+            keep.append(node)
+    namespace: dict = {}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), EXAMPLE, "exec"), namespace)
+    missing = wanted - namespace.keys()
+    assert not missing, f"{EXAMPLE} no longer defines {sorted(missing)}"
+    return types.SimpleNamespace(**{k: namespace[k] for k in wanted})
+
+
+def test_workload_rows_and_reward_are_the_examples():
+    ex = _example_definitions()
+    assert ex.TOPICS == workload.TOPICS and ex.ROWS == workload.ROWS
+    assert len(workload.ROWS) == 64 and len({r["prompt"] for r in workload.ROWS}) == 64
+    assert workload.ROWS[0] == dict(
+        prompt="Write 2 words about cats ending with !", k=2, topic="cats"
+    )
+    completions = [
+        "hot cats!",
+        "Cats purr",
+        "one two three !",
+        "  ",
+        "RAIN falls down now!  ",
+        "x",
+        "snow",
+    ]
+    k = [2, 2, 3, 0, 4, 1, 2]
+    topic = ["cats", "cats", "music", "trees", "rain", "bread", "snow"]
+    # By hand: (words == k) + ends with "!" + mentions the topic, over 3.
+    expected = [3 / 3, 2 / 3, 1 / 3, 1 / 3, 3 / 3, 1 / 3, 1 / 3]
+    prompts = ["p"] * len(completions)
+    assert workload.peer_reward(prompts, completions, k, topic) == pytest.approx(expected)
+    assert ex.peer_reward(prompts, completions, k, topic, trainer_state=None) == pytest.approx(
+        expected
+    )
+
+
+def test_workload_tokenizer_is_the_examples(tmp_path):
+    from tokenizers import Tokenizer
+
+    ex = _example_definitions()
+    ours = workload.byte_bpe(str(tmp_path / "workload"))
+    theirs = ex.byte_bpe(str(tmp_path / "example"))
+    vocab = Tokenizer.from_file(os.path.join(ours, "tokenizer.json")).get_vocab()
+    assert vocab == Tokenizer.from_file(os.path.join(theirs, "tokenizer.json")).get_vocab()
+    assert len(vocab) == 512 and (vocab["<pad>"], vocab["<eos>"], vocab["<bos>"]) == (0, 1, 2)
+    ids = workload.prompt_ids(ours)
+    assert ids == workload.prompt_ids(theirs)
+    assert workload.tokenizer_digest(ours) == workload.tokenizer_digest(theirs)
+    assert len({len(x) for x in ids}) == 1 and 2 not in sum(ids, [])  # one length, no BOS
+    # The shape gives the note's parameter count (tied embeddings, q/k norms per head_dim).
+    s = workload.SHAPE
+    d, f, hd = s["hidden_size"], s["intermediate_size"], s["head_dim"]
+    q, kv = s["num_attention_heads"] * hd, s["num_key_value_heads"] * hd
+    layer = d * q + 2 * d * kv + q * d + 3 * d * f + 2 * hd + 2 * d
+    assert (
+        s["vocab_size"] * d + s["num_hidden_layers"] * layer + d
+        == workload.PARAMS
+        == peer_step.PARAMS
+    )
+    assert workload.NEW_TOKENS == peer_step.NEW_TOKENS
+
+
+def _row(step, gen, train, **extra):
+    return dict(status="ok", step_s_median=step, gen_s_median=gen, train_s_median=train, **extra)
+
+
+def test_aggregate_medians_ratios_and_goals():
+    runs = {
+        "ours": [_row(1.0, 0.4, 0.6), _row(0.7, 0.3, 0.4), _row(0.8, 0.35, 0.45)],
+        "tunix": [_row(1.0, 0.4, 0.6), _row(1.2, 0.5, 0.7), _row(0.9, 0.4, 0.5)],
+        "trl": [
+            _row(2.0, 1.2, 0.8),
+            dict(status="failed", error="trl: exit code 1"),
+            _row(1.5, 0.9, 0.6),
+        ],
+    }
+    out = peer_step.aggregate(runs, {})
+    # Medians over ok rounds, by hand: ours 0.8 / 0.35 / 0.45; tunix 1.0 / 0.4 / 0.6;
+    # trl 1.75 / 1.05 / 0.7.
+    assert out["sides"]["ours"]["step_s_median"] == pytest.approx(0.8)
+    assert out["sides"]["trl"]["step_s_median"] == pytest.approx(1.75)
+    assert out["sides"]["trl"]["rounds_ok"] == 2 and out["sides"]["trl"]["errors"] == [
+        "trl: exit code 1"
+    ]
+    assert out["sides"]["trl"]["step_s_per_round"] == [2.0, None, 1.5]
+    assert out["ours_over_tunix"]["step"] == pytest.approx(0.8)
+    assert out["ours_over_tunix"]["gen"] == pytest.approx(0.35 / 0.4)
+    assert out["ours_over_tunix"]["train"] == pytest.approx(0.45 / 0.6)
+    assert out["ours_over_tunix"]["step_per_round"] == pytest.approx([1.0, 0.7 / 1.2, 0.8 / 0.9])
+    assert out["ours_over_trl"]["step"] == pytest.approx(0.8 / 1.75)
+    assert out["ours_over_trl"]["step_per_round"] == pytest.approx(
+        [0.5, 0.8 / 1.5]
+    )  # round 1 failed
+    assert out["goal_step_le_0.8x_tunix"] is True  # 0.8 <= 0.8
+    assert out["goal_step_le_0.5x_trl"] is True  # 0.457 <= 0.5
+    runs["ours"] = [_row(0.9, 0.4, 0.5)]
+    out = peer_step.aggregate(runs, {})
+    assert out["goal_step_le_0.8x_tunix"] is False and out["ours_over_tunix"][
+        "step"
+    ] == pytest.approx(0.9)
+    assert out["goal_step_le_0.5x_trl"] is False  # 0.9 / 1.75 = 0.51
+
+
+def test_workload_checks():
+    good = dict(
+        completion_tokens_mean=64,
+        completion_tokens_min=64,
+        completion_tokens_max=64,
+        reward_mean=0.1,
+        reward_min=0.0,
+        reward_max=1.0,
+        params=3_279_616,
+        tokenizer_digest="abc",
+    )
+    assert peer_step.workload_checks(good, "abc") == dict(
+        tokens_64=True, reward_in_0_1=True, params=True, tokenizer=True
+    )
+    assert (
+        peer_step.workload_checks(dict(good, completion_tokens_min=63), "abc")["tokens_64"] is False
+    )
+    assert peer_step.workload_checks(dict(good, reward_max=1.5), "abc")["reward_in_0_1"] is False
+    assert peer_step.workload_checks(dict(good, params=3_279_617), "abc")["params"] is False
+    assert peer_step.workload_checks(good, "abd")["tokenizer"] is False
+    # The example reports means only: judged on those.
+    assert peer_step.workload_checks(
+        dict(completion_tokens_mean=64.0, reward_mean=0.2, params=3_279_616)
+    ) == dict(tokens_64=True, reward_in_0_1=True, params=True)
+
+
+SIDE_SCRIPT = """
+import json, sys
+name, log = sys.argv[1], sys.argv[2]
+args = dict(a.lstrip("-").split("=", 1) for a in sys.argv[3:])
+open(log, "a").write(f"{name} {args['steps']} {args['warmup']}\\n")
+if name == "broken":
+    sys.exit("broken side: no model")
+print("some log line")
+step = {"ours": 0.5, "tunix": 1.0}[name]
+print(json.dumps(dict(step_s_median=step, gen_s_median=step / 2, train_s_median=step / 2)))
+"""
+
+
+def _script_side(tmp_path, name: str) -> peer_step.Side:
+    """A side that is a small script (sys.argv: its name and the log it appends to, then the
+    runner's flags); run through the real subprocess runner."""
+    script = tmp_path / "side.py"
+    script.write_text(SIDE_SCRIPT)
+    wrapper = tmp_path / f"{name}.py"
+    wrapper.write_text(
+        f"import runpy, sys\n"
+        f"sys.argv = [{str(script)!r}, {name!r}, {str(tmp_path / 'log')!r}] + sys.argv[1:]\n"
+        f"runpy.run_path({str(script)!r}, run_name='__main__')\n"
+    )
+    return peer_step.Side(name, sys.executable, str(wrapper))
+
+
+def test_rounds_alternate_the_sides_and_report_failures(tmp_path):
+    sides = [_script_side(tmp_path, n) for n in ("ours", "tunix", "broken")]
+    sides.append(
+        peer_step.Side(
+            "trl", str(tmp_path / "no-venv" / "bin" / "python"), str(tmp_path / "ours.py")
+        )
+    )
+    out = peer_step.run_rounds(
+        sides,
+        rounds=2,
+        steps=3,
+        warmup=1,
+        workdir=str(tmp_path / "runs"),
+        env=dict(os.environ),
+        timeout_s=60,
+    )
+    assert (tmp_path / "log").read_text().split("\n")[:-1] == [
+        "ours 3 1",
+        "tunix 3 1",
+        "broken 3 1",
+    ] * 2
+    assert out["order"] == ["ours", "tunix", "broken"]
+    assert out["sides"]["trl"] == dict(
+        status="skipped", reason=f"no Python at {tmp_path / 'no-venv' / 'bin' / 'python'}"
+    )
+    assert out["sides"]["broken"]["status"] == "failed" and out["sides"]["broken"]["rounds_ok"] == 0
+    assert (
+        "exit code 1" in out["sides"]["broken"]["errors"][0]
+        and "no model" in out["sides"]["broken"]["errors"][0]
+    )
+    assert out["sides"]["ours"]["step_s_per_round"] == [0.5, 0.5]
+    assert (
+        out["ours_over_tunix"]["step"] == pytest.approx(0.5)
+        and out["goal_step_le_0.8x_tunix"] is True
+    )
+    assert out["ours_over_trl"]["step"] is None and out["goal_step_le_0.5x_trl"] is None
+
+
+def test_missing_peer_venvs_are_skipped_not_errors(tmp_path, capsys):
+    venvs = tmp_path / "peer-venvs"
+    out = peer_step.main(
+        [
+            "--sides=tunix,trl",
+            f"--venvs={venvs}",
+            "--rounds=1",
+            "--steps=1",
+            f"--workdir={tmp_path}",
+        ]
+    )
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line == json.loads(json.dumps(out))
+    for name in ("tunix", "trl"):
+        assert line["sides"][name] == dict(
+            status="skipped", reason=f"no Python at {venvs / name / 'bin' / 'python'}"
+        )
+    assert (
+        line["order"] == []
+        and line["goal_step_le_0.8x_tunix"] is None
+        and line["goal_step_le_0.5x_trl"] is None
+    )
+    assert line["tokenizer_digest"] == workload.tokenizer_digest(
+        workload.byte_bpe(str(tmp_path / "bpe"))
+    )
+    with pytest.raises(SystemExit):
+        peer_step.main(["--sides=ours,deepspeed"])
