@@ -186,6 +186,8 @@ def aggregate(
             {k: v for k, v in r.items() if k not in FIGURES and k != "error"} for r in rows
         ]
         out["sides"][name] = side
+    out["failed"] = sorted(n for n, side in out["sides"].items() if side["status"] == "failed")
+    out["skipped"] = sorted(skipped)
     ours = out["sides"].get("ours", {})
     for peer, goal in GOALS.items():
         theirs = out["sides"].get(peer, {})

@@ -228,6 +228,7 @@ def test_rounds_alternate_the_sides_and_report_failures(tmp_path):
         "broken 3 1",
     ] * 2
     assert out["order"] == ["ours", "tunix", "broken"]
+    assert out["failed"] == ["broken"] and out["skipped"] == ["trl"]
     assert out["sides"]["trl"] == dict(
         status="skipped", reason=f"no Python at {tmp_path / 'no-venv' / 'bin' / 'python'}"
     )
