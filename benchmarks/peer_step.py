@@ -138,8 +138,8 @@ def run_side(
 
 def workload_checks(row: Mapping, tokenizer_digest: str | None = None) -> dict:
     """Did the run do the workload: exactly 64 new tokens per completion, rewards in [0, 1],
-    3,279,616 parameters, the tokenizer ``tokenizer_digest`` names (a side that does not report a
-    field is not judged on it)."""
+    3,279,616 parameters, weights that moved, the tokenizer ``tokenizer_digest`` names (a side
+    that does not report a field is not judged on it)."""
     checks = {}
     if "completion_tokens_mean" in row:
         lengths = [
@@ -154,6 +154,8 @@ def workload_checks(row: Mapping, tokenizer_digest: str | None = None) -> dict:
         checks["reward_in_0_1"] = 0.0 <= low <= high <= 1.0
     if "params" in row:
         checks["params"] = row["params"] == PARAMS
+    if "max_param_change" in row:  # the optimizer stepped (AdamW moves a weight ~lr per step)
+        checks["params_updated"] = row["max_param_change"] > 0
     if "tokenizer_digest" in row and tokenizer_digest is not None:
         checks["tokenizer"] = row["tokenizer_digest"] == tokenizer_digest
     return checks

@@ -163,10 +163,12 @@ def test_workload_checks():
         reward_max=1.0,
         params=3_279_616,
         tokenizer_digest="abc",
+        max_param_change=5e-5,
     )
     assert peer_step.workload_checks(good, "abc") == dict(
-        tokens_64=True, reward_in_0_1=True, params=True, tokenizer=True
+        tokens_64=True, reward_in_0_1=True, params=True, params_updated=True, tokenizer=True
     )
+    assert peer_step.workload_checks(dict(good, max_param_change=0.0))["params_updated"] is False
     assert (
         peer_step.workload_checks(dict(good, completion_tokens_min=63), "abc")["tokens_64"] is False
     )

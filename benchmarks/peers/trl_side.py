@@ -127,7 +127,11 @@ def main(a: argparse.Namespace) -> dict:
         processing_class=tokenizer,
         callbacks=[steps],
     )
+    before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
+    change = max(
+        (p.detach() - b).abs().max().item() for p, b in zip(trainer.model.parameters(), before)
+    )
     return w.summary(
         steps.ends,
         trainer.gen_s,
@@ -137,6 +141,7 @@ def main(a: argparse.Namespace) -> dict:
         params=sum(p.numel() for p in trainer.model.parameters()),
         side="trl",
         prompt_tokens=sorted(trainer.prompt_tokens),
+        max_param_change=change,
         tokenizer_digest=w.tokenizer_digest(os.path.join(a.workdir, "bpe")),
         versions=dict(
             trl=__import__("trl").__version__,

@@ -156,8 +156,14 @@ def main(a: argparse.Namespace) -> dict:
         num_generations=w.GENERATIONS, num_iterations=1, beta=0.0, loss_agg_mode="token-mean"
     )
     learner = TimedGRPOLearner(rl_cluster=cluster, algo_config=algo, reward_fns=[peer_reward])
+    before = [
+        np.array(x) for x in jax.tree.leaves(nnx.state(cluster.actor_trainer.model, nnx.Param))
+    ]
     learner.train(batches(steps))
     params = nnx.state(cluster.actor_trainer.model, nnx.Param)
+    change = max(
+        float(np.abs(np.asarray(x) - b).max()) for x, b in zip(jax.tree.leaves(params), before)
+    )
     return w.summary(
         learner.ends,
         learner.gen_s,
@@ -167,6 +173,7 @@ def main(a: argparse.Namespace) -> dict:
         params=sum(x.size for x in jax.tree.leaves(params)),
         side="tunix",
         prompt_tokens=sorted(learner.prompt_tokens),
+        max_param_change=change,
         tokenizer_digest=w.tokenizer_digest(bpe),
         versions=dict(tunix=_version("google-tunix"), jax=jax.__version__),
     )
