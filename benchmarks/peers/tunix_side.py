@@ -10,8 +10,11 @@ a completion: exactly 64 new tokens), temperature 1.0 over the full vocabulary (
 beta 0 (no reference pass), ``num_iterations=1`` (no old-log-prob pass), one optimizer step per
 batch of 8 prompts x 4 generations, ``loss_agg_mode="token-mean"``, AdamW (0.9, 0.999, 1e-8, no
 weight decay, lr 1e-5 constant) after a global-norm clip of 1.0, float32. Actor, reference and
-rollout share one (1, 1) mesh over ("fsdp", "tp") whose axes are ``AxisType.Auto`` (Tunix's
-sharding calls need it on jax 0.10.2), so the sampler shares the actor's weights (no weight sync).
+rollout share one (1, 1) mesh over ("fsdp", "tp") whose axes are ``AxisType.Auto`` (with jax
+0.10.2's default Explicit axes the sampler's KV-cache update fails a sharding check), so the
+sampler shares the actor's weights (no weight sync). The learner's train loop runs outside any
+mesh context: inside one, Tunix shards the optimizer state with a constraint that its
+single-device step counter fails.
 The Hugging Face tokenizer is given to Tunix with no BOS token: Tunix's sampler prepends the
 tokenizer's BOS when it has one, and the workload prepends none (ours).
 
