@@ -74,6 +74,46 @@ def callback_name(callback: Any) -> str:
     return f"{getattr(target, '__module__', '?')}.{target.__qualname__}"
 
 
+class StepTimer:
+    """A step callback that times whole steps, as a benchmark of the training loop needs them.
+
+    After each step it waits for the step's parameters (``jax.block_until_ready``: the update
+    has run, not just been dispatched), then records the time and the step's metrics row
+    (``rows``). A step's time is from the previous step's end to its own, so everything the loop
+    does between two parameter sets counts (rollouts, rewards, update, weight sync, metrics,
+    logging); the first step has no start and is never timed. ``summary(warmup)`` gives the
+    medians over the steps after the first ``warmup`` (at least 1): ``step_s_median``,
+    ``gen_s_median`` (the metrics' ``time/rollout``: generation) and ``train_s_median`` (each
+    timed step's time less its generation), with ``steps`` (all recorded) and ``timed``."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+        self.rows: list[dict[str, Any]] = []
+
+    def on_step_end(self, step: int, metrics: Mapping[str, Any], state: Any) -> None:
+        jax.block_until_ready(state.params)
+        self.ends.append(time.perf_counter())
+        self.rows.append(dict(metrics))
+
+    def summary(self, warmup: int = 1) -> dict[str, float]:
+        if warmup < 1:
+            raise ValueError(f"StepTimer.summary: warmup={warmup}; the first step has no start")
+        if len(self.ends) <= warmup:
+            raise ValueError(
+                f"StepTimer.summary: {len(self.ends)} step(s) recorded, none after the "
+                f"{warmup} warm-up step(s)"
+            )
+        step_s = [b - a for a, b in zip(self.ends[warmup - 1 :], self.ends[warmup:])]
+        gen_s = [float(r["time/rollout"]) for r in self.rows[warmup:]]
+        return dict(
+            steps=len(self.rows),
+            timed=len(step_s),
+            step_s_median=float(np.median(step_s)),
+            gen_s_median=float(np.median(gen_s)),
+            train_s_median=float(np.median([s - g for s, g in zip(step_s, gen_s)])),
+        )
+
+
 # The quantities of an update that make it non-finite (the jitted step skips on either).
 NONFINITE_CHECKED = (("loss", "loss"), ("grad_norm", "gradient norm"))
 
@@ -484,6 +524,7 @@ __all__ = [
     "NonFiniteLossError",
     "StepCallback",
     "StepCallbackError",
+    "StepTimer",
     "Trainer",
     "callback_name",
 ]

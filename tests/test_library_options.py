@@ -291,3 +291,60 @@ def test_warm_start_corpus_setting_is_checked_only_when_there_is_a_warm_start():
     c.warmstart.steps = 2
     with pytest.raises(ValueError, match=r"^config\.warmstart\.p_keep: must be in \[0, 1\]"):
         validate_config(c, num_devices=jax.device_count())
+
+
+def test_grpo_config_is_the_packaged_base_and_what_configs_grpo_locks():
+    from rubric_rl.defaults import get_base_config, grpo_config
+
+    c = grpo_config()
+    assert c.method == "grpo" and c.controllers.sampler == "uniform"
+    c.model.update(name="peer-3m")  # unlocked: a script changes it in place
+    c.some_new_key = 1
+    ours = grpo.get_config().to_dict()
+    assert grpo_config().to_dict() == ours
+    assert get_base_config().to_dict() == {
+        k: v for k, v in ours.items() if k not in ("method", "controllers")
+    }
+
+
+def test_train_byte_bpe_has_exactly_the_size_and_the_special_ids(tmp_path):
+    from rubric_rl.models.tokenizer import train_byte_bpe
+
+    texts = [f"word{i} other{i % 7} ünïcode {i * 13}" for i in range(400)]
+    path = train_byte_bpe(tmp_path / "bpe", texts, vocab_size=300)
+    t = Tokenizer(path)
+    assert len(t.hf) == 300
+    assert (t.hf.pad_token_id, t.hf.eos_token_id, t.hf.bos_token_id) == (0, 1, 2)
+    for text in ("word3 other3", "never seen: ✓ 漢字", texts[-1]):  # every byte encodes
+        ids = t.hf.encode(text, add_special_tokens=False)
+        assert t.hf.decode(ids) == text and not {0, 1, 2} & set(ids)
+    with pytest.raises(ValueError, match="gave .* ids, not 5000"):
+        train_byte_bpe(tmp_path / "small", texts[:3], vocab_size=5000)
+    with pytest.raises(ValueError, match="vocab_size=100"):
+        train_byte_bpe(tmp_path / "tiny", texts, vocab_size=100)
+    with pytest.raises(ValueError, match="distinct pad, EOS and BOS"):
+        train_byte_bpe(tmp_path / "dup", texts, 300, special_tokens=("<p>", "<p>", "<b>"))
+
+
+def test_step_timer_times_from_one_step_end_to_the_next(monkeypatch):
+    from rubric_rl import trainer as trainer_lib
+
+    clock = iter([10.0, 12.5, 13.5, 16.0])  # step ends: steps of 2.5, 1.0, 2.5 s after step 1
+    monkeypatch.setattr(trainer_lib.time, "perf_counter", lambda: next(clock))
+    state = type("State", (), {"params": {"w": jax.numpy.ones(3)}})()
+    timer = trainer_lib.StepTimer()
+    for step, gen in zip(range(1, 5), [9.0, 2.0, 0.4, 1.5]):
+        timer.on_step_end(step, {"step": step, "time/rollout": gen}, state)
+    assert [r["step"] for r in timer.rows] == [1, 2, 3, 4]
+    # warm-up 1: steps 2-4 timed, 2.5 / 1.0 / 2.5 s, generation 2.0 / 0.4 / 1.5, the rest
+    # 0.5 / 0.6 / 1.0 (step 1's 9 s of generation never counts)
+    assert timer.summary(1) == pytest.approx(
+        dict(steps=4, timed=3, step_s_median=2.5, gen_s_median=1.5, train_s_median=0.6)
+    )
+    s = timer.summary(2)  # steps 3-4: medians of two
+    assert s["timed"] == 2 and s["step_s_median"] == pytest.approx(1.75)
+    assert s["train_s_median"] == pytest.approx((0.6 + 1.0) / 2)
+    with pytest.raises(ValueError, match="first step has no start"):
+        timer.summary(0)
+    with pytest.raises(ValueError, match="none after the 4 warm-up"):
+        timer.summary(4)

@@ -36,8 +36,8 @@ workload = _load(
 
 def _example_definitions() -> types.SimpleNamespace:
     """TOPICS, ROWS, peer_reward and byte_bpe exactly as examples/peer_workload.py defines them,
-    executed from its source without its library imports (jax, the Trainer), which the workload
-    definitions do not use."""
+    executed from its source without its other library imports (jax, the Trainer), which the
+    workload definitions do not use (byte_bpe calls rubric_rl.models.tokenizer.train_byte_bpe)."""
     if not os.path.isfile(EXAMPLE):  # our side of the workload; peer_step skips it the same way
         pytest.skip(f"{EXAMPLE} is not in this checkout")
     tree = ast.parse(open(EXAMPLE).read(), EXAMPLE)
@@ -45,7 +45,8 @@ def _example_definitions() -> types.SimpleNamespace:
     keep = []
     for node in tree.body:
         if isinstance(node, ast.Import) or (
-            isinstance(node, ast.ImportFrom) and node.module in ("tokenizers", "transformers")
+            isinstance(node, ast.ImportFrom)
+            and node.module in ("tokenizers", "transformers", "rubric_rl.models.tokenizer")
         ):
             keep.append(node)
         elif (

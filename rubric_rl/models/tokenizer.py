@@ -126,3 +126,49 @@ class Tokenizer:
         """Token ids of `chat_text(messages)`; the template's own special tokens are kept as
         written in the text (no extra BOS is added)."""
         return self.encode(self.chat_text(messages, add_generation_prompt=add_generation_prompt))
+
+
+def train_byte_bpe(
+    path: str | os.PathLike,
+    texts: Sequence[str],
+    vocab_size: int,
+    special_tokens: Sequence[str] = ("<pad>", "<eos>", "<bos>"),
+) -> str:
+    """Train a byte-level BPE of exactly ``vocab_size`` ids on ``texts`` and save it at ``path`` as
+    a Hugging Face tokenizer directory (``Tokenizer(path)`` and ``model.tokenizer`` read it);
+    returns ``path``. ``special_tokens`` take ids 0, 1, 2, ... and are the pad, EOS and BOS tokens
+    in that order (a fourth or later is only reserved). For a model trained from scratch on a
+    small domain (the peer workload's 512-id vocabulary); every byte is in the alphabet, so any
+    text encodes. A corpus too small to reach ``vocab_size`` merges is an error, not a smaller
+    vocabulary."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    special = list(special_tokens)
+    if len(special) < 3 or len(set(special)) != len(special):
+        raise ValueError(f"special_tokens: need distinct pad, EOS and BOS tokens, got {special}")
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if vocab_size < len(special) + len(alphabet):
+        raise ValueError(
+            f"vocab_size={vocab_size}: a byte-level BPE needs at least {len(special)} special + "
+            f"{len(alphabet)} byte ids"
+        )
+    tok = RawTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=special, initial_alphabet=alphabet, min_frequency=1
+    )
+    tok.train_from_iterator(list(texts), trainer)
+    got = tok.get_vocab_size()
+    if got != vocab_size:
+        raise ValueError(
+            f"train_byte_bpe: the corpus ({len(texts)} texts) gave {got} ids, not {vocab_size}: "
+            "too few distinct pairs to merge; give more (or more varied) text or a smaller size"
+        )
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=special[0], eos_token=special[1], bos_token=special[2]
+    )
+    hf.save_pretrained(os.fspath(path))
+    return os.fspath(path)

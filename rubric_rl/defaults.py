@@ -1,0 +1,319 @@
+"""The base config of every run, in the package (big_vision style: plain ConfigDicts, no magic).
+
+``get_base_config()`` returns an unlocked ConfigDict of every key a run reads, at its default.
+The method configs (``configs/<method>.py``, not packaged) start from it, change what their method
+needs, apply variants and lock it. A script that uses ``rubric_rl`` as an installed library starts
+from `grpo_config()` (or `get_base_config()`), changes what it needs and passes it to
+``rubric_rl.trainer.Trainer``; ``rubric_rl.config_validation.validate_config`` checks it when the
+Trainer is built and names the offending field.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+ConfigDict = ml_collections.ConfigDict
+
+
+def get_base_config() -> ConfigDict:
+    c = ConfigDict()
+
+    # --- policy -------------------------------------------------------------------------------
+    # ``name``: a preset of rubric_rl.models.PRESETS or a HF checkpoint directory. The embedded
+    # presets (tiny/1m/5m/20m) get their vocabulary from the domain's word-level tokenizer.
+    c.model = dict(
+        name="1m",
+        dtype="float32",
+        param_dtype="float32",
+        tokenizer="",  # "" = build the embedded word-level tokenizer (cached in the workdir)
+        # A prompt (guidance, skills and chat template included) longer than this is an error
+        # naming the task, never truncated: a left-truncated prompt loses its instruction.
+        max_prompt_len=128,
+        # Each batch's prompts are left-padded to the smallest bucket that fits its longest one
+        # (the jitted shapes; max_prompt_len is added as the last bucket).
+        prompt_buckets=(24, 32, 48, 64, 96),
+        # Self-distillation teachers see the prompt plus privileged context (controllers'
+        # ``teacher_context``): the same buckets, capped at this.
+        max_teacher_prompt_len=192,
+        init_seed=0,
+        # Fields of the preset replaced (rubric_rl.models.SHAPE_FIELDS: hidden_size,
+        # num_hidden_layers, vocab_size, ...): a random-init model of that shape, seeded by
+        # init_seed, e.g. name="tiny", shape=dict(hidden_size=256, intermediate_size=768). Not
+        # with a checkpoint directory (its config.json is the shape). None (or {}) = the preset as
+        # it is; None, not {}, so that model.update(shape=dict(...)) works on a locked config.
+        shape=None,
+        # An embedded preset's vocabulary: the tokenizer's size rounded up to a multiple of this
+        # (64: tensor-axis friendly; 1 = exactly the tokenizer's). shape.vocab_size overrides it.
+        vocab_multiple=64,
+        # How messages become a prompt: "auto" = the tokenizer's chat template (else
+        # "role: content" lines); "raw" = no template, the messages' contents as they are (one
+        # message: exactly its content); or a Jinja template string used instead of the tokenizer's.
+        chat_template="auto",
+    )
+
+    # --- device mesh (DESIGN §8): product must equal the device count (-1 = fill) -------------
+    c.mesh = dict(data=-1, fsdp=1, tensor=1)
+
+    # --- optimiser ----------------------------------------------------------------------------
+    # Cosine decay to 0 over train.steps: with a constant 3e-4 the embedded default's held-out score
+    # swung by 4-7 points between evaluations after step 200 (a count habit flipping back and
+    # forth); decayed, it settles (measured 2026-11-30).
+    c.optim = dict(
+        lr=3e-4,
+        schedule="warmup_cosine",
+        warmup_steps=0,
+        end_lr_ratio=0.0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        # Optimizer updates per RL step = mini_batches x epochs (verl's PPO mini-batches and
+        # epochs, GRPO's inner iterations): each epoch deals the step's rollouts into
+        # ``mini_batches`` disjoint mini-batches, one update each, all against the same π_old.
+        # The lr schedule counts updates. num_micro_batches splits each update further
+        # (gradient accumulation, same update). Two updates per step cost no more step time than
+        # one on the embedded default and gained +17.6 / +12.3 held-out points (seeds 0 / 1)
+        # against +15.0 / +11.2 with one, from the same warm starts (measured 2026-11-30).
+        mini_batches=2,
+        epochs=1,
+        num_micro_batches=1,
+    )
+
+    # --- rollouts -----------------------------------------------------------------------------
+    c.rollout = dict(
+        engine="jax",
+        samples_per_task=8,  # J: rollouts per task (a group)
+        # 32 x 8 = 256 rollouts per step. On the embedded default the held-out score per rollout
+        # is about the same with 16 tasks, but 32 gets there in fewer, steadier steps: +13.8 after
+        # 200 steps against +12.7 after 300 with 16 (measured 2026-11-30).
+        tasks_per_step=32,
+        # Groups trained per step: 0 = every sampled group; k > 0 = a select stage keeps exactly
+        # k of the tasks_per_step groups (RISED rolls out 2k and trains k). The jitted step sees
+        # k x samples_per_task rows, which must split over the mesh and the mini-batches.
+        train_groups=0,
+        temperature=1.0,
+        top_p=1.0,  # DESIGN §9: keep 1.0 in training rollouts (the trainer scores without it)
+        top_k=0,  # 0 = off
+        max_new_tokens=24,
+        # SamplingParams.min_new_tokens / ignore_eos (SGLang's names) for training rollouts and
+        # agent turns (evaluation samples without them): no stop or EOS token among the first
+        # min_new_tokens tokens; ignore_eos: no token ends a completion (all max_new_tokens).
+        min_new_tokens=0,
+        ignore_eos=False,
+        buckets=(8, 16, 24, 32, 64, 128),  # completion lengths are padded up to one of these
+        retries=2,  # engine failures retried before the error surfaces
+        # "auto": multi-turn agent episodes on a tool-environment domain (sql, inventory: the
+        # domains with ``make_env``), single-turn otherwise; or force "single" / "agent".
+        mode="auto",
+        # Agent episodes (rollout/agent.py): each model turn samples up to max_new_tokens; an
+        # episode ends on a final answer, after max_turns model turns, or at max_total_tokens
+        # (prompt, turns and tool outputs). With the embedded tokenizer the longest reference
+        # episodes take 3 turns / 639 tokens (sql) and 7 turns / 2033 tokens (inventory), of
+        # which the prompt (system message with the tool schemas) is 466 / 867
+        # (envs/tool_domain.py EMBEDDED_SIZES). tools_in_system: the tool schemas go into the
+        # system message (the embedded chat template takes no tools= argument).
+        agent=dict(max_turns=8, max_total_tokens=2048, tools_in_system=True),
+        sglang=dict(
+            url="",  # "" = start a server from ``launch`` settings below
+            model_path="",
+            host="127.0.0.1",
+            port=30000,
+            mem_fraction=0.8,
+            weight_sync_dir="",  # versioned safetensors for /update_weights_from_disk
+            timeout_s=600.0,
+        ),
+    )
+
+    # --- loss (DESIGN §5) ---------------------------------------------------------------------
+    c.loss = dict(
+        clip_eps_low=0.2,
+        clip_eps_high=0.2,
+        dual_clip_c=3.0,  # <= 0 turns the dual clip off
+        agg_mode="token-mean",
+        rollout_correction="bypass",
+        kl_beta=0.0,
+        kl_kind="k3",
+        # Self-distillation (DESIGN §5): "none" | "full" | "topk" | "sampled". The teacher is the
+        # policy on the prompt plus the controllers' ``teacher_context``; λ = sd_coef × the
+        # controllers' ``sd_gate``. A group without context contributes exactly 0.
+        sd_estimator="none",
+        sd_coef=0.0,
+        sd_topk=20,
+        sd_clamp=10.0,  # "sampled": clamp of lp_θ − lp_T
+        # Every N steps, recompute π_old at step start to log the engine/trainer mismatch (an
+        # extra forward; 0 = never). In bypass mode it only feeds diagnostics.
+        mismatch_every=10,
+        adv_eps=1e-6,
+        zero_var_eps=1e-6,  # a group whose reward std is below this is zero-variance
+        # A name in rubric_rl.rubrics.rewards.REWARDS (the "rubric" signal), "task_verifier", or
+        # a reward function's name (reward_fns below): the signal trained alone.
+        reward="weighted",
+        # Non-empty: the trained mix instead, {signal: weight} over "rubric" (computed with
+        # loss.reward, then a rubric reward), "task_verifier" and reward functions' names:
+        # A = Σ w_k · norm_g(r_k) (rubric_rl/step.py). Not with a method whose controllers set
+        # their own mix (ARISE's signal_weights). None (or {}) = loss.reward alone; None, not {},
+        # so that loss.update(reward_weights=dict(...)) works on a locked config.
+        reward_weights=None,
+        # A name in rubric_rl.core.advantages.ADVANTAGE_ESTIMATORS. "mean_only" (Dr.GRPO:
+        # A = r - mean_g r) keeps the rubric's weights meaningful: with GRPO's division by the
+        # group std, a group whose members differ only in a 0.1-weight cue (no genuine criterion
+        # varies: a blind rewrite or arithmetic task) gets the same +-1 advantages as one that
+        # differs in a weight-3 requirement. Measured on the embedded default (2026-11-30): with
+        # "grpo" the compliance claim rose 0.1 -> 0.9 of rollouts even at weight 0.1 (claim rows had
+        # mean advantage +0.21 vs -0.12) and the held-out oracle fell; with "mean_only" fluff
+        # stays rare and the oracle rises. Adam makes the update size insensitive to the smaller
+        # advantage scale, so the lr is unchanged.
+        advantage="mean_only",
+        chunk_size=128,
+    )
+
+    # --- judge --------------------------------------------------------------------------------
+    c.judge = dict(
+        kind="programmatic",
+        retries=2,
+        max_failure_rate=0.5,  # a step with more failed verdicts than this is an error
+        cache_path="",  # "" = <workdir>/judge_cache.sqlite for the LLM judge; unused otherwise
+        llm=dict(
+            backend="openai",
+            model="",
+            base_url="",
+            api_key_env="OPENAI_API_KEY",  # the NAME of the env var; the key is never stored
+            temperature=0.0,
+            max_tokens=512,
+            concurrency=32,  # calls in flight (the client's limit is raised to this)
+            timeout_s=120.0,  # one HTTP attempt
+            # All attempts of one call, back-off waits included; a call that gives up marks the
+            # endpoint down and the step's other calls fail at once (a refused connection gives
+            # up after two tries, a fraction of a second apart).
+            max_retry_s=300.0,
+        ),
+    )
+
+    # --- task domain --------------------------------------------------------------------------
+    # ``name``: "constraints" (the embedded synthetic domain; n_* tasks generated per split),
+    # "dataset" (rubric datasets on disk, the papers' setting: see ``dataset`` below), or a
+    # tool environment, "sql" / "inventory" (multi-turn; their OOD split is a task type never
+    # trained on: configs/grpo.py's ``domain=<name>`` variant sets the limits they need).
+    c.domain = dict(
+        name="constraints",
+        seed=0,
+        # 4096 training tasks: 150 steps x 32 tasks draw each about once, so RL cannot memorise
+        # the training tasks' answers. From the same warm starts (2 updates per step), held-out
+        # scores after 150 steps were 67.1 / 65.5 with 4096 against 63.0 / 66.0 with 512 (seeds
+        # 0 / 1); at p_keep 0.35 (seed 0, one update) 63.3 against 63.1 (measured 2026-11-30).
+        # A sampler that keeps per-task statistics (arise.py's sampler=variance) sees each task
+        # about once at this length: give it a smaller pool or more steps.
+        n_train=4096,
+        n_heldout=64,
+        n_ood=64,
+        # The validation split (the embedded domain only; 0 = none): where a comparison makes its
+        # choices, never on the held-out set (benchmarks/protocol.md).
+        n_validation=0,
+        # For name="dataset": files or directories in a rubric_rl.rubrics.datasets format
+        # (healthbench, rar, rubrichub, openrubrics, jsonl). No programmatic verifier, oracle or
+        # warm-start corpus: judge with judge.kind="llm" (or rule criteria) and train a
+        # pretrained checkpoint (warmstart.steps=0). ``limit`` caps each split (0 = all). A
+        # directory reads only its files of that split, a word of their path: train; heldout,
+        # else test; ood, else test (builders.DATASET_DIRECTORY_SPLITS). A task id in the training
+        # split and an evaluation split is an error, so is a rule criterion naming an unregistered
+        # checker.
+        dataset=dict(format="", train="", heldout="", ood="", ood_format="", limit=0),
+    )
+
+    # --- supervised warm start (DESIGN §7) ----------------------------------------------------
+    # 500 steps at 1e-3 (~65 s on the 2-core CPU): RL starts at a held-out score ~48 (p_keep 0.4)
+    # with ~5-15% of tasks passed; 200 steps at 3e-4 left a policy RL could only make hack, and
+    # 1500 steps memorise the 2048 demonstrations (loss 0.27, held-out 37.5; measured 2026-11-30).
+    c.warmstart = dict(
+        # Demonstrations whose prompt is longer than this are left out of the warm start. As long
+        # as model.max_prompt_len: the warm start shows the policy every prompt shape training
+        # can (several skills, rewritten skills, up to three guidance fields; issue 13).
+        max_prompt_len=128,
+        # Each batch is drawn from one bucket and padded to it (warmstart.BucketedBatches): 72 %
+        # of the embedded corpus's prompts fit 32 tokens and 95 % fit 64, so the longest guided
+        # prompts do not set every row's length.
+        prompt_buckets=(32, 64),
+        steps=500,
+        lr=1e-3,
+        schedule="constant",  # or "cosine": warm-up over warmup_steps, then decay to 0
+        warmup_steps=0,
+        batch=32,
+        corpus_size=2048,
+        # Each unguided demonstration meets each stated constraint with this probability; a
+        # violated format falls back to the habit (lowercase, ".", ","): envs/constraint_corpus.py.
+        p_keep=0.4,
+        # Share of copy demonstrations ("rewrite : w1 … wk" answered with the same words): the
+        # ability to copy from the prompt that a pretrained model brings and a from-scratch
+        # word-level policy lacks (envs/constraint_corpus.py). Only the embedded domain has copy
+        # demonstrations; elsewhere copy_fraction and copy_steps are unused (the warm start
+        # logs it).
+        # 0.1 with copy_steps=200: rewrite sequences reach a non-zero sampled pass rate after the
+        # warm start at no extra warm-start steps on 4 of the 5 protocol seeds (0.7-3.5 %; seed
+        # 3: 0 of 144 unguided, 1 of 144 guided), every other genuine criterion on all five
+        # (without copy demonstrations: sequence 0 of 144 samples; with 0.3 mixed in and 800
+        # steps: 0.01; measured 2026-12-02 on the calibration probe set).
+        copy_fraction=0.1,
+        # The first copy_steps of the warm-start steps train on copy demonstrations only
+        # (rubric_rl/warmstart.py says why a phase of its own).
+        copy_steps=200,
+        # Train each cased word's embedding row as its lowercase row plus a shared vector per case
+        # (UPPER, Capitalized) during the warm start; RL then trains every row freely. Without it a
+        # from-scratch word-level policy never learns case (rubric_rl/warmstart.py). Tied word
+        # embeddings only; never on a pretrained checkpoint (its cased rows would be overwritten).
+        tie_case=True,
+        # "" = off. A directory shared by runs (a sweep's variants of one seed): finished warm
+        # starts are kept there under a hash of what they depend on and reused (warmstart.py).
+        cache_dir="",
+    )
+
+    # --- evaluation (HarnessRL §3: greedy, no guidance, seed rubrics, frozen judge) ------------
+    c.eval = dict(
+        every=25,
+        n=64,
+        greedy=True,
+        at_start=True,
+        # Per evaluation set: every N steps; -1 = eval.every, 0 = never (rubric_rl/evaluation.py).
+        splits=dict(heldout=-1, validation=-1, ood=-1),
+    )
+
+    # --- calibration before RL (rubric_rl/calibration.py): per-criterion sampled pass rates
+    # of the policy RL starts from and its guidance-following gain, on a fixed probe set of
+    # training tasks (the same for every arm and seed: the permutation is seeded by `seed`).
+    # 64 tasks x J rollouts, unguided and guided: 4.8 s at step 1 of the embedded default.
+    c.calibration = dict(enabled=True, tasks=64, seed=0)
+
+    # --- logging ------------------------------------------------------------------------------
+    c.logging = dict(
+        every=1,
+        tensorboard=True,
+        wandb=False,
+        wandb_project="rubric_rl",
+        rollouts_per_step=8,  # sampled rollouts (with verdicts) written per step
+        progress_bar=True,
+        # False: orbax's and optax's INFO lines (several per checkpoint save) are dropped, by the
+        # launcher and by Trainer alike; their warnings and errors always pass (rubric_rl/logs.py).
+        library_info=False,
+    )
+
+    # --- reward functions (rubric_rl/reward_fns.py) --------------------------------------------
+    # name -> "package.module:function", TRL's signature fn(prompts, completions, **fields) ->
+    # [float | None], imported when the Trainer is built; each is the signal of its name, trained
+    # through loss.reward / loss.reward_weights. Trainer(reward_fns=...) records its callables here.
+    # None (or {}) = none; None so that c.update(reward_fns=dict(...)) works on a locked config.
+    c.reward_fns = None
+
+    # every: a checkpoint every N steps (0 = none); final: one after the last step; keep: the
+    # newest N kept. With every=0 and final=False a run writes none (and cannot be resumed).
+    c.checkpoint = dict(every=50, keep=3, final=True)
+    # 150 RL steps of 32 x 8 rollouts: ~4 min in all on the 2-core CPU with tcmalloc (200 steps
+    # took 4:57; measured 2026-11-30); the held-out score flattens after step ~100.
+    c.train = dict(steps=150, seed=0, max_nonfinite_skips=3)
+    return c
+
+
+def grpo_config() -> ConfigDict:
+    """Plain GRPO on the base config: the rubric reward (or ``loss.reward`` / ``reward_fns``),
+    uniform task sampling, no controller. Unlocked, so a script can add or change keys; it is
+    what ``configs/grpo.py`` gives without variants, less the lock."""
+    c = get_base_config()
+    c.method = "grpo"
+    c.controllers = dict(sampler="uniform")
+    return c
