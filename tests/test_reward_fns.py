@@ -496,3 +496,74 @@ def test_the_recorded_functions_are_checked_when_a_run_resumes(tmp_path):
     record_in_run_dir(str(tmp_path), other, resume=False)  # a new run may change it
     with open(path) as f:
         assert json.load(f)["reward_fns"]["words"].endswith("<locals>.words")
+
+
+# --- through the launcher: a config file names the function ------------------------------------
+
+CONFIG_FILE = """
+from configs import grpo
+
+
+def get_config(arg=None):
+    c = grpo.get_config("smoke")
+    c.domain.name = "dataset"
+    c.domain.dataset.update(format="plain", train={train!r}, heldout={heldout!r})
+    c.reward_fns = dict(words="my_rewards:words")
+    c.loss.reward = "words"
+    c.warmstart.steps = 0
+    c.train.steps = 2
+    c.checkpoint.update(every=0, final=False)
+    return c
+"""
+
+REWARDS_MODULE = """
+def words(prompts, completions, k, **fields):
+    return [float(len(c.split()) == n) for c, n in zip(completions, k)]
+"""
+
+
+@pytest.mark.slow
+def test_a_config_file_names_a_reward_function_the_launcher_trains_on(tmp_path):
+    """``python -m rubric_rl.launch --config=<file>`` with ``config.reward_fns`` naming a function
+    in a module of the user's (on PYTHONPATH): it is imported, trained on, logged per step and
+    recorded in config.json; a ``--config.reward_fns.words=`` override to a path that does not
+    import exits 1 naming the field, before any run directory is written."""
+    import os
+    import subprocess
+
+    from tests.launch_env import launch_env
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rows = [{"prompt": f"write {n} words about {t}", "k": n} for n in (1, 2, 3) for t in "ab"]
+    heldout_rows = [{"prompt": f"write {n} words about c", "k": n} for n in (1, 2)]
+    for split, part in (("train", rows), ("heldout", heldout_rows)):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    (tmp_path / "my_rewards.py").write_text(REWARDS_MODULE)
+    config = tmp_path / "my_config.py"
+    train, heldout = str(tmp_path / "train.jsonl"), str(tmp_path / "heldout.jsonl")
+    config.write_text(CONFIG_FILE.format(train=train, heldout=heldout))
+    env = launch_env(tmp_path / "jax_cache")
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), repo])
+
+    def launch(workdir, *extra):
+        cmd = [sys.executable, "-m", "rubric_rl.launch", f"--config={config}"]
+        cmd += [f"--workdir={workdir}", *extra]
+        return subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+
+    bad = launch(tmp_path / "bad", "--config.reward_fns.words=my_rewards:nope")
+    assert bad.returncode == 1, bad.stderr[-3000:]
+    assert "config.reward_fns.words" in bad.stderr and "my_rewards:nope" in bad.stderr
+    assert not os.path.exists(tmp_path / "bad" / "metrics.jsonl")
+
+    proc = launch(tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    metrics = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [m["step"] for m in metrics] == [0, 1, 2]  # 0: the evaluation before training
+    for m in metrics[1:]:
+        assert 0.0 <= m["reward/words/mean"] <= 1.0 and m["reward_fn/words/failed"] == 0.0
+    for m in (metrics[0], metrics[2]):  # evaluated on the held-out file by the same function
+        assert 0.0 <= m["eval/heldout/reward_fn/words"] <= 1.0
+        assert m["eval/heldout/reward_fn/words/failed"] == 0.0
+    recorded = json.load(open(tmp_path / "run" / "config.json"))
+    assert recorded["reward_fns"] == {"words": "my_rewards:words"}
+    assert recorded["loss"]["reward"] == "words"
