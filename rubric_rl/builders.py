@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from rubric_rl.rubrics.datasets import LoadReport
 
 ConfigDict = ml_collections.ConfigDict
-EMBEDDED_PRESETS = ("tiny", "1m", "5m", "20m", "peer-3m")
+EMBEDDED_PRESETS = ("tiny", "1m", "5m", "20m", "peer-3m", "qwen2_tiny")
 SPECIAL_TOKENS = ("<|pad|>", "<|unk|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>")
 # Units as the constraint domain defines them (constraint_lexicon.units).
 _UNIT_PATTERN = r"</?[a-z_]+>|[A-Za-z]+|\d+|[^\sA-Za-z\d]"

@@ -34,7 +34,7 @@ ENGINES = ("jax", "sglang")
 # "auto": multi-turn agent episodes on a tool-environment domain, single-turn otherwise.
 ROLLOUT_MODES = ("auto", "single", "agent")
 # builders.EMBEDDED_PRESETS (not imported: builders builds models; a test keeps them equal).
-_EMBEDDED_PRESETS = ("tiny", "1m", "5m", "20m", "peer-3m")
+_EMBEDDED_PRESETS = ("tiny", "1m", "5m", "20m", "peer-3m", "qwen2_tiny")
 JUDGES = ("programmatic", "llm")
 LLM_BACKENDS = ("openai", "genai", "local")
 # model.dtype / model.param_dtype: the float types the model computes and stores in.

@@ -1,5 +1,6 @@
-"""Qwen3 model configuration: `Qwen3Config`, named `PRESETS`, `get_config`, and `with_shape` (a
-preset with some of its fields replaced: ``config.model.shape``).
+"""Model configuration of the Qwen3 and Qwen2/Qwen2.5 dense families: `Qwen3Config` (its
+`model_type` says which), named `PRESETS`, `get_config`, and `with_shape` (a preset with some of its
+fields replaced: ``config.model.shape``).
 
 Re-exported by `rubric_rl.models.qwen3` and `rubric_rl.models`.
 """
@@ -13,10 +14,17 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+# The dense families one decoder serves, and what tells them apart (transformers 5.24):
+# Qwen2 / Qwen2.5 (`Qwen2ForCausalLM`) have biases on the q/k/v projections and no q/k norm;
+# Qwen3 (`Qwen3ForCausalLM`) has a per-head RMSNorm on q and k and no biases.
+MODEL_TYPES = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
 
 @dataclasses.dataclass(frozen=True)
 class Qwen3Config:
-    """Shapes and constants of a Qwen3 dense model (the fields of HF's Qwen3Config we use)."""
+    """Shapes and constants of a Qwen3 or Qwen2/Qwen2.5 dense model (the fields of HF's
+    Qwen3Config / Qwen2Config we use). `model_type` picks the family ("qwen3" or "qwen2"); the
+    decoder reads the difference from `attention_bias` and `qk_norm`."""
 
     vocab_size: int
     hidden_size: int
@@ -31,8 +39,24 @@ class Qwen3Config:
     max_position_embeddings: int = 40960
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
+    model_type: str = "qwen3"
+
+    @property
+    def attention_bias(self) -> bool:
+        """Biases on the q/k/v projections (Qwen2's attention; o_proj has none in either)."""
+        return self.model_type == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        """Per-head RMSNorm on q and k before RoPE (Qwen3's attention)."""
+        return self.model_type == "qwen3"
 
     def __post_init__(self):
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(
+                f"Qwen3Config.model_type must be one of {list(MODEL_TYPES)}, "
+                f"got {self.model_type!r}"
+            )
         for f in (
             "vocab_size",
             "hidden_size",
@@ -57,49 +81,78 @@ class Qwen3Config:
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> Qwen3Config:
-        """Builds a config from a HF `config.json` dict (transformers v4 or v5 layout).
+        """Builds a config from a HF `config.json` dict (transformers v4 or v5 layout) of a
+        Qwen3 or Qwen2/Qwen2.5 checkpoint, the family read from `model_type` (or, without one,
+        `architectures`).
 
-        Optional fields missing from `d` take transformers' Qwen3Config defaults (rope_theta 1e4,
-        head_dim 128, num_key_value_heads 32, max_position_embeddings 32768, untied), so a
-        checkpoint means the same model here and in transformers."""
-        mt = d.get("model_type", "qwen3")
-        if mt != "qwen3":
-            raise ValueError(f"config.json: model_type must be 'qwen3', got {mt!r}")
+        Optional fields missing from `d` take transformers' defaults for that family, so a
+        checkpoint means the same model here and in transformers: rope_theta 1e4,
+        num_key_value_heads 32, max_position_embeddings 32768, untied; head_dim 128 (Qwen3) or
+        hidden_size // num_attention_heads (Qwen2). What we do not implement (another rope type,
+        sliding-window layers, an activation other than SiLU, attention dropout, Qwen2 without
+        its biases) is a NotImplementedError naming the config.json field."""
+        mt = _model_type(d)
         rope = d.get("rope_parameters") or {}
         scaling = d.get("rope_scaling")
         rope_type = rope.get("rope_type", (scaling or {}).get("rope_type", "default"))
         if rope_type != "default":
-            raise NotImplementedError(f"config.json: rope_type {rope_type!r} is not supported")
+            field = "rope_parameters" if "rope_type" in rope else "rope_scaling"
+            raise NotImplementedError(
+                f"config.json: {field}.rope_type {rope_type!r} is not supported (only 'default')"
+            )
         theta = rope.get("rope_theta", d.get("rope_theta", 10000.0))
-        if d.get("attention_bias", False):
-            raise NotImplementedError("config.json: attention_bias=true is not supported")
-        if d.get("use_sliding_window", False):
-            raise NotImplementedError("config.json: use_sliding_window=true is not supported")
+        if d.get("hidden_act", "silu") != "silu":
+            raise NotImplementedError(
+                f"config.json: hidden_act {d['hidden_act']!r} is not supported (only 'silu')"
+            )
+        if d.get("attention_dropout") or 0.0:
+            raise NotImplementedError(
+                f"config.json: attention_dropout {d['attention_dropout']!r} is not supported "
+                "(only 0.0)"
+            )
         try:
+            if mt == "qwen3":
+                if d.get("attention_bias", False):
+                    raise NotImplementedError(
+                        "config.json: attention_bias=true is not supported for model_type 'qwen3'"
+                    )
+                if d.get("use_sliding_window", False):
+                    raise NotImplementedError(
+                        "config.json: use_sliding_window=true is not supported"
+                    )
+                kv_heads = d.get("num_key_value_heads") or 32
+                head_dim = d.get("head_dim") or 128
+            else:
+                _check_qwen2_attention(d)
+                kv_heads = d.get("num_key_value_heads", 32)
+                # transformers' Qwen2Config: an explicit null means one KV head per query head.
+                kv_heads = d["num_attention_heads"] if kv_heads is None else kv_heads
+                head_dim = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
             return cls(
                 vocab_size=d["vocab_size"],
                 hidden_size=d["hidden_size"],
                 intermediate_size=d["intermediate_size"],
                 num_hidden_layers=d["num_hidden_layers"],
                 num_attention_heads=d["num_attention_heads"],
-                num_key_value_heads=d.get("num_key_value_heads") or 32,
-                head_dim=d.get("head_dim") or 128,
+                num_key_value_heads=kv_heads,
+                head_dim=head_dim,
                 rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(theta),
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
                 max_position_embeddings=d.get("max_position_embeddings", 32768),
                 bos_token_id=d.get("bos_token_id"),
                 eos_token_id=d.get("eos_token_id"),
+                model_type=mt,
             )
         except KeyError as e:
             raise KeyError(f"config.json: missing field {e.args[0]!r}") from None
 
     def to_hf_dict(self, dtype: str = "float32") -> dict[str, Any]:
-        """HF `config.json` for Qwen3ForCausalLM, readable by transformers v4/v5 and SGLang."""
+        """HF `config.json` for Qwen3ForCausalLM or Qwen2ForCausalLM (per `model_type`), readable
+        by transformers v4/v5 and SGLang."""
         d = {
-            "architectures": ["Qwen3ForCausalLM"],
-            "model_type": "qwen3",
-            "attention_bias": False,
+            "architectures": [MODEL_TYPES[self.model_type]],
+            "model_type": self.model_type,
             "attention_dropout": 0.0,
             "hidden_act": "silu",
             "initializer_range": 0.02,
@@ -124,6 +177,8 @@ class Qwen3Config:
             "dtype": dtype,
             "torch_dtype": dtype,
         }
+        if self.model_type == "qwen3":  # Qwen2Config has no such field: its biases are always on
+            d["attention_bias"] = False
         if self.bos_token_id is not None:
             d["bos_token_id"] = self.bos_token_id
         if self.eos_token_id is not None:
@@ -135,7 +190,9 @@ class Qwen3Config:
         """Parameter count (embedding counted once when tied)."""
         d, hd, f = self.hidden_size, self.head_dim, self.intermediate_size
         h, kv = self.num_attention_heads, self.num_key_value_heads
-        attn = d * h * hd + 2 * d * kv * hd + h * hd * d + 2 * hd
+        attn = d * h * hd + 2 * d * kv * hd + h * hd * d
+        attn += (h * hd + 2 * kv * hd) if self.attention_bias else 0
+        attn += 2 * hd if self.qk_norm else 0
         layer = attn + 3 * d * f + 2 * d
         embed = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
         return embed + self.num_hidden_layers * layer + d
@@ -158,15 +215,34 @@ PRESETS: dict[str, Qwen3Config] = {
     "qwen3_8b": Qwen3Config(
         151936, 4096, 12288, 36, 32, 8, 128, tie_word_embeddings=False, eos_token_id=151645
     ),
+    # Qwen2 family (q/k/v biases, no q/k norm). Test size, embedded like "tiny" (the smoke run's
+    # Qwen2: configs/grpo.py:smoke,model=qwen2_tiny).
+    "qwen2_tiny": Qwen3Config(
+        128, 64, 128, 2, 4, 2, 16, max_position_embeddings=512, model_type="qwen2"
+    ),
+    # HF config.json of Qwen/Qwen2.5-3B-Instruct (3,085,938,688 params).
+    "qwen2_5_3b": Qwen3Config(
+        151936,
+        2048,
+        11008,
+        36,
+        16,
+        2,
+        128,
+        max_position_embeddings=32768,
+        bos_token_id=151643,
+        eos_token_id=151645,
+        model_type="qwen2",
+    ),
 }
 
 
 # The fields ``config.model.shape`` may override (``with_shape``): every Qwen3Config field but the
-# special token ids, which come from the tokenizer.
+# special token ids, which come from the tokenizer, and the family, which is the preset's.
 SHAPE_FIELDS: tuple[str, ...] = tuple(
     f.name
     for f in dataclasses.fields(Qwen3Config)
-    if f.name not in ("bos_token_id", "eos_token_id")
+    if f.name not in ("bos_token_id", "eos_token_id", "model_type")
 )
 _FLOAT_FIELDS = ("rms_norm_eps", "rope_theta")
 _BOOL_FIELDS = ("tie_word_embeddings",)
@@ -201,6 +277,53 @@ def with_shape(
         return dataclasses.replace(base, **values)
     except ValueError as e:  # Qwen3Config's own consistency checks: "Qwen3Config.<key> must ..."
         raise ValueError(re.sub(r"^Qwen3Config\.(\w+) ", rf"{field}.\1: ", str(e))) from None
+
+
+def _model_type(d: dict[str, Any]) -> str:
+    """The family of a config.json: its `model_type`, else the class in `architectures`, else
+    Qwen3 (what a config.json without either always meant here)."""
+    if "model_type" in d:
+        mt = d["model_type"]
+        if mt not in MODEL_TYPES:
+            raise ValueError(
+                f"config.json: model_type must be one of {list(MODEL_TYPES)}, got {mt!r}"
+            )
+        return mt
+    by_class = {cls: mt for mt, cls in MODEL_TYPES.items()}
+    archs = d.get("architectures") or []
+    if not archs:
+        return "qwen3"
+    known = [by_class[a] for a in archs if a in by_class]
+    if not known:
+        raise ValueError(
+            "config.json: no model_type, and architectures "
+            f"{archs!r} names none of {list(by_class)}"
+        )
+    return known[0]
+
+
+def _check_qwen2_attention(d: dict[str, Any]) -> None:
+    """Refuses the Qwen2 attention variants we do not implement (transformers' Qwen2Config)."""
+    if d.get("attention_bias", True) is False:
+        # transformers' Qwen2 ignores the field and always builds the biases.
+        raise NotImplementedError(
+            "config.json: attention_bias=false is not supported for model_type 'qwen2' (its "
+            "q/k/v projections always have biases)"
+        )
+    n = d["num_hidden_layers"]
+    types = d.get("layer_types")
+    if types is None:  # transformers: sliding from layer max_window_layers on, when enabled
+        window = d.get("sliding_window", 4096) if d.get("use_sliding_window", False) else None
+        first = d.get("max_window_layers", 28)
+        types = ["sliding_attention" if window is not None and i >= first else "full_attention"
+                 for i in range(n)]  # fmt: skip
+    sliding = [i for i, t in enumerate(types) if t != "full_attention"]
+    if sliding:
+        raise NotImplementedError(
+            f"config.json: sliding-window attention is not supported (use_sliding_window="
+            f"{d.get('use_sliding_window')}, max_window_layers={d.get('max_window_layers')}, "
+            f"layer_types: layers {sliding} are not 'full_attention'); only full attention is"
+        )
 
 
 def checkpoint_shape_error(name: str) -> str:

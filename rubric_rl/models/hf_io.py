@@ -1,4 +1,6 @@
-"""Hugging Face checkpoint import/export for `Qwen3ForCausalLM` (safetensors + config.json).
+"""Hugging Face checkpoint import/export for `Qwen3ForCausalLM` (safetensors + config.json), for
+the Qwen3 and the Qwen2/Qwen2.5 families alike: config.json's `model_type` picks the family on
+import (`Qwen3Config.from_hf_dict`) and is written back on export.
 
 Import reads each parameter straight into its (possibly sharded) jax.Array: for every device,
 `jax.make_array_from_callback` asks for that device's index and we read only that slice from a
@@ -49,6 +51,9 @@ _LEAF_NAMES = {
     ("attn", "k_proj", "kernel"): ("self_attn.k_proj.weight", True),
     ("attn", "v_proj", "kernel"): ("self_attn.v_proj.weight", True),
     ("attn", "o_proj", "kernel"): ("self_attn.o_proj.weight", True),
+    ("attn", "q_proj", "bias"): ("self_attn.q_proj.bias", False),  # Qwen2
+    ("attn", "k_proj", "bias"): ("self_attn.k_proj.bias", False),
+    ("attn", "v_proj", "bias"): ("self_attn.v_proj.bias", False),
     ("attn", "q_norm", "scale"): ("self_attn.q_norm.weight", False),
     ("attn", "k_norm", "scale"): ("self_attn.k_norm.weight", False),
     ("input_norm", "scale"): ("input_layernorm.weight", False),
@@ -170,8 +175,9 @@ def from_pretrained(
     dtype: Any = jnp.float32,
     param_dtype: Any = None,
 ) -> Qwen3ForCausalLM:
-    """Loads a HF Qwen3 checkpoint directory (config.json + one or many *.safetensors, with
-    model.safetensors.index.json when sharded) into a `Qwen3ForCausalLM`.
+    """Loads a HF Qwen3 or Qwen2/Qwen2.5 checkpoint directory (config.json + one or many
+    *.safetensors, with model.safetensors.index.json when sharded) into a `Qwen3ForCausalLM` of
+    the family config.json names (`model_type`, else `architectures`).
 
     dtype: compute dtype. param_dtype: parameter storage dtype; None = float32 (training master
     weights; pass param_dtype=jnp.bfloat16 for an inference-only copy). With `mesh`, parameters
@@ -273,7 +279,8 @@ def _hf_tensors(model: Qwen3ForCausalLM) -> Iterator[tuple[str, jax.ShapeDtypeSt
 def save_pretrained(
     model: Qwen3ForCausalLM, path: str, *, max_shard_bytes: int = 4 * 1024**3
 ) -> None:
-    """Writes `model` as a HF checkpoint that `transformers` loads as Qwen3ForCausalLM:
+    """Writes `model` as a HF checkpoint that `transformers` loads as Qwen3ForCausalLM or, for a
+    `model_type="qwen2"` config, Qwen2ForCausalLM:
     config.json, generation_config.json, model.safetensors (or model-0000i-of-0000n.safetensors +
     model.safetensors.index.json above `max_shard_bytes`). Tensors keep their parameter dtype
     (float32 / bfloat16). In a multi-process run every process must call this (gathers are

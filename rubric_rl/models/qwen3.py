@@ -1,14 +1,17 @@
-"""Qwen3 dense decoder (Qwen3ForCausalLM) in Flax NNX.
+"""Qwen3 and Qwen2/Qwen2.5 dense decoders (Qwen3ForCausalLM) in Flax NNX.
 
 Architecture (matches Hugging Face `transformers` Qwen3ForCausalLM): token embedding; N decoder
 layers of pre-norm grouped-query attention (per-head RMSNorm on q and k before RoPE, no biases)
-and a SwiGLU MLP; final RMSNorm; tied or untied unembedding.
+and a SwiGLU MLP; final RMSNorm; tied or untied unembedding. With `config.model_type == "qwen2"`
+the same module is `transformers`' Qwen2ForCausalLM: the q/k/v projections have biases and there
+is no q/k RMSNorm (`Qwen3Config.attention_bias`, `.qk_norm`); nothing else differs.
 
 Parameter layout (kernels are [in, out], i.e. the transpose of torch's Linear.weight):
   embed.embedding [V, D]                      out_sharding ('tensor', None)
   layers[i].attn.{q,k,v}_proj.kernel [D, n*hd] ('fsdp', 'tensor')
   layers[i].attn.o_proj.kernel [H*hd, D]       ('tensor', 'fsdp')
-  layers[i].attn.{q,k}_norm.scale [hd]         replicated
+  layers[i].attn.{q,k,v}_proj.bias [n*hd]      ('tensor',)          (Qwen2 only)
+  layers[i].attn.{q,k}_norm.scale [hd]         replicated           (Qwen3 only)
   layers[i].mlp.{gate,up}_proj.kernel [D, F]   ('fsdp', 'tensor')
   layers[i].mlp.down_proj.kernel [F, D]        ('tensor', 'fsdp')
   layers[i].{input,post_attention}_norm.scale [D], norm.scale [D]   replicated
@@ -77,6 +80,8 @@ def _normal_init(key: Array, shape: tuple[int, ...], dtype: Any) -> Array:
 def _param(key, shape, sharding, dtype, init="normal"):
     if init == "ones":
         value = jnp.ones(shape, dtype)
+    elif init == "zeros":
+        value = jnp.zeros(shape, dtype)
     else:
         value = _normal_init(key, tuple(shape), jnp.dtype(dtype))
     # eager_sharding=False: the model builds unsharded anywhere; core/sharding.py places it.
@@ -84,10 +89,16 @@ def _param(key, shape, sharding, dtype, init="normal"):
 
 
 class Dense(nnx.Module):
-    """Bias-free linear map y = x @ kernel, run as one 2-D matmul in the compute dtype."""
+    """Linear map y = x @ kernel (+ bias), run as one 2-D matmul in the compute dtype.
 
-    def __init__(self, d_in, d_out, sharding, *, rngs, dtype, param_dtype):
+    bias=True (Qwen2's q/k/v projections): a [d_out] bias sharded like the kernel's output dim,
+    initialised to zero as in transformers."""
+
+    def __init__(self, d_in, d_out, sharding, *, rngs, dtype, param_dtype, bias=False):
         self.kernel = _param(rngs.params(), (d_in, d_out), sharding, param_dtype)
+        if bias:
+            self.bias = _param(None, (d_out,), sharding[1:], param_dtype, init="zeros")
+        self.use_bias = bias
         self.dtype = dtype
 
     def __call__(self, x: Array) -> Array:
@@ -95,6 +106,8 @@ class Dense(nnx.Module):
         y = jnp.dot(
             x.reshape(-1, x.shape[-1]).astype(self.dtype), self.kernel[...].astype(self.dtype)
         )
+        if self.use_bias:
+            y = y + self.bias[...].astype(self.dtype)
         return y.reshape(*lead, y.shape[-1])
 
 
@@ -207,24 +220,26 @@ class Attention(nnx.Module):
     def __init__(self, cfg: Qwen3Config, *, rngs, dtype, param_dtype):
         d, hd = cfg.hidden_size, cfg.head_dim
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-        self.q_proj = Dense(d, cfg.num_attention_heads * hd, ("fsdp", "tensor"), **kw)
-        self.k_proj = Dense(d, cfg.num_key_value_heads * hd, ("fsdp", "tensor"), **kw)
-        self.v_proj = Dense(d, cfg.num_key_value_heads * hd, ("fsdp", "tensor"), **kw)
+        qkv = dict(kw, bias=cfg.attention_bias)
+        self.q_proj = Dense(d, cfg.num_attention_heads * hd, ("fsdp", "tensor"), **qkv)
+        self.k_proj = Dense(d, cfg.num_key_value_heads * hd, ("fsdp", "tensor"), **qkv)
+        self.v_proj = Dense(d, cfg.num_key_value_heads * hd, ("fsdp", "tensor"), **qkv)
         self.o_proj = Dense(cfg.num_attention_heads * hd, d, ("tensor", "fsdp"), **kw)
-        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
-        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
         self.cfg = cfg
 
     def qkv(self, x: Array, positions: Array) -> tuple[Array, Array, Array]:
-        """Projections -> per-head q/k RMSNorm -> RoPE (Qwen3 order)."""
+        """Projections (+ Qwen2's biases) -> per-head q/k RMSNorm (Qwen3 only) -> RoPE."""
         b, t, _ = x.shape
         c = self.cfg
         q = self.q_proj(x).reshape(b, t, c.num_attention_heads, c.head_dim)
         k = self.k_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)
         v = self.v_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)
-        q = rope(self.q_norm(q), positions, c.rope_theta)
-        k = rope(self.k_norm(k), positions, c.rope_theta)
-        return q, k, v
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta), v
 
     def out(self, o: Array) -> Array:
         b, t = o.shape[:2]
@@ -295,7 +310,8 @@ def default_positions(input_ids: Array, attention_mask: Array | None) -> Array:
 
 
 class Qwen3ForCausalLM(nnx.Module):
-    """Qwen3 causal LM. See the module docstring for the parameter layout and numerics."""
+    """Qwen3 causal LM, or Qwen2/Qwen2.5 when `config.model_type == "qwen2"`. See the module
+    docstring for the parameter layout and numerics."""
 
     def __init__(
         self,

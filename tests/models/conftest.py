@@ -12,6 +12,16 @@ PARITY_CONFIGS = {
     "untied_mha": Qwen3Config(
         80, 48, 64, 1, 3, 3, 16, tie_word_embeddings=False, rms_norm_eps=1e-5
     ),
+    # The Qwen2 family (q/k/v biases, no q/k norm) over the same GQA ratios and tyings.
+    "qwen2_tied_gqa4": Qwen3Config(
+        96, 32, 64, 2, 4, 1, 8, tie_word_embeddings=True, rope_theta=1e4, model_type="qwen2"
+    ),
+    "qwen2_untied_gqa2": Qwen3Config(
+        96, 32, 48, 2, 4, 2, 16, tie_word_embeddings=False, model_type="qwen2"
+    ),
+    "qwen2_untied_mha": Qwen3Config(
+        80, 48, 64, 1, 3, 3, 16, tie_word_embeddings=False, rms_norm_eps=1e-5, model_type="qwen2"
+    ),
 }
 
 
@@ -61,19 +71,24 @@ def torch_logits(hf_model, ids, mask):
 
 
 def make_torch_checkpoint(cfg: Qwen3Config, path: str, seed: int, dtype: str = "float32"):
-    """A randomly initialised transformers Qwen3ForCausalLM saved with its own save_pretrained.
+    """A randomly initialised transformers Qwen3ForCausalLM (Qwen2ForCausalLM for a
+    model_type="qwen2" config) saved with its own save_pretrained.
 
-    Norm weights are randomised too (HF initialises them to 1, which would hide a mix-up)."""
+    Norm weights and biases are randomised too (HF initialises them to 1 and 0, which would hide
+    a mix-up)."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
-    hf_cfg = transformers.Qwen3Config(**cfg.to_hf_dict())
-    model = transformers.Qwen3ForCausalLM(hf_cfg).eval()
+    family = {"qwen3": "Qwen3", "qwen2": "Qwen2"}[cfg.model_type]
+    hf_cfg = getattr(transformers, f"{family}Config")(**cfg.to_hf_dict())
+    model = getattr(transformers, f"{family}ForCausalLM")(hf_cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.5 * torch.randn_like(p))
     if dtype == "bfloat16":
         model = model.to(torch.bfloat16)
     model.save_pretrained(path)

@@ -1,4 +1,5 @@
-"""Our Qwen3 vs transformers' PyTorch Qwen3ForCausalLM on the same safetensors, both directions."""
+"""Our Qwen3 / Qwen2 vs transformers' PyTorch Qwen3ForCausalLM / Qwen2ForCausalLM on the same
+safetensors, both directions."""
 
 import json
 import os
@@ -9,12 +10,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rubric_rl.models import Qwen3ForCausalLM, from_pretrained, save_pretrained
+from rubric_rl.models import PRESETS, Qwen3ForCausalLM, from_pretrained, save_pretrained
+from rubric_rl.models.config import MODEL_TYPES
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-CONFIG_NAMES = ["tied_gqa4", "untied_gqa2", "untied_mha"]
+CONFIG_NAMES = [
+    "tied_gqa4", "untied_gqa2", "untied_mha",
+    "qwen2_tied_gqa4", "qwen2_untied_gqa2", "qwen2_untied_mha",
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +38,8 @@ def torch_ckpts(helpers, tmp_path_factory):
 @pytest.mark.parametrize("name", CONFIG_NAMES)
 def test_logits_match_transformers(torch_ckpts, helpers, name, side):
     path, hf, ours = torch_ckpts[name]
-    assert ours.config.tie_word_embeddings == hf.config.tie_word_embeddings
+    assert ours.config == helpers.PARITY_CONFIGS[name]
+    assert type(hf).__name__ == MODEL_TYPES[ours.config.model_type]
     ids, mask = helpers.padded_batch(ours.config.vocab_size, [9, 5, 1], 9, side, seed=3)
     ref = helpers.torch_logits(hf, ids, mask)
     got = helpers.forward(ours, ids, mask)
@@ -51,7 +57,8 @@ def test_export_loads_in_transformers(torch_ckpts, helpers, tmp_path, name):
     hf, info = transformers.AutoModelForCausalLM.from_pretrained(
         str(tmp_path), output_loading_info=True
     )
-    assert type(hf).__name__ == "Qwen3ForCausalLM"
+    family = ours.config.model_type
+    assert type(hf).__name__ == MODEL_TYPES[family]
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     ids, mask = helpers.padded_batch(ours.config.vocab_size, [6, 8], 8, "left", seed=5)
     ref = helpers.torch_logits(hf.eval(), ids, mask)
@@ -59,25 +66,28 @@ def test_export_loads_in_transformers(torch_ckpts, helpers, tmp_path, name):
     np.testing.assert_allclose(got[mask > 0], ref[mask > 0], atol=1e-4, rtol=0)
     with open(tmp_path / "config.json") as f:
         cfg = json.load(f)
-    assert cfg["model_type"] == "qwen3" and cfg["architectures"] == ["Qwen3ForCausalLM"]
+    assert cfg["model_type"] == family and cfg["architectures"] == [MODEL_TYPES[family]]
     assert os.path.isfile(tmp_path / "generation_config.json")
 
 
-def test_round_trip_ours_exact(tmp_path):
-    from rubric_rl.models import PRESETS
-
-    for tied in (True, False):
-        cfg = PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "tie_word_embeddings": tied})
-        model = Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(7))
-        d = tmp_path / f"tied{tied}"
-        save_pretrained(model, str(d))
-        back = from_pretrained(str(d))
-        assert back.config == cfg
-        a = jax.tree.leaves(nnx.state(model, nnx.Param))
-        b = jax.tree.leaves(nnx.state(back, nnx.Param))
-        assert len(a) == len(b) == len(jax.tree.leaves(nnx.state(model)))
-        for x, y in zip(a, b):
-            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("preset", ["tiny", "qwen2_tiny"])
+def test_round_trip_ours_exact(tmp_path, preset, tied):
+    cfg = PRESETS[preset].__class__(**{**PRESETS[preset].__dict__, "tie_word_embeddings": tied})
+    model = Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(7))
+    save_pretrained(model, str(tmp_path))
+    back = from_pretrained(str(tmp_path))
+    assert back.config == cfg
+    a = jax.tree.leaves(nnx.state(model, nnx.Param))
+    b = jax.tree.leaves(nnx.state(back, nnx.Param))
+    assert len(a) == len(b) == len(jax.tree.leaves(nnx.state(model)))
+    # per layer: 4 attention + 3 MLP kernels and 2 norms, plus Qwen3's 2 q/k norms (11) or
+    # Qwen2's 3 q/k/v biases (12)
+    per_layer = 11 if cfg.model_type == "qwen3" else 12
+    assert len(a) == 2 + (not tied) + cfg.num_hidden_layers * per_layer
+    assert sum(x.size for x in a) == cfg.num_params()
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_bfloat16_checkpoints(helpers, tmp_path):

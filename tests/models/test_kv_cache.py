@@ -1,4 +1,5 @@
-"""KV-cache decoding: prefill + one-token steps equal the full forward (left-padded prompts)."""
+"""KV-cache decoding: prefill + one-token steps equal the full forward (left-padded prompts), for
+the Qwen3 and the Qwen2 family (q/k/v biases, no q/k norm)."""
 
 import jax
 import jax.numpy as jnp
@@ -10,11 +11,18 @@ from rubric_rl.models import PRESETS, Qwen3ForCausalLM, default_positions
 
 CFG = PRESETS["tiny"]
 B, P, N = 3, 6, 5  # batch, prompt length (padded), new tokens
+assert PRESETS["qwen2_tiny"].__dict__ | {"model_type": "qwen3"} == CFG.__dict__  # same shapes
 
 
-@pytest.fixture(scope="module")
-def model():
-    return Qwen3ForCausalLM(CFG, rngs=nnx.Rngs(1))
+@pytest.fixture(scope="module", params=["tiny", "qwen2_tiny"])
+def model(request):
+    m = Qwen3ForCausalLM(PRESETS[request.param], rngs=nnx.Rngs(1))
+    if m.config.attention_bias:  # zero-initialised: make them matter
+        for i, layer in enumerate(m.layers):
+            for proj in (layer.attn.q_proj, layer.attn.k_proj, layer.attn.v_proj):
+                key = jax.random.key(i * 3 + proj.bias.shape[0])
+                proj.bias[...] = 0.1 * jax.random.normal(key, proj.bias.shape)
+    return m
 
 
 @pytest.fixture(scope="module")
