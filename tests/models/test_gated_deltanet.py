@@ -401,17 +401,48 @@ def test_right_padded_prefill_cache_equals_unpadded_and_step_mask_freezes_rows()
     rs = np.random.RandomState(16)
     x = rs.randn(2, 6, hf_cfg.hidden_size).astype(np.float32)
     mask = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]], np.int32)
-    _, cache = layer.prefill(jnp.asarray(x), jnp.asarray(mask))
-    _, alone = layer.prefill(jnp.asarray(x[1:, :3]))
+    prefill = nnx.jit(lambda m, x_, k_: m.prefill(x_, k_))
+    _, cache = prefill(layer, jnp.asarray(x), jnp.asarray(mask))
+    _, alone = prefill(layer, jnp.asarray(x[1:, :3]), jnp.ones((1, 3), jnp.int32))
     np.testing.assert_allclose(np.asarray(cache.conv_state[1]), np.asarray(alone.conv_state[0]))
     np.testing.assert_allclose(
         np.asarray(cache.recurrent_state[1]), np.asarray(alone.recurrent_state[0]), atol=1e-6
     )
     tok = jnp.asarray(rs.randn(2, 1, hf_cfg.hidden_size).astype(np.float32))
-    _, stepped = layer.decode_step(tok, cache, step_mask=jnp.asarray([1, 0]))
+    step = nnx.jit(lambda m, x_, c, k_: m.decode_step(x_, c, step_mask=k_))
+    _, stepped = step(layer, tok, cache, jnp.asarray([1, 0]))
     for leaf_new, leaf_old in zip(jax.tree.leaves(stepped), jax.tree.leaves(cache), strict=True):
         np.testing.assert_array_equal(np.asarray(leaf_new[1]), np.asarray(leaf_old[1]))
         assert not np.allclose(np.asarray(leaf_new[0]), np.asarray(leaf_old[0]))
+
+
+def test_sharded_layer_equals_unsharded():
+    """Parameters placed by rubric_rl.core.sharding on an (fsdp=2, tensor=4) mesh of the 8 host
+    CPU devices: heads and projection columns over 'tensor', D over 'fsdp'; same outputs, same
+    cache as one device."""
+    pytest.importorskip("torch")
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from rubric_rl.core import sharding as S
+
+    hf_cfg, hf_layer = _hf_layer(LAYER_CONFIGS["gqa2"], seed=21)
+    layer = _our_layer(hf_cfg, hf_layer)
+    x = np.random.RandomState(22).randn(4, 9, hf_cfg.hidden_size).astype(np.float32)
+    mask = np.ones((4, 9), np.int32)
+    mask[1, :3] = 0
+    prefill = nnx.jit(lambda m, x_, k_: m.prefill(x_, k_))
+    want_y, want_cache = prefill(layer, jnp.asarray(x), jnp.asarray(mask))
+    mesh = S.make_mesh(data=1, fsdp=2, tensor=4)
+    sharded = S.shard_model(_our_layer(hf_cfg, hf_layer), mesh)
+    assert sharded.in_proj_qkv.kernel[...].sharding == NamedSharding(mesh, P("fsdp", "tensor"))
+    assert sharded.out_proj.kernel[...].sharding == NamedSharding(mesh, P("tensor", "fsdp"))
+    assert sharded.A_log[...].sharding == NamedSharding(mesh, P("tensor"))
+    assert sharded.conv1d.kernel[...].sharding == NamedSharding(mesh, P(None, "tensor"))
+    y, cache = prefill(sharded, *S.shard_batch((x, mask), mesh))
+    np.testing.assert_allclose(np.asarray(y), np.asarray(want_y), atol=1e-5, rtol=1e-5)
+    for got, want in zip(jax.tree.leaves(cache), jax.tree.leaves(want_cache), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
 
 
 def test_layer_bf16_stays_close_to_float32():
