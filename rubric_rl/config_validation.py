@@ -379,7 +379,7 @@ def _validate_model(config: ConfigDict) -> None:
         if name not in _EMBEDDED_PRESETS and not m.tokenizer:
             _fail(
                 "model.tokenizer",
-                f"preset {name!r} has a Qwen3 vocabulary; give its tokenizer directory (the "
+                f"preset {name!r} has a real Qwen vocabulary; give its tokenizer directory (the "
                 f"embedded tokenizer serves only the presets {list(_EMBEDDED_PRESETS)})",
             )
     elif not os.path.isdir(name):

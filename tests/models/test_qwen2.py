@@ -9,7 +9,9 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
+from rubric_rl.core.sharding import make_mesh
 from rubric_rl.models import PRESETS, Qwen3Config, from_pretrained, get_config
 
 torch = pytest.importorskip("torch")
@@ -49,13 +51,13 @@ def torch_ckpt(helpers, tmp_path_factory):
     parity of the family (GQA ratios, tyings, padding sides) is in test_hf_parity.py."""
     path = str(tmp_path_factory.mktemp("hf_qwen2"))
     hf = helpers.make_torch_checkpoint(helpers.PARITY_CONFIGS["qwen2_untied_gqa2"], path, seed=9)
-    return hf, from_pretrained(path)
+    return hf, from_pretrained(path), path
 
 
 def test_biases_are_read_and_matter(torch_ckpt, helpers):
     """The checkpoint's biases (random in it) are loaded, there is no q/k norm, and the logits
     parity would not hold without the biases: zeroing them moves the logits."""
-    hf, ours = torch_ckpt
+    hf, ours, _ = torch_ckpt
     attn = ours.layers[1].attn
     assert not hasattr(attn, "q_norm") and not hasattr(attn, "k_norm")
     for proj in ("q_proj", "k_proj", "v_proj"):
@@ -76,6 +78,21 @@ def test_biases_are_read_and_matter(torch_ckpt, helpers):
         ),
     )
     assert np.abs(helpers.forward(unbiased, ids, mask)[real] - ref[real]).max() > 1e-2
+
+
+def test_sharded_import_equals_one_device(torch_ckpt, helpers):
+    """On an (fsdp=2, tensor=4) mesh of 8 CPU devices the biases are split over "tensor" like
+    their kernels' output dim, every device holds only its slice, and the logits are unchanged."""
+    _, ours, path = torch_ckpt
+    sharded = from_pretrained(path, mesh=make_mesh(data=1, fsdp=2, tensor=4))
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        bias = getattr(sharded.layers[0].attn, proj).bias[...]
+        assert bias.sharding.spec == P("tensor"), proj
+        assert {s.data.shape for s in bias.addressable_shards} == {(bias.shape[0] // 4,)}
+    ids, mask = helpers.padded_batch(ours.config.vocab_size, [8, 3, 6, 1], 8, "left", seed=4)
+    np.testing.assert_allclose(
+        helpers.forward(sharded, ids, mask), helpers.forward(ours, ids, mask), atol=1e-5, rtol=0
+    )
 
 
 def test_qwen2_5_3b_preset_is_the_hub_config():
