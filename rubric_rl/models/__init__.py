@@ -1,4 +1,5 @@
-"""Qwen3 family in Flax NNX, Hugging Face checkpoint import/export, tokenizer wrapper."""
+"""Qwen3 and Qwen2/Qwen2.5 dense families in Flax NNX, Hugging Face checkpoint import/export,
+tokenizer wrapper."""
 
 from rubric_rl.models.config import SHAPE_FIELDS, with_shape
 from rubric_rl.models.hf_io import from_pretrained, save_pretrained
