@@ -365,6 +365,10 @@ class GatedDeltaNetConfig:
                 f"GatedDeltaNetConfig.linear_conv_kernel_dim must be >= 2, got "
                 f"{self.linear_conv_kernel_dim}"
             )
+        if not self.rms_norm_eps > 0:
+            raise ValueError(
+                f"GatedDeltaNetConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps!r}"
+            )
         if self.hidden_act != "silu":
             raise ValueError(
                 f"GatedDeltaNetConfig.hidden_act: only 'silu' (Qwen3.5) is implemented, got "

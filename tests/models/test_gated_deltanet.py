@@ -474,6 +474,10 @@ def test_layer_rejects_bad_input_and_config():
         gdn.GatedDeltaNetConfig(16, linear_num_key_heads=3, linear_num_value_heads=4)
     with pytest.raises(ValueError, match="hidden_size"):
         gdn.GatedDeltaNetConfig(0)
+    with pytest.raises(ValueError, match="rms_norm_eps"):
+        gdn.GatedDeltaNetConfig(16, rms_norm_eps=0.0)
+    with pytest.raises(ValueError, match="hidden_act: only 'silu'"):
+        gdn.GatedDeltaNetConfig(16, hidden_act="gelu")
     hf_cfg, hf_layer = _hf_layer(LAYER_CONFIGS["mha_k3"], seed=19)
     layer = _our_layer(hf_cfg, hf_layer)
     with pytest.raises(ValueError, match="hidden_size=16"):
