@@ -1,4 +1,5 @@
-"""Qwen3 and Qwen2/Qwen2.5 dense families in Flax NNX, Hugging Face checkpoint import/export,
+"""Qwen3 and Qwen2/Qwen2.5 dense families and the Qwen3.5 dense text model (hybrid Gated DeltaNet
++ gated attention) in Flax NNX, Hugging Face checkpoint import/export,
 tokenizer wrapper."""
 
 from rubric_rl.models.config import SHAPE_FIELDS, with_shape
@@ -11,13 +12,17 @@ from rubric_rl.models.qwen3 import (
     get_config,
     logits_from_hidden,
 )
+from rubric_rl.models.qwen3_5 import QWEN3_5_PRESETS, Qwen3_5Config, Qwen3_5ForCausalLM
 from rubric_rl.models.tokenizer import Tokenizer
 
 __all__ = [
     "PRESETS",
+    "QWEN3_5_PRESETS",
     "SHAPE_FIELDS",
     "Qwen3Config",
     "Qwen3ForCausalLM",
+    "Qwen3_5Config",
+    "Qwen3_5ForCausalLM",
     "Tokenizer",
     "default_positions",
     "from_pretrained",

@@ -20,6 +20,29 @@ from typing import Any
 MODEL_TYPES = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
+def check_decoder_shape(cfg: Any) -> None:
+    """ValueError naming `<Class>.<field>` unless the decoder sizes are positive ints and the
+    attention heads a multiple of the KV heads (Qwen3Config, Qwen3_5Config)."""
+    owner = type(cfg).__name__
+    for f in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+    ):
+        v = getattr(cfg, f)
+        if not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{owner}.{f} must be a positive int, got {v!r}")
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise ValueError(
+            f"{owner}.num_attention_heads must be a multiple of num_key_value_heads, got "
+            f"{cfg.num_attention_heads} and {cfg.num_key_value_heads}"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class Qwen3Config:
     """Shapes and constants of a Qwen3 or Qwen2/Qwen2.5 dense model (the fields of HF's
@@ -57,23 +80,7 @@ class Qwen3Config:
                 f"Qwen3Config.model_type must be one of {list(MODEL_TYPES)}, "
                 f"got {self.model_type!r}"
             )
-        for f in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-        ):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"Qwen3Config.{f} must be a positive int, got {v!r}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                "Qwen3Config.num_attention_heads must be a multiple of num_key_value_heads, got "
-                f"{self.num_attention_heads} and {self.num_key_value_heads}"
-            )
+        check_decoder_shape(self)
         if self.head_dim % 2:
             raise ValueError(f"Qwen3Config.head_dim must be even for RoPE, got {self.head_dim}")
         if isinstance(self.eos_token_id, list):  # keep the dataclass hashable (jit static arg)

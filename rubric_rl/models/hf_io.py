@@ -1,6 +1,8 @@
-"""Hugging Face checkpoint import/export for `Qwen3ForCausalLM` (safetensors + config.json), for
-the Qwen3 and the Qwen2/Qwen2.5 families alike: config.json's `model_type` picks the family on
-import (`Qwen3Config.from_hf_dict`) and is written back on export.
+"""Hugging Face checkpoint import/export (safetensors + config.json) for `Qwen3ForCausalLM` (the
+Qwen3 and Qwen2/Qwen2.5 families) and `Qwen3_5ForCausalLM` (Qwen3.5 dense text): config.json's
+`model_type` picks the family on import (`load_config`: `Qwen3Config.from_hf_dict` or
+`Qwen3_5Config.from_hf_dict`) and is written back on export. A multimodal Qwen3.5 checkpoint
+("qwen3_5") loads its text tower and exports as the text-only "qwen3_5_text".
 
 Import reads each parameter straight into its (possibly sharded) jax.Array: for every device,
 `jax.make_array_from_callback` asks for that device's index and we read only that slice from a
@@ -19,6 +21,7 @@ host memory holds one tensor, not the model.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 from collections.abc import Iterator
@@ -32,6 +35,10 @@ from flax import nnx
 
 from rubric_rl.core.sharding import param_shardings
 from rubric_rl.models.qwen3 import Qwen3Config, Qwen3ForCausalLM, get_config
+from rubric_rl.models.qwen3_5 import Qwen3_5ForCausalLM
+from rubric_rl.models.qwen3_5_config import QWEN3_5_MODEL_TYPES, Qwen3_5Config
+
+_log = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
 _ST_DTYPES = {
@@ -61,7 +68,20 @@ _LEAF_NAMES = {
     ("mlp", "gate_proj", "kernel"): ("mlp.gate_proj.weight", True),
     ("mlp", "up_proj", "kernel"): ("mlp.up_proj.weight", True),
     ("mlp", "down_proj", "kernel"): ("mlp.down_proj.weight", True),
+    # Qwen3.5 Gated DeltaNet layers (gated_deltanet.py's table). "conv": our [K, C] kernel is
+    # HF's depthwise Conv1d weight [C, 1, K].
+    ("linear_attn", "in_proj_qkv", "kernel"): ("linear_attn.in_proj_qkv.weight", True),
+    ("linear_attn", "in_proj_z", "kernel"): ("linear_attn.in_proj_z.weight", True),
+    ("linear_attn", "in_proj_b", "kernel"): ("linear_attn.in_proj_b.weight", True),
+    ("linear_attn", "in_proj_a", "kernel"): ("linear_attn.in_proj_a.weight", True),
+    ("linear_attn", "out_proj", "kernel"): ("linear_attn.out_proj.weight", True),
+    ("linear_attn", "conv1d", "kernel"): ("linear_attn.conv1d.weight", "conv"),
+    ("linear_attn", "dt_bias"): ("linear_attn.dt_bias", False),
+    ("linear_attn", "A_log"): ("linear_attn.A_log", False),
+    ("linear_attn", "norm", "scale"): ("linear_attn.norm.weight", False),
 }
+# A multimodal Qwen3.5 checkpoint (model_type "qwen3_5") keeps its text tower here.
+MULTIMODAL_TEXT_PREFIX = "model.language_model."
 
 
 def param_keys(path: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -70,21 +90,23 @@ def param_keys(path: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path)
 
 
-def hf_name(path: tuple[Any, ...]) -> tuple[str, bool]:
-    """(HF tensor name, transpose?) for a parameter path of our model's state.
+def hf_name(path: tuple[Any, ...], prefix: str = "model.") -> tuple[str, bool | str]:
+    """(HF tensor name, layout) for a parameter path of our model's state; `prefix` is where the
+    text model's tensors live ("model.", or `MULTIMODAL_TEXT_PREFIX`).
 
-    Our kernels are [in, out]; torch Linear weights are [out, in], hence the transpose.
+    layout: False (same array), True (transpose: our kernels are [in, out], torch Linear weights
+    [out, in]) or "conv" (our [K, C] depthwise kernel = HF's [C, 1, K] Conv1d weight).
     """
     keys = param_keys(path)
     if keys == ("embed", "embedding"):
-        return "model.embed_tokens.weight", False
+        return f"{prefix}embed_tokens.weight", False
     if keys == ("norm", "scale"):
-        return "model.norm.weight", False
+        return f"{prefix}norm.weight", False
     if keys == ("lm_head", "kernel"):
         return "lm_head.weight", True
     if keys[0] == "layers" and keys[2:] in _LEAF_NAMES:
-        name, transpose = _LEAF_NAMES[keys[2:]]
-        return f"model.layers.{int(keys[1])}.{name}", transpose
+        name, layout = _LEAF_NAMES[keys[2:]]
+        return f"{prefix}layers.{int(keys[1])}.{name}", layout
     raise KeyError(f"no Hugging Face name for parameter {'/'.join(map(str, keys))}")
 
 
@@ -168,16 +190,38 @@ def _checkpoint_files(path: str) -> dict[str, str]:
 # ----------------------------------------------------------------------------- import
 
 
+def _hf_model_type(path: str) -> str | None:
+    fn = os.path.join(path, "config.json")
+    if not os.path.isfile(fn):
+        return None
+    with open(fn) as f:
+        return json.load(f).get("model_type")
+
+
+def load_config(path: str) -> Qwen3Config | Qwen3_5Config:
+    """The config of a checkpoint directory: `Qwen3_5Config` for config.json model_type
+    "qwen3_5_text" / "qwen3_5" (a "qwen3_5_moe*" one is refused, naming the field), else
+    `get_config` (Qwen3 / Qwen2)."""
+    mt = _hf_model_type(path)
+    if mt is not None and (mt in QWEN3_5_MODEL_TYPES or str(mt).startswith("qwen3_5")):
+        with open(os.path.join(path, "config.json")) as f:
+            return Qwen3_5Config.from_hf_dict(json.load(f))
+    return get_config(path)
+
+
 def from_pretrained(
     path: str,
     *,
     mesh: jax.sharding.Mesh | None = None,
     dtype: Any = jnp.float32,
     param_dtype: Any = None,
-) -> Qwen3ForCausalLM:
-    """Loads a HF Qwen3 or Qwen2/Qwen2.5 checkpoint directory (config.json + one or many
-    *.safetensors, with model.safetensors.index.json when sharded) into a `Qwen3ForCausalLM` of
-    the family config.json names (`model_type`, else `architectures`).
+) -> Qwen3ForCausalLM | Qwen3_5ForCausalLM:
+    """Loads a HF Qwen3, Qwen2/Qwen2.5 or Qwen3.5 (dense text) checkpoint directory (config.json
+    + one or many *.safetensors, with model.safetensors.index.json when sharded) into the model
+    of the family config.json names (`model_type`, else `architectures`): `Qwen3ForCausalLM`, or
+    `Qwen3_5ForCausalLM` for "qwen3_5_text" and for a multimodal "qwen3_5" checkpoint, whose
+    text tower (model.language_model.*, lm_head) is loaded and its vision (model.visual.*) and
+    multi-token-prediction (mtp.*) tensors ignored, with one log line.
 
     dtype: compute dtype. param_dtype: parameter storage dtype; None = float32 (training master
     weights; pass param_dtype=jnp.bfloat16 for an inference-only copy). With `mesh`, parameters
@@ -185,13 +229,25 @@ def from_pretrained(
     they land on the default device. Raises ValueError / KeyError naming the file and tensor when a
     tensor is missing or has the wrong shape.
     """
-    cfg = get_config(path)
+    cfg = load_config(path)
     param_dtype = jnp.float32 if param_dtype is None else param_dtype
+    model_cls = Qwen3_5ForCausalLM if isinstance(cfg, Qwen3_5Config) else Qwen3ForCausalLM
     abstract = nnx.eval_shape(
-        lambda: Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype)
+        lambda: model_cls(cfg, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype)
     )
     graphdef, abs_state = nnx.split(abstract)
     files = _checkpoint_files(path)
+    prefix = "model."
+    if _hf_model_type(path) == "qwen3_5":
+        prefix = MULTIMODAL_TEXT_PREFIX
+        ignored = [n for n in files if n.startswith(("model.visual.", "mtp."))]
+        _log.info(
+            "%s: multimodal Qwen3.5 checkpoint: loading the text tower (%s*, lm_head), "
+            "ignoring %d vision / mtp tensors",
+            path,
+            prefix,
+            len(ignored),
+        )
     opened: dict[str, SafetensorsFile] = {}
     shardings = param_shardings(abs_state, mesh) if mesh is not None else None
 
@@ -212,9 +268,12 @@ def from_pretrained(
         return f, fn
 
     def load(path_keys, var, sharding):
-        name, transpose = hf_name(path_keys)
+        name, layout = hf_name(path_keys, prefix)
         f, fn = source(name)
-        want = tuple(reversed(var.shape)) if transpose else tuple(var.shape)
+        if layout == "conv":
+            want = (var.shape[1], 1, var.shape[0])
+        else:
+            want = tuple(reversed(var.shape)) if layout else tuple(var.shape)
         if f.shape(name) != want:
             raise ValueError(
                 f"{fn}: tensor {name!r} has shape {f.shape(name)}, expected {want} for config "
@@ -223,7 +282,10 @@ def from_pretrained(
 
         def read(index):
             src = f.array(name)
-            if transpose:  # our [in, out] slice = HF [out, in] slice transposed
+            if layout == "conv":  # our [K, C] slice = HF [C, 1, K] slice, middle dim dropped
+                k_idx, c_idx = index if index else (slice(None), slice(None))
+                return np.ascontiguousarray(src[c_idx, 0, k_idx].T).astype(var.dtype)
+            if layout:  # our [in, out] slice = HF [out, in] slice transposed
                 index = tuple(reversed(index)) if index else index
                 return np.ascontiguousarray(src[index].T).astype(var.dtype)
             return np.ascontiguousarray(src[index]).astype(var.dtype)
@@ -258,34 +320,43 @@ def _to_host(x: jax.Array) -> np.ndarray:
     return np.asarray(x)
 
 
-def _hf_tensors(model: Qwen3ForCausalLM) -> Iterator[tuple[str, jax.ShapeDtypeStruct, Any]]:
+def _hf_tensors(
+    model: Qwen3ForCausalLM | Qwen3_5ForCausalLM,
+) -> Iterator[tuple[str, jax.ShapeDtypeStruct, Any]]:
     state = nnx.state(model, nnx.Param)
     leaves = jax.tree_util.tree_flatten_with_path(
         state, is_leaf=lambda x: isinstance(x, nnx.Variable)
     )[0]
     for path_keys, var in leaves:
-        name, transpose = hf_name(path_keys)
+        name, layout = hf_name(path_keys)
         arr = var.get_value()
-        shape = tuple(reversed(arr.shape)) if transpose else tuple(arr.shape)
+        if layout == "conv":
+            shape = (arr.shape[1], 1, arr.shape[0])
+        else:
+            shape = tuple(reversed(arr.shape)) if layout else tuple(arr.shape)
         dt = np.dtype(arr.dtype)
 
-        def get(arr=arr, transpose=transpose):
+        def get(arr=arr, layout=layout):
             host = _to_host(arr)
-            return host.T if transpose else host
+            if layout == "conv":
+                return host.T[:, None, :]
+            return host.T if layout else host
 
         yield name, jax.ShapeDtypeStruct(shape, dt), get
 
 
 def save_pretrained(
-    model: Qwen3ForCausalLM, path: str, *, max_shard_bytes: int = 4 * 1024**3
+    model: Qwen3ForCausalLM | Qwen3_5ForCausalLM, path: str, *, max_shard_bytes: int = 4 * 1024**3
 ) -> None:
-    """Writes `model` as a HF checkpoint that `transformers` loads as Qwen3ForCausalLM or, for a
-    `model_type="qwen2"` config, Qwen2ForCausalLM:
+    """Writes `model` as a HF checkpoint that `transformers` loads as Qwen3ForCausalLM, or, for a
+    `model_type="qwen2"` config, Qwen2ForCausalLM, or, for a `Qwen3_5ForCausalLM`,
+    Qwen3_5ForCausalLM (model_type "qwen3_5_text"; a multimodal checkpoint's text tower is
+    exported text-only):
     config.json, generation_config.json, model.safetensors (or model-0000i-of-0000n.safetensors +
     model.safetensors.index.json above `max_shard_bytes`). Tensors keep their parameter dtype
     (float32 / bfloat16). In a multi-process run every process must call this (gathers are
     collective); only process 0 writes."""
-    cfg: Qwen3Config = model.config
+    cfg: Qwen3Config | Qwen3_5Config = model.config
     tensors = list(_hf_tensors(model))
     shards: list[list] = [[]]
     size = 0

@@ -309,6 +309,43 @@ def default_positions(input_ids: Array, attention_mask: Array | None) -> Array:
     return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
+def check_attention_impl(owner: str, attention_impl: str) -> None:
+    if attention_impl not in ATTENTION_IMPLS:
+        raise ValueError(
+            f"{owner}: attention_impl={attention_impl!r}; expected one of {ATTENTION_IMPLS}"
+        )
+
+
+def token_embedding(config: Any, *, rngs: nnx.Rngs, dtype: Any, param_dtype: Any) -> nnx.Embed:
+    """The [V, D] token embedding, HF init normal(0, 0.02), sharded ('tensor', None)."""
+    return nnx.Embed(
+        config.vocab_size,
+        config.hidden_size,
+        embedding_init=nnx.with_partitioning(
+            lambda key, shape, dtype: _normal_init(key, tuple(shape), jnp.dtype(dtype)),
+            ("tensor", None),
+            eager_sharding=False,
+        ),
+        rngs=rngs,
+        dtype=dtype,
+        param_dtype=param_dtype,
+    )
+
+
+def full_sequence_inputs(
+    input_ids: Array, positions: Array | None, attention_mask: Array | None
+) -> tuple[Array, Array, int]:
+    """(positions, attention mask bool [B or 1, T, T], causal_blocks) of a full-sequence forward:
+    positions default to `default_positions`; the mask is causal by array index and excludes
+    padding keys; causal_blocks from `causal_blocks_for(T)`."""
+    if positions is None:
+        positions = default_positions(input_ids, attention_mask)
+    t = input_ids.shape[1]
+    causal = jnp.tril(jnp.ones((t, t), bool))[None]
+    mask = causal if attention_mask is None else causal & (attention_mask[:, None, :] > 0)
+    return positions, mask, causal_blocks_for(t)
+
+
 class Qwen3ForCausalLM(nnx.Module):
     """Qwen3 causal LM, or Qwen2/Qwen2.5 when `config.model_type == "qwen2"`. See the module
     docstring for the parameter layout and numerics."""
@@ -333,27 +370,13 @@ class Qwen3ForCausalLM(nnx.Module):
                     NVIDIA GPUs with a bf16/fp16 compute dtype; UNTESTED here (CPU-only CI);
           "auto"  — jax's own choice (cuDNN when usable) on GPU, "xla" elsewhere.
         """
-        if attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(
-                f"Qwen3ForCausalLM: attention_impl={attention_impl!r}; "
-                f"expected one of {ATTENTION_IMPLS}"
-            )
+        check_attention_impl("Qwen3ForCausalLM", attention_impl)
         self.attention_impl = attention_impl
         self.config = config
         self.dtype = dtype
         self.remat = remat
         kw = dict(dtype=dtype, param_dtype=param_dtype)
-        self.embed = nnx.Embed(
-            config.vocab_size,
-            config.hidden_size,
-            embedding_init=nnx.with_partitioning(
-                lambda key, shape, dtype: _normal_init(key, tuple(shape), jnp.dtype(dtype)),
-                ("tensor", None),
-                eager_sharding=False,
-            ),
-            rngs=rngs,
-            **kw,
-        )
+        self.embed = token_embedding(config, rngs=rngs, **kw)
         self.layers = nnx.List(
             [DecoderLayer(config, rngs=rngs, **kw) for _ in range(config.num_hidden_layers)]
         )
@@ -379,16 +402,8 @@ class Qwen3ForCausalLM(nnx.Module):
         finite garbage that callers mask out. Attention skips the key blocks above the causal
         diagonal (`causal_blocks_for`), which changes only that garbage.
         """
-        if positions is None:
-            positions = default_positions(input_ids, attention_mask)
-        t = input_ids.shape[1]
-        causal = jnp.tril(jnp.ones((t, t), bool))[None]
-        if attention_mask is None:
-            mask = causal
-        else:
-            mask = causal & (attention_mask[:, None, :] > 0)
+        positions, mask, blocks = full_sequence_inputs(input_ids, positions, attention_mask)
         x = self.embed(input_ids).astype(self.dtype)
-        blocks = causal_blocks_for(t)
 
         def run(layer, x):
             return layer(
