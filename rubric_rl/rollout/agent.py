@@ -33,6 +33,12 @@ appended like any tool output (loss_mask 0) and the episode continues.
 
 Seeds: turn ``k`` of sample ``j`` of task ``i`` uses ``sample_seed(step, i, j * max_turns + k)``
 (``GenerationRequest.sample_offset``), so no two turns of a group share a seed.
+
+Prefix reuse (``AgentConfig.prefix_reuse``, default on): when ``engine.prefix_session()`` gives a
+session (the JAX engine), every round goes through it keyed by episode, so a turn prefills only
+what was appended since the episode's last turn; the session lives for one `run_agent` call (one
+weight version) and frees an episode's cache when it ends. Requests, seeds and results are the
+same either way (rollout/prefix_reuse.py).
 """
 
 from __future__ import annotations
@@ -58,6 +64,10 @@ class AgentConfig:
 
     max_turns: int = 8
     max_total_tokens: int = 4096
+    # Keep each episode's KV cache between turns when the engine offers a prefix session (the
+    # JAX engine; rollout/prefix_reuse.py): same tokens and log-probs, no re-prefill of the
+    # history. False re-sends whole conversations to `engine.generate`.
+    prefix_reuse: bool = True
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
@@ -256,7 +266,7 @@ def _episode_loop(
     step: int,
     task_indices: Sequence[int],
     sample_indices: Sequence[int],
-) -> Generator[list[GenerationRequest], list[list[Generation]], list[Trajectory]]:
+) -> Generator[tuple[list[GenerationRequest], list[int]], list[list[Generation]], list[Trajectory]]:
     from rubric_rl.rollout.engine import sample_seed
 
     eps = []
@@ -287,7 +297,7 @@ def _episode_loop(
             )
             for ep in live
         ]
-        gens = yield requests
+        gens = yield requests, [ep.index for ep in live]
         if len(gens) != len(live):
             raise RuntimeError(f"engine returned {len(gens)} results for {len(live)} requests")
         for ep, g in zip(live, gens, strict=True):
@@ -306,6 +316,13 @@ def _loop_args(envs, tasks, params, task_indices, sample_indices):
     if len(task_indices) != len(envs) or len(sample_indices) != len(envs):
         raise ValueError("run_agent: task_indices / sample_indices must have one entry per env")
     return task_indices, sample_indices
+
+
+def _prefix_session(engine: Any, config: AgentConfig) -> Any:
+    """The engine's prefix session when reuse is on and it has one (duck-typed engines and
+    SGLang: None, whole conversations are re-sent)."""
+    open_session = getattr(engine, "prefix_session", None)
+    return open_session() if config.prefix_reuse and open_session is not None else None
 
 
 def run_agent(
@@ -327,12 +344,20 @@ def run_agent(
     """
     ti, si = _loop_args(envs, tasks, params, task_indices, sample_indices)
     loop = _episode_loop(chat, envs, tasks, config, step, ti, si)
+    session = _prefix_session(engine, config)
     try:
-        requests = next(loop)
+        requests, keys = next(loop)
         while True:
-            requests = loop.send(engine.generate(requests, params))
+            if session is None:
+                gens = engine.generate(requests, params)
+            else:
+                gens = session.generate(requests, params, keys)
+            requests, keys = loop.send(gens)
     except StopIteration as done:
         return done.value
+    finally:
+        if session is not None:
+            session.close()
 
 
 async def arun_agent(
@@ -350,12 +375,20 @@ async def arun_agent(
     """`run_agent` awaiting ``engine.agenerate`` (use inside an event loop)."""
     ti, si = _loop_args(envs, tasks, params, task_indices, sample_indices)
     loop = _episode_loop(chat, envs, tasks, config, step, ti, si)
+    session = _prefix_session(engine, config)
     try:
-        requests = next(loop)
+        requests, keys = next(loop)
         while True:
-            requests = loop.send(await engine.agenerate(requests, params))
+            if session is None:
+                gens = await engine.agenerate(requests, params)
+            else:
+                gens = await session.agenerate(requests, params, keys)
+            requests, keys = loop.send(gens)
     except StopIteration as done:
         return done.value
+    finally:
+        if session is not None:
+            session.close()
 
 
 def pack_trajectories(

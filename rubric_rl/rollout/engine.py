@@ -210,6 +210,13 @@ class RolloutEngine(abc.ABC):
     def weight_version(self) -> int:
         """The version the engine was last told to serve."""
 
+    def prefix_session(self) -> Any:
+        """A session that keeps conversations' KV caches between agent turns (an object with
+        ``generate(requests, params, keys)``, ``agenerate``, ``close``), or None when the engine
+        has none — then callers re-send whole conversations (SGLang reuses prefixes itself, in
+        its radix cache). The JAX engine's: `rubric_rl.rollout.prefix_reuse.PrefixSession`."""
+        return None
+
     def generate(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
     ) -> list[list[Generation]]:

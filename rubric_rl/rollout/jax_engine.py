@@ -150,6 +150,26 @@ def sample_tokens(
     return token, jnp.take_along_axis(logps, token[:, None], axis=-1)[:, 0]
 
 
+def _generation(
+    tokens: np.ndarray,
+    logps: np.ndarray,
+    n: int,
+    params: SamplingParams,
+    stop_set: set[int],
+    version: int,
+) -> Generation:
+    """One kernel row (host arrays) as a `Generation`: the first ``n`` tokens; "stop" when the
+    last one is a stop token (and stops are honoured), else "length"."""
+    toks = tuple(int(t) for t in tokens[:n])
+    stopped = not params.ignore_eos and n > 0 and toks[-1] in stop_set
+    return Generation(
+        token_ids=toks,
+        logprobs=tuple(float(x) for x in logps[:n]),
+        finish_reason="stop" if stopped else "length",
+        weight_version=version,
+    )
+
+
 # ----------------------------------------------------------------------------- the engine
 
 
@@ -233,6 +253,14 @@ class JaxEngine(RolloutEngine):
                 f"engine's model:\n  expected {want}\n  got      {got}"
             )
         self._params, self._rest, self._version = params, rest, int(version)
+
+    def prefix_session(self):
+        """A `rubric_rl.rollout.prefix_reuse.PrefixSession`: multi-turn generation that keeps
+        each conversation's KV cache between turns (agent rollouts use it by default)."""
+        from rubric_rl.rollout.prefix_reuse import PrefixSession
+
+        self._check_open()
+        return PrefixSession(self)
 
     def health(self) -> bool:
         return not self._closed
@@ -330,17 +358,11 @@ class JaxEngine(RolloutEngine):
             tokens, logps, lengths = (sharding_lib.to_host(x) for x in (tokens, logps, lengths))
             stop_set = set(int(t) for t in stop_ids if t >= 0)
             for k, (ri, j, seed) in enumerate(chunk):
-                n = int(lengths[k])
-                toks = tuple(int(t) for t in tokens[k, :n])
-                stopped = not params.ignore_eos and n > 0 and toks[-1] in stop_set
-                out[ri][j] = Generation(
-                    token_ids=toks,
-                    logprobs=tuple(float(x) for x in logps[k, :n]),
-                    finish_reason="stop" if stopped else "length",
-                    weight_version=version,
-                    request_id=requests[ri].request_id,
-                    sample_index=j,
-                    seed=seed,
+                out[ri][j] = _generation(
+                    tokens[k], logps[k], int(lengths[k]), params, stop_set, version
+                )
+                out[ri][j] = dataclasses.replace(
+                    out[ri][j], request_id=requests[ri].request_id, sample_index=j, seed=seed
                 )
         return out  # type: ignore[return-value]
 
@@ -428,59 +450,105 @@ class JaxEngine(RolloutEngine):
         cache_mask = self._constrain(cache_mask)
         positions = default_positions(prompt_ids, prompt_mask)
         prompt_len = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)
-        base_keys = jax.random.wrap_key_data(seeds)
-        fold = jax.vmap(jax.random.fold_in, in_axes=(0, None))
-        pad = jnp.int32(self.config.pad_id)
         logits, cache = model.decode(
             prompt_ids, positions, cache, jnp.int32(0), cache_mask, last_only=True
         )
-        # The vocabulary's stop tokens, once per call (-1 pads of stop_ids match none).
-        vocab = jnp.arange(logits.shape[-1], dtype=jnp.int32)
-        is_stop = jnp.any(vocab[:, None] == stop_ids[None, :], axis=-1)
-
-        def sample(i, logits, done):
-            # The first min_new_tokens tokens (i < min_new_tokens) are never stop tokens: a stop
-            # is token min_new_tokens + 1 at the earliest (SGLang's and HF's convention).
-            banned = is_stop[None, :] & (i < min_new_tokens)
-            token, lp = sample_tokens(
-                logits,
-                fold(base_keys, i),
-                temperature,
-                top_p,
-                top_k,
-                filtering=filtering,
-                banned=banned,
-            )
-            token = jnp.where(done, pad, token)
-            lp = jnp.where(done, 0.0, lp)
-            hit = jnp.any(token[:, None] == stop_ids[None, :], axis=-1) & ~ignore_eos
-            return token, lp, done | hit
-
-        done0 = ~active
-        tok0, lp0, done = sample(0, logits[:, 0], done0)
-        tokens = self._constrain(jnp.full((b, n), pad).at[:, 0].set(tok0))
-        logps = self._constrain(jnp.zeros((b, n), jnp.float32).at[:, 0].set(lp0))
-        lengths = (~done0).astype(jnp.int32)
-
-        def cond(carry):
-            i, _, _, _, _, done, _ = carry
-            return (i < n) & ~jnp.all(done)
-
-        def body(carry):
-            i, cache, cache_mask, tokens, logps, done, lengths = carry
-            slot = p + i - 1
-            prev = jax.lax.dynamic_slice_in_dim(tokens, i - 1, 1, axis=1)
-            cache_mask = jax.lax.dynamic_update_slice_in_dim(
-                cache_mask, jnp.ones((b, 1), jnp.int32), slot, axis=1
-            )
-            pos = (prompt_len + i - 1)[:, None]
-            logits, cache = model.decode(prev, pos, cache, slot, cache_mask, last_only=True)
-            tok, lp, new_done = sample(i, logits[:, 0], done)
-            lengths = lengths + (~done).astype(jnp.int32)
-            tokens = jax.lax.dynamic_update_slice_in_dim(tokens, tok[:, None], i, axis=1)
-            logps = jax.lax.dynamic_update_slice_in_dim(logps, lp[:, None], i, axis=1)
-            return i + 1, cache, cache_mask, tokens, logps, new_done, lengths
-
-        carry = (jnp.int32(1), cache, cache_mask, tokens, logps, done, lengths)
-        _, _, _, tokens, logps, _, lengths = jax.lax.while_loop(cond, body, carry)
+        tokens, logps, lengths, _ = sample_and_decode(
+            model,
+            logits[:, 0],
+            cache,
+            cache_mask,
+            jnp.int32(p),
+            prompt_len,
+            seeds,
+            active,
+            (temperature, top_p, top_k, min_new_tokens, ignore_eos),
+            stop_ids,
+            max_new_tokens=n,
+            filtering=filtering,
+            pad_id=self.config.pad_id,
+            constrain=self._constrain,
+        )
         return tokens, logps, lengths
+
+
+def sample_and_decode(
+    model: nnx.Module,
+    logits: Array,
+    cache: Any,
+    cache_mask: Array,
+    first_slot: Array,
+    next_position: Array,
+    seeds: Array,
+    active: Array,
+    scalars: tuple[Array, Array, Array, Array, Array],
+    stop_ids: Array,
+    *,
+    max_new_tokens: int,
+    filtering: bool,
+    pad_id: int,
+    constrain: Any = lambda x: x,
+) -> tuple[Array, Array, Array, Any]:
+    """The decode loop after a prefill (shared by `JaxEngine.generate` and prefix sessions).
+
+    ``logits`` [B, V]: the prefill's last-token logits; generated token i (i >= 1) is fed back at
+    cache slot ``first_slot + i - 1`` with position ``next_position + i - 1`` ([B]); token i is
+    drawn with key ``fold_in(key(seed), i)`` — a function of the seed and i only, so the draws do
+    not depend on how the context got into the cache. Returns tokens [B, N] (pad after stop),
+    logps [B, N] (0 after stop), lengths [B], and the cache with the fed tokens written.
+    """
+    temperature, top_p, top_k, min_new_tokens, ignore_eos = scalars
+    b, n = logits.shape[0], max_new_tokens
+    base_keys = jax.random.wrap_key_data(seeds)
+    fold = jax.vmap(jax.random.fold_in, in_axes=(0, None))
+    pad = jnp.int32(pad_id)
+    # The vocabulary's stop tokens, once per call (-1 pads of stop_ids match none).
+    vocab = jnp.arange(logits.shape[-1], dtype=jnp.int32)
+    is_stop = jnp.any(vocab[:, None] == stop_ids[None, :], axis=-1)
+
+    def sample(i, logits, done):
+        # The first min_new_tokens tokens (i < min_new_tokens) are never stop tokens: a stop
+        # is token min_new_tokens + 1 at the earliest (SGLang's and HF's convention).
+        banned = is_stop[None, :] & (i < min_new_tokens)
+        token, lp = sample_tokens(
+            logits,
+            fold(base_keys, i),
+            temperature,
+            top_p,
+            top_k,
+            filtering=filtering,
+            banned=banned,
+        )
+        token = jnp.where(done, pad, token)
+        lp = jnp.where(done, 0.0, lp)
+        hit = jnp.any(token[:, None] == stop_ids[None, :], axis=-1) & ~ignore_eos
+        return token, lp, done | hit
+
+    done0 = ~active
+    tok0, lp0, done = sample(0, logits, done0)
+    tokens = constrain(jnp.full((b, n), pad).at[:, 0].set(tok0))
+    logps = constrain(jnp.zeros((b, n), jnp.float32).at[:, 0].set(lp0))
+    lengths = (~done0).astype(jnp.int32)
+
+    def cond(carry):
+        i, _, _, _, _, done, _ = carry
+        return (i < n) & ~jnp.all(done)
+
+    def body(carry):
+        i, cache, cache_mask, tokens, logps, done, lengths = carry
+        slot = first_slot + i - 1
+        prev = jax.lax.dynamic_slice_in_dim(tokens, i - 1, 1, axis=1)
+        cache_mask = jax.lax.dynamic_update_slice_in_dim(
+            cache_mask, jnp.ones((b, 1), jnp.int32), slot, axis=1
+        )
+        pos = (next_position + i - 1)[:, None]
+        logits, cache = model.decode(prev, pos, cache, slot, cache_mask, last_only=True)
+        tok, lp, new_done = sample(i, logits[:, 0], done)
+        lengths = lengths + (~done).astype(jnp.int32)
+        tokens = jax.lax.dynamic_update_slice_in_dim(tokens, tok[:, None], i, axis=1)
+        logps = jax.lax.dynamic_update_slice_in_dim(logps, lp[:, None], i, axis=1)
+        return i + 1, cache, cache_mask, tokens, logps, new_done, lengths
+
+    carry = (jnp.int32(1), cache, cache_mask, tokens, logps, done, lengths)
+    _, cache, _, tokens, logps, _, lengths = jax.lax.while_loop(cond, body, carry)
+    return tokens, logps, lengths, cache

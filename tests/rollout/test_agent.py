@@ -6,7 +6,7 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from rubric_rl.envs.base import Env
+from rubric_rl.envs.base import Env, StepResult
 from rubric_rl.envs.tool_calls import Param, ToolSpec, render_tool_call
 from rubric_rl.models.tokenizer import Tokenizer
 from rubric_rl.rollout.agent import (
@@ -323,3 +323,55 @@ def test_real_jax_engine_invariants(tok):
     report = rescore_trajectories(model, trajs, temperature=1.0)
     assert report["num_tokens"] == sum(sum(t.loss_mask) for t in trajs)
     assert report["max_abs_diff"] <= 1e-5
+
+
+class EchoEnv(AddEnv):
+    """Never answers: each step observes a ragged slice of the model's text; episode i ends
+    (done) after ``2 + i % 3`` turns, so episodes finish at different turns."""
+
+    def _setup(self, task, seed):
+        self.k = 0
+        self.last = int(task.id[1:]) % 3 + 2
+
+    def step(self, model_text):
+        self.k += 1
+        obs = f"seen {model_text[: 1 + 3 * self.k]!r}"
+        done = self.k >= self.last
+        info = {"status": "answered" if done else "tool_calls"}
+        return StepResult(None if done else obs, done, info)
+
+
+def test_prefix_reuse_equals_reprefill_in_agent_episodes(tok):
+    from flax import nnx
+
+    from rubric_rl.models.qwen3 import PRESETS, Qwen3ForCausalLM
+    from rubric_rl.rollout.jax_engine import JaxEngine, JaxEngineConfig
+
+    cfg = JaxEngineConfig(
+        prompt_buckets=(32, 64, 128, 256, 512), batch_buckets=(4, 8), eos_token_ids=(tok.eos_id,)
+    )
+    engine = JaxEngine(Qwen3ForCausalLM(PRESETS["tiny"], rngs=nnx.Rngs(1)), cfg)
+    n = 6
+    # Greedy multi-turn equality: tests/rollout/test_prefix_reuse.py (the random model's greedy
+    # turns here never stop, so every episode would end at turn 1 on "length").
+    for temperature in (1.0, 0.7):
+        # 15 more stop ids: most turns of the random model end on a stop, not on the length
+        sp = SamplingParams(
+            max_new_tokens=20, temperature=temperature, stop_token_ids=tuple(range(20, 35))
+        )
+        runs = {}
+        for reuse in (True, False):
+            runs[reuse] = run_agent(
+                engine,
+                ChatFormat(tok, tools_in_system=False),
+                [EchoEnv() for _ in range(n)],
+                [_task(i) for i in range(n)],
+                sp,
+                AgentConfig(max_turns=4, max_total_tokens=400, prefix_reuse=reuse),
+            )
+        turns = [len(t.turns) for t in runs[True]]
+        assert len(set(turns)) >= 2 and max(turns) >= 3  # episodes end at different turns
+        for a, b in zip(runs[True], runs[False], strict=True):
+            assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask
+            assert a.status == b.status and a.turns == b.turns
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-6, rtol=0)
