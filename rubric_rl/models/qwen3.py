@@ -258,6 +258,18 @@ class MLP(nnx.Module):
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def write_kv_cache(
+    kv_cache: dict[str, Array], k: Array, v: Array, cache_index: Array
+) -> tuple[Array, Array, dict[str, Array]]:
+    """Writes k, v [B, t, KV, hd] at slots [cache_index, cache_index + t) of kv_cache {"k","v"}
+    ([B, S, KV, hd]); returns (all S keys, all S values in k's dtype, the new cache)."""
+    zero = jnp.zeros((), jnp.int32)
+    idx = (zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
+    new_k = jax.lax.dynamic_update_slice(kv_cache["k"], k.astype(kv_cache["k"].dtype), idx)
+    new_v = jax.lax.dynamic_update_slice(kv_cache["v"], v.astype(kv_cache["v"].dtype), idx)
+    return new_k.astype(k.dtype), new_v.astype(k.dtype), {"k": new_k, "v": new_v}
+
+
 class DecoderLayer(nnx.Module):
     def __init__(self, cfg: Qwen3Config, *, rngs, dtype, param_dtype):
         kw = dict(dtype=dtype, param_dtype=param_dtype)
@@ -284,12 +296,7 @@ class DecoderLayer(nnx.Module):
         q, k, v = self.attn.qkv(self.input_norm(x), positions)
         new_cache = None
         if kv_cache is not None:
-            zero = jnp.zeros((), jnp.int32)
-            idx = (zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
-            k = jax.lax.dynamic_update_slice(kv_cache["k"], k.astype(kv_cache["k"].dtype), idx)
-            v = jax.lax.dynamic_update_slice(kv_cache["v"], v.astype(kv_cache["v"].dtype), idx)
-            new_cache = {"k": k, "v": v}
-            k, v = k.astype(q.dtype), v.astype(q.dtype)
+            k, v, new_cache = write_kv_cache(kv_cache, k, v, cache_index)
         if kv_cache is None and _use_fused(attention_impl):
             o = fused_attention(q, k, v, mask, attention_impl)
         else:
@@ -476,12 +483,8 @@ class Qwen3ForCausalLM(nnx.Module):
         Returns (logits [B, t, V] float32 — [B, 1, V] of the last token when `last_only` —,
         new_cache). The logits equal the full forward's at the same positions.
         """
-        t = input_ids.shape[1]
-        max_len = cache[0]["k"].shape[1]
         cache_index = jnp.asarray(cache_index, jnp.int32)
-        q_slot = cache_index + jnp.arange(t, dtype=jnp.int32)  # [t]
-        causal = jnp.arange(max_len, dtype=jnp.int32)[None, :] <= q_slot[:, None]  # [t, S]
-        mask = causal[None] & (cache_mask[:, None, :] > 0)  # [B, t, S]
+        mask = cache_attention_mask(input_ids.shape[1], cache_index, cache_mask)
         x = self.embed(input_ids).astype(self.dtype)
         new_cache = []
         for layer, layer_cache in zip(self.layers, cache, strict=True):
@@ -491,6 +494,14 @@ class Qwen3ForCausalLM(nnx.Module):
         if last_only:
             h = h[:, -1:]
         return logits_from_hidden(h, self.unembed()), new_cache
+
+
+def cache_attention_mask(t: int, cache_index: Array, cache_mask: Array) -> Array:
+    """bool [B, t, S]: query i (slot cache_index + i) may attend to slot j <= cache_index + i
+    whose cache_mask [B, S] is 1 (see `Qwen3ForCausalLM.decode`)."""
+    q_slot = cache_index + jnp.arange(t, dtype=jnp.int32)  # [t]
+    causal = jnp.arange(cache_mask.shape[1], dtype=jnp.int32)[None, :] <= q_slot[:, None]
+    return causal[None] & (cache_mask[:, None, :] > 0)
 
 
 def logits_from_hidden(hidden: Array, unembed: Array) -> Array:

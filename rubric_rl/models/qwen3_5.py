@@ -44,11 +44,14 @@ from rubric_rl.models.qwen3 import (
     _param,
     _use_fused,
     attention,
+    cache_attention_mask,
     check_attention_impl,
     full_sequence_inputs,
     fused_attention,
+    logits_from_hidden,
     rope,
     token_embedding,
+    write_kv_cache,
 )
 from rubric_rl.models.qwen3_5_config import QWEN3_5_PRESETS, Qwen3_5Config
 
@@ -131,21 +134,45 @@ class HybridDecoderLayer(nnx.Module):
         self.post_attention_norm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
         self.mlp = MLP(cfg, rngs=rngs, **kw)
 
-    def __call__(self, x, positions, token_mask, attn_mask, attention_impl="xla", causal_blocks=1):
-        """Full-sequence forward. token_mask [B, T] (1 = real; None = all real) for the linear
-        layers; attn_mask bool [B or 1, T, T] for attention ones."""
+    def __call__(
+        self,
+        x,
+        positions,
+        token_mask,
+        attn_mask,
+        attention_impl="xla",
+        causal_blocks=1,
+        cache=None,
+        cache_index=None,
+    ):
+        """token_mask [B, T] (1 = real; None = all real) for a linear layer; attn_mask bool
+        [B or 1, T, S] for an attention one. Without `cache`: the full-sequence forward,
+        returning x. With `cache` (this layer's entry of `Qwen3_5ForCausalLM.init_cache`): the
+        T new tokens continue from it (attention: k/v written at slots [cache_index,
+        cache_index + T), S = all slots; linear: the recurrent and conv state); returns
+        (x, new cache)."""
         h = self.input_norm(x)
+        new_cache = None
         if self.layer_type == "linear_attention":
-            h = self.linear_attn(h, token_mask)
+            if cache is None:
+                h = self.linear_attn(h, token_mask)
+            elif x.shape[1] == 1:
+                h, new_cache = self.linear_attn.decode_step(h, cache, token_mask[:, 0])
+            else:
+                h, new_cache = self.linear_attn.prefill(h, token_mask, cache)
         else:
             q, k, v, gate = self.attn.qkv_gate(h, positions)
-            if _use_fused(attention_impl):
+            if cache is not None:
+                k, v, new_cache = write_kv_cache(cache, k, v, cache_index)
+                o = attention(q, k, v, attn_mask)
+            elif _use_fused(attention_impl):
                 o = fused_attention(q, k, v, attn_mask, attention_impl)
             else:
                 o = attention(q, k, v, attn_mask, causal_blocks=causal_blocks)
             h = self.attn.out(o, gate)
         x = x + h.astype(x.dtype)
-        return x + self.mlp(self.post_attention_norm(x))
+        x = x + self.mlp(self.post_attention_norm(x))
+        return x if cache is None else (x, new_cache)
 
 
 class Qwen3_5ForCausalLM(nnx.Module):
@@ -208,6 +235,54 @@ class Qwen3_5ForCausalLM(nnx.Module):
         for layer in self.layers:
             x = run(layer, x)
         return self.norm(x)
+
+    # -- decoding with a cache (KV for attention layers, conv + recurrent state for linear) ----
+
+    def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> list[Any]:
+        """Zeroed cache, one entry per layer: {"k", "v"} [batch, max_len, KV, hd] (compute dtype
+        unless `dtype`) for an attention layer, a `GatedDeltaNetCache` (float32 recurrent state)
+        for a linear one. A plain pytree for jit / while_loop."""
+        c = self.config
+        dtype = dtype or self.dtype
+        shape = (batch, max_len, c.num_key_value_heads, c.head_dim)
+        return [
+            layer.linear_attn.init_cache(batch, dtype)
+            if layer.layer_type == "linear_attention"
+            else {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+            for layer in self.layers
+        ]
+
+    def decode(
+        self,
+        input_ids: Array,
+        positions: Array,
+        cache: list[Any],
+        cache_index: Array,
+        cache_mask: Array,
+        *,
+        last_only: bool = False,
+    ) -> tuple[Array, list[Any]]:
+        """`Qwen3ForCausalLM.decode`'s contract for the hybrid stack: t new tokens [B, t] at
+        slots [cache_index, cache_index + t); cache_mask [B, max_len] is 1 on real slots,
+        including the t new ones (its slice over them is the linear layers' token mask: a 0
+        there leaves their state unchanged, so prompts may be left-padded and finished rows
+        frozen). Returns (logits [B, t, V] float32 — [B, 1, V] when `last_only` —, new cache);
+        the logits equal the full forward's at the same positions."""
+        t = input_ids.shape[1]
+        cache_index = jnp.asarray(cache_index, jnp.int32)
+        attn_mask = cache_attention_mask(t, cache_index, cache_mask)
+        token_mask = jax.lax.dynamic_slice_in_dim(cache_mask, cache_index, t, axis=1)
+        x = self.embed(input_ids).astype(self.dtype)
+        new_cache = []
+        for layer, layer_cache in zip(self.layers, cache, strict=True):
+            x, lc = layer(
+                x, positions, token_mask, attn_mask, cache=layer_cache, cache_index=cache_index
+            )
+            new_cache.append(lc)
+        h = self.norm(x)
+        if last_only:
+            h = h[:, -1:]
+        return logits_from_hidden(h, self.unembed()), new_cache
 
     # The same unembedding and logits as Qwen3ForCausalLM (tied: embedding transpose).
     unembed = Qwen3ForCausalLM.unembed

@@ -194,3 +194,46 @@ def test_num_params_matches_transformers():
         assert cfg.num_params() == n
         ours = Qwen3_5ForCausalLM(cfg, rngs=nnx.Rngs(0))
         assert sum(x.size for x in jax.tree.leaves(nnx.state(ours, nnx.Param))) == n
+
+
+@pytest.mark.parametrize("name", ["llfl_untied_gqa2", "ff_tied_kv_heads3"])
+def test_decode_with_cache_matches_full_forward(torch_ckpts, helpers, name):
+    """Left-padded prefill, then a 3-token chunk and two single steps through the cache (KV for
+    attention layers, conv + recurrent state for linear ones): every logit equals the full
+    forward's at the same position; a row whose slot is masked keeps its cache."""
+    _, _, model = torch_ckpts[name]
+    lengths, p, n = [6, 3, 1], 6, 5
+    prompt, pmask = helpers.padded_batch(model.config.vocab_size, lengths, p, "left", seed=4)
+    rs = np.random.RandomState(9)
+    cont = rs.randint(0, model.config.vocab_size, (3, n)).astype(np.int32)
+    ids = np.concatenate([prompt, cont], 1)
+    mask = np.concatenate([pmask, np.ones((3, n), np.int32)], 1)
+    full = helpers.forward(model, ids, mask)  # [B, p + n, V]
+
+    decode = nnx.jit(lambda m, i, pos, c, idx, cm: m.decode(i, pos, c, idx, cm))
+    cache = model.init_cache(3, p + n + 1)  # one spare slot for the masked step at the end
+    cache_mask = np.zeros((3, p + n + 1), np.int32)
+    cache_mask[:, :p] = pmask
+    pos = np.maximum(np.cumsum(pmask, -1) - 1, 0).astype(np.int32)
+    logits, cache = decode(model, prompt, pos, cache, 0, cache_mask)
+    got = [np.asarray(logits)[:, -1]]
+    real_len = np.asarray(lengths, np.int32)
+    slot = p
+    for chunk in (3, 1, 1):
+        tok = cont[:, slot - p : slot - p + chunk]
+        cache_mask[:, slot : slot + chunk] = 1
+        pos = (real_len[:, None] + (slot - p) + np.arange(chunk)).astype(np.int32)
+        logits, cache = decode(model, tok, pos, cache, slot, cache_mask)
+        got.extend(np.asarray(logits)[:, j] for j in range(chunk))
+        slot += chunk
+    got = np.stack(got[:-1], 1)  # logits predicting tokens p .. p + n - 1
+    np.testing.assert_allclose(got, full[:, p - 1 : p + n - 1], atol=1e-4, rtol=0)
+
+    # One more step with row 0 masked (finished): its linear layers' state is unchanged.
+    cache_mask[:, slot] = [0, 1, 1]
+    last = cont[:, -1:]
+    new = decode(model, last, pos[:, -1:] + 1, cache, slot, cache_mask)[1]
+    layer = model.config.layer_types.index(L)
+    for a, b in zip(jax.tree.leaves(cache[layer]), jax.tree.leaves(new[layer]), strict=True):
+        np.testing.assert_array_equal(np.asarray(a)[0], np.asarray(b)[0])
+        assert not np.array_equal(np.asarray(a)[1], np.asarray(b)[1])
