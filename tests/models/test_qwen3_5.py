@@ -237,3 +237,27 @@ def test_decode_with_cache_matches_full_forward(torch_ckpts, helpers, name):
     for a, b in zip(jax.tree.leaves(cache[layer]), jax.tree.leaves(new[layer]), strict=True):
         np.testing.assert_array_equal(np.asarray(a)[0], np.asarray(b)[0])
         assert not np.array_equal(np.asarray(a)[1], np.asarray(b)[1])
+
+
+def test_sharded_import_equals_one_device(torch_ckpts, helpers):
+    """On an (fsdp=2, tensor=4) mesh of 8 CPU devices the Gated DeltaNet's conv kernel (HF
+    [C, 1, K] read as our [K, C] slice by slice) and per-head vectors are split over "tensor",
+    and the logits are unchanged."""
+    from jax.sharding import PartitionSpec as P
+
+    from rubric_rl.core.sharding import make_mesh
+
+    path, _, ours = torch_ckpts["llfl_untied_gqa2"]
+    sharded = from_pretrained(path, mesh=make_mesh(data=1, fsdp=2, tensor=4))
+    gdn = sharded.layers[0].linear_attn
+    conv = gdn.conv1d.kernel[...]
+    assert conv.sharding.spec == P(None, "tensor")
+    assert {s.data.shape for s in conv.addressable_shards} == {(conv.shape[0], conv.shape[1] // 4)}
+    np.testing.assert_array_equal(
+        np.asarray(conv), np.asarray(ours.layers[0].linear_attn.conv1d.kernel[...])
+    )
+    assert gdn.A_log[...].sharding.spec == P("tensor")
+    ids, mask = helpers.padded_batch(ours.config.vocab_size, [8, 3, 6, 1], 8, "left", seed=4)
+    np.testing.assert_allclose(
+        helpers.forward(sharded, ids, mask), helpers.forward(ours, ids, mask), atol=1e-5, rtol=0
+    )
