@@ -29,8 +29,9 @@ from rubric_rl.core import sharding
 from rubric_rl.core.train_step import TrainConfig
 from rubric_rl.envs import tool_domain
 from rubric_rl.envs.base import Env
-from rubric_rl.models import PRESETS, Qwen3Config, Qwen3ForCausalLM, Tokenizer, get_config
+from rubric_rl.models import PRESETS, Qwen3Config, Qwen3ForCausalLM, Tokenizer
 from rubric_rl.models.config import checkpoint_shape_error, with_shape
+from rubric_rl.models.hf_io import load_config
 from rubric_rl.registry import Registry
 from rubric_rl.rubrics.types import Task
 
@@ -434,7 +435,7 @@ def model_config(config: ConfigDict, tokenizer: Tokenizer) -> Qwen3Config:
     if m.name not in PRESETS:
         if shape:
             raise ValueError(checkpoint_shape_error(m.name))
-        cfg = get_config(m.name)
+        cfg = load_config(m.name)  # Qwen3 / Qwen2, or Qwen3.5 (hybrid) by model_type
         vocab, why = cfg.vocab_size, f"the checkpoint {m.name!r}'s config.json"
     else:
         cfg = with_shape(PRESETS[m.name], shape)

@@ -16,3 +16,40 @@ def launch_env(cache_dir) -> dict[str, str]:
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
     )
     return env
+
+
+def launch_train(workdir, steps: int, *overrides: str) -> None:
+    """Runs ``python -m rubric_rl.launch`` for `steps` steps with a checkpoint every step in
+    `workdir` (compilation cache next to it) and checks that it exited 0 and logged steps
+    0..steps with finite losses."""
+    import math
+    import subprocess
+    import sys
+
+    from rubric_rl.metrics import read_metrics
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "rubric_rl.launch", *overrides,
+            f"--config.train.steps={steps}", "--config.checkpoint.every=1", f"--workdir={workdir}",
+        ],
+        cwd=repo, env=launch_env(workdir.parent / "jax_cache"), capture_output=True, text=True,
+        timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_metrics(str(workdir / "metrics.jsonl"))
+    assert [r["step"] for r in rows] == list(range(steps + 1))
+    for r in rows[1:]:
+        assert math.isfinite(r["loss"]), r
+
+
+def checkpoint_params(checkpoint_dir) -> dict:
+    """The model parameters of an orbax train_state checkpoint, as {"a/b/c": array}."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    tree = ocp.PyTreeCheckpointer().restore(os.path.join(checkpoint_dir, "train_state"))
+    flat = jax.tree_util.tree_flatten_with_path(tree["params"])[0]
+    return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v) for path, v in flat}

@@ -5,49 +5,26 @@ checkpoint directory written by ``save_pretrained`` as ``model.name`` is loaded 
 
 import dataclasses
 import json
-import math
 import os
-import subprocess
-import sys
 
-import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
-from rubric_rl.metrics import read_metrics
 from rubric_rl.models import PRESETS, Qwen3ForCausalLM, save_pretrained
-from tests.launch_env import launch_env
+from tests.launch_env import checkpoint_params, launch_train
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 2
 
 pytestmark = pytest.mark.slow
 
 
 def _launch(workdir, *overrides):
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "rubric_rl.launch", *overrides,
-            f"--config.train.steps={STEPS}", "--config.checkpoint.every=1", f"--workdir={workdir}",
-        ],
-        cwd=REPO, env=launch_env(workdir.parent / "jax_cache"), capture_output=True, text=True,
-        timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = read_metrics(str(workdir / "metrics.jsonl"))
-    assert [r["step"] for r in rows] == list(range(STEPS + 1))
-    for r in rows[1:]:
-        assert math.isfinite(r["loss"]), r
+    launch_train(workdir, STEPS, *overrides)
     assert sorted(os.listdir(workdir / "checkpoints")) == ["1", "2"]
 
 
-def _params(checkpoint_dir):
-    """The model parameters of an orbax train_state checkpoint, as {"a/b/c": array}."""
-    tree = ocp.PyTreeCheckpointer().restore(os.path.join(checkpoint_dir, "train_state"))
-    flat = jax.tree_util.tree_flatten_with_path(tree["params"])[0]
-    return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v) for path, v in flat}
+_params = checkpoint_params
 
 
 @pytest.fixture(scope="module")
