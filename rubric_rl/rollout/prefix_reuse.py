@@ -25,8 +25,9 @@ Layout per call (one jitted kernel, `extend`): every row's reused prefix is gath
 a pure gather, exact) right-aligned to end at slot ``c`` = the longest reused prefix; the new
 tokens are left-padded into slots ``[c, c + T)`` (T = the new-token bucket); decoding writes from
 slot ``c + T`` on. Holes (left padding, slots after a row stopped) are masked. Shapes are buckets:
-rows → ``batch_buckets``, T and the cache length ``S >= c + T + max_new_tokens - 1`` →
-``prompt_buckets``; ``c`` is traced. So a run compiles at most one `extend` per (rows, T, S,
+rows → ``batch_buckets``, T and ``c + T`` → ``prompt_buckets``, the cache length is ``S =
+bucket(c + T) + max_new_tokens - 1`` (the stateless path's ``bucket(prompt) + max_new_tokens -
+1``); ``c`` is traced. So a run compiles at most one `extend` per (rows, T, S,
 max_new_tokens, filtering) bucket, one `relayout` per (old rows, old S, rows, S) and one `fresh`
 per (rows, S) — none per turn or per conversation length within a bucket.
 
@@ -35,10 +36,11 @@ weights changed (``update_weights``) every kept cache is dropped before the next
 prefills from scratch — results equal a fresh engine's.
 
 Memory: one device cache of ``layers × 2 × B × S × kv_heads × head_dim`` elements (the compute
-dtype), B = batch bucket of the conversations in the LAST call, S as above — transiently two during
-the relayout. A conversation absent from a call is dropped there (its episode ended); ``close()``
-(or leaving the ``with`` block) frees everything. Calls with more conversations than the largest
-batch bucket fall back to the stateless path (no reuse).
+dtype), B = batch bucket of the conversations in the LAST call, S as above (at most
+``bucket(longest prompt + T) + max_new_tokens - 1``: a re-prefill's cache plus one new-token
+bucket) — transiently two during the relayout. A conversation absent from a call is dropped
+there (its episode ended); ``close()`` (or leaving the ``with`` block) frees everything. Calls
+with more conversations than the largest batch bucket fall back to the stateless path (no reuse).
 """
 
 from __future__ import annotations
@@ -237,7 +239,9 @@ class PrefixSession:
         n = params.max_new_tokens
         t = round_up_to_bucket(max(new_lens), cfg.prompt_buckets)
         b = round_up_to_bucket(len(requests), cfg.batch_buckets, eng._batch_multiple)
-        s = round_up_to_bucket(c + t + n - 1, cfg.prompt_buckets)
+        # As the stateless engine's p + n - 1 (p = the prompt bucket): the same cache length, and
+        # so the same decode cost, as a re-prefill of this conversation would get.
+        s = round_up_to_bucket(c + t, cfg.prompt_buckets) + n - 1
 
         if c == 0:
             cache = self._kernels.fresh(eng._params, eng._rest, batch=b, cache_len=s)

@@ -1,5 +1,6 @@
 """Agent loop: exact token assembly and loss masks from forced outputs; limits; real engine."""
 
+import asyncio
 import json
 from typing import ClassVar
 
@@ -375,3 +376,16 @@ def test_prefix_reuse_equals_reprefill_in_agent_episodes(tok):
             assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask
             assert a.status == b.status and a.turns == b.turns
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-6, rtol=0)
+    # The async driver goes through the same session: the same trajectories, bit for bit.
+    sync = runs[True]
+    async_run = asyncio.run(
+        arun_agent(
+            engine,
+            ChatFormat(tok, tools_in_system=False),
+            [EchoEnv() for _ in range(n)],
+            [_task(i) for i in range(n)],
+            sp,
+            AgentConfig(max_turns=4, max_total_tokens=400),
+        )
+    )
+    assert async_run == sync

@@ -161,3 +161,19 @@ def test_compiled_programs_bounded_across_turns():
     assert first <= 12, first
     _episodes(eng, params, reuse=True, turns=turns)  # a second rollout: nothing new
     assert eng.num_traces == first
+
+
+def test_sharded_session_equals_unsharded(engine):
+    """Rows and kept caches split over ("data", "fsdp") of an 8-device mesh, parameters sharded
+    as in training: the same episodes as the 1-device engine's re-prefill."""
+    from rubric_rl.core.sharding import make_mesh, shard_model
+
+    mesh = make_mesh(data=2, fsdp=4, tensor=1)
+    sharded = JaxEngine(shard_model(_model(0), mesh), CFG, mesh=mesh, weight_version=1)
+    params = SamplingParams(max_new_tokens=N_NEW, temperature=1.0, stop_token_ids=STOPS)
+    got, _ = _episodes(sharded, params, reuse=True, turns=(3, 1, 2))
+    want, _ = _episodes(engine, params, reuse=False, turns=(3, 1, 2))
+    for ea, eb in zip(got, want, strict=True):
+        for (ta, la, fa, _), (tb, lb, fb, _) in zip(ea, eb, strict=True):
+            assert ta == tb and fa == fb
+            np.testing.assert_allclose(la, lb, atol=1e-5, rtol=0)
