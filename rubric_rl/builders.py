@@ -29,9 +29,16 @@ from rubric_rl.core import sharding
 from rubric_rl.core.train_step import TrainConfig
 from rubric_rl.envs import tool_domain
 from rubric_rl.envs.base import Env
-from rubric_rl.models import PRESETS, Qwen3Config, Qwen3ForCausalLM, Tokenizer
+from rubric_rl.models import (
+    Qwen3_5Config,
+    Qwen3_5ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Tokenizer,
+)
 from rubric_rl.models.config import checkpoint_shape_error, with_shape
 from rubric_rl.models.hf_io import load_config
+from rubric_rl.models.qwen3_5_config import ALL_PRESETS as PRESETS
 from rubric_rl.registry import Registry
 from rubric_rl.rubrics.types import Task
 
@@ -39,7 +46,7 @@ if TYPE_CHECKING:
     from rubric_rl.rubrics.datasets import LoadReport
 
 ConfigDict = ml_collections.ConfigDict
-EMBEDDED_PRESETS = ("tiny", "1m", "5m", "20m", "peer-3m", "qwen2_tiny")
+EMBEDDED_PRESETS = ("tiny", "1m", "5m", "20m", "peer-3m", "qwen2_tiny", "qwen3_5_tiny")
 SPECIAL_TOKENS = ("<|pad|>", "<|unk|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>")
 # Units as the constraint domain defines them (constraint_lexicon.units).
 _UNIT_PATTERN = r"</?[a-z_]+>|[A-Za-z]+|\d+|[^\sA-Za-z\d]"
@@ -487,8 +494,9 @@ def build_model(config: ConfigDict, tokenizer: Tokenizer, mesh) -> Qwen3ForCausa
         return from_pretrained(name, mesh=mesh, dtype=dtype)
     cfg = model_config(config, tokenizer)
     param_dtype = jnp.dtype(config.model.param_dtype)
+    model_cls = Qwen3_5ForCausalLM if isinstance(cfg, Qwen3_5Config) else Qwen3ForCausalLM
     return sharding.init_sharded(
-        lambda: Qwen3ForCausalLM(
+        lambda: model_cls(
             cfg, rngs=nnx.Rngs(int(config.model.init_seed)), dtype=dtype, param_dtype=param_dtype
         ),
         mesh,

@@ -24,7 +24,8 @@ from rubric_rl.core.registry import (
     KL_ESTIMATORS,
     ROLLOUT_CORRECTION_PRESETS,
 )
-from rubric_rl.models.config import PRESETS, checkpoint_shape_error, with_shape
+from rubric_rl.models.config import checkpoint_shape_error, with_shape
+from rubric_rl.models.qwen3_5_config import ALL_PRESETS as PRESETS
 from rubric_rl.models.tokenizer import check_chat_template
 from rubric_rl.registry import Registry
 from rubric_rl.rubrics.llm import check_env_settings
@@ -34,7 +35,7 @@ ENGINES = ("jax", "sglang")
 # "auto": multi-turn agent episodes on a tool-environment domain, single-turn otherwise.
 ROLLOUT_MODES = ("auto", "single", "agent")
 # builders.EMBEDDED_PRESETS (not imported: builders builds models; a test keeps them equal).
-_EMBEDDED_PRESETS = ("tiny", "1m", "5m", "20m", "peer-3m", "qwen2_tiny")
+_EMBEDDED_PRESETS = ("tiny", "1m", "5m", "20m", "peer-3m", "qwen2_tiny", "qwen3_5_tiny")
 JUDGES = ("programmatic", "llm")
 LLM_BACKENDS = ("openai", "genai", "local")
 # model.dtype / model.param_dtype: the float types the model computes and stores in.

@@ -11,7 +11,7 @@ import pytest
 from configs import common, grpo
 from rubric_rl import builders
 from rubric_rl.controllers.base import Controller
-from rubric_rl.models import PRESETS
+from rubric_rl.models.qwen3_5_config import ALL_PRESETS as PRESETS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rubric_rl.models.config import check_decoder_shape
+from rubric_rl.models.config import PRESETS, Qwen3Config, check_decoder_shape
 from rubric_rl.models.gated_deltanet import GatedDeltaNetConfig
 
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -271,3 +271,6 @@ QWEN3_5_PRESETS: dict[str, Qwen3_5Config] = {
         tie_word_embeddings=True,
     ),
 }
+
+# Every named model preset, both families (what `config.model.name` may name).
+ALL_PRESETS: dict[str, Qwen3Config | Qwen3_5Config] = {**PRESETS, **QWEN3_5_PRESETS}
