@@ -12,7 +12,7 @@ cache. SGLang needs none of this (its radix cache reuses prefixes server-side):
 
 Exactness: the same request gives the same tokens and, to float32 rounding, the same log-probs as
 a full re-prefill. Token i of a turn is drawn with ``fold_in(key(seed), i)`` in both paths (the
-decode loop is `jax_engine.sample_and_decode`, shared), positions are the conversation's own
+decode loop is `jax_decode.sample_and_decode`, shared), positions are the conversation's own
 (0, 1, … over real tokens, however the cache slots are laid out), and masked cache slots
 contribute exact zeros. What differs is only which matmul computed a cached K/V (a decode step
 of one token vs a prefill of many) and the length of the masked attention reductions, i.e.
@@ -48,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -58,9 +58,11 @@ from flax import nnx
 from rubric_rl.buckets import round_up_to_bucket
 from rubric_rl.core import sharding as sharding_lib
 from rubric_rl.rollout.engine import Generation, GenerationRequest, SamplingParams
+from rubric_rl.rollout.jax_decode import _generation, sample_and_decode, seed_key_data
 
-if TYPE_CHECKING:
-    from rubric_rl.rollout.jax_engine import JaxEngine
+# The engine is a `rubric_rl.rollout.jax_engine.JaxEngine`, which builds sessions
+# (`JaxEngine.prefix_session`); this module does not import it (no import cycle).
+JaxEngine = Any
 
 Array = jax.Array
 
@@ -123,8 +125,6 @@ class PrefixKernels:
         max_new_tokens: int,
         filtering: bool,
     ):
-        from rubric_rl.rollout.jax_engine import sample_and_decode
-
         eng = self.engine
         eng._traces += 1
         model = nnx.merge(eng._graphdef, params, rest)
@@ -207,8 +207,6 @@ class PrefixSession:
         params: SamplingParams,
         keys: Sequence[Hashable],
     ) -> list[list[Generation]]:
-        from rubric_rl.rollout.jax_engine import _generation
-
         eng = self._engine
         eng._check_open()
         if params.n != 1:
@@ -262,8 +260,6 @@ class PrefixSession:
         prefix_len = np.zeros((b,), np.int32)
         seeds = np.zeros((b, 2), np.uint32)
         active = np.zeros((b,), bool)
-        from rubric_rl.rollout.jax_engine import seed_key_data
-
         seeds_of = [r.seeds(1)[0] for r in requests]
         for i, (r, m) in enumerate(zip(requests, reuse, strict=True)):
             new = r.prompt_ids[m:]
