@@ -545,7 +545,12 @@ class HarnessController(Controller):
                     rollout_todo.append((task, st, c, baseline))
             c = cands.get("rubric")
             if c is not None:
-                if c.label == evorubric.RULE:
+                invalid = self._invalid_rubric(step, st, c)
+                if invalid is not None:
+                    # Unmeasured acceptance still needs an applicable edit: an invalid one (an id
+                    # already in the rubric, an anchor touched) is rejected, never raised.
+                    out[(task.id, "rubric")] = Verdict(False, None, invalid)
+                elif c.label == evorubric.RULE:
                     out[(task.id, "rubric")] = Verdict(True, None, "switching rule: no critic")
                 elif not self.config.critic:
                     out[(task.id, "rubric")] = Verdict(True, None, "no critic")
@@ -581,6 +586,17 @@ class HarnessController(Controller):
             if cands.get("rollout") is not None and (task.id, "rollout") not in out:
                 out[(task.id, "rollout")] = Verdict(False, None, DEFERRED)
         return out
+
+    def _invalid_rubric(self, step: int, st: TaskHarness, cand: Candidate) -> str | None:
+        """Why ``cand``'s ops cannot apply to the task's rubric (None: they apply)."""
+        try:
+            apply_ops(
+                st.criteria, cand.rubric, step=step, total=self.config.total_weight,
+                anchor_share=st.anchor_share,
+            )  # fmt: skip
+        except (ValueError, KeyError) as e:
+            return f"invalid: {e}"
+        return None
 
     def _measure_rubric(self, step, task, st, cand: Candidate, responses, baseline) -> Verdict:
         try:

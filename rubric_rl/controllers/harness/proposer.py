@@ -295,12 +295,15 @@ class ProgrammaticProposer:
         return None
 
     def _missing_library(self, ctx: ProposalContext, exclude=()) -> Criterion | None:
-        """The first library criterion of the task that no current criterion checks."""
+        """The first library criterion of the task that no current criterion checks and whose
+        id is free: a library check the rubric already holds under its ``lib:`` id in another
+        state (e.g. penalised by an earlier reweight) was dealt with, and is not added again."""
         if self.library is None:
             return None
         taken = [n for group in exclude for n in group]
+        ids = {c.id for c in (*ctx.criteria, *taken)}
         for cand in self.library(ctx.task):
-            if cand.weight <= 0:
+            if cand.weight <= 0 or f"lib:{cand.id}" in ids:
                 continue
             if any(checks_the_same(cand, c) for c in (*ctx.criteria, *taken)):
                 continue

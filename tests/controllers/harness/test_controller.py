@@ -205,3 +205,26 @@ def test_trainer_resume_of_a_harness_run_equals_the_uninterrupted_run(tmp_path):
         assert resumed.controllers.sampler.memory.counts() == records
     finally:
         resumed.close()
+
+
+@pytest.mark.parametrize("variant", ["smoke,no_critic", "smoke"])
+def test_an_invalid_rubric_candidate_is_rejected_not_raised(tmp_path, variant):
+    # Regression: without the critic a candidate was accepted unmeasured and applied, so a
+    # create of an id already in the rubric raised out of observe (protocol w/o critic, seed 2).
+    from rubric_rl.controllers.harness.proposer import Candidate
+    from rubric_rl.controllers.harness.rubric_ops import RubricOp
+
+    run = scripted_run(small_config(variant), ScriptedPolicy(seed=0), str(tmp_path))
+    run.step(1)
+    ctl = next(c for c in run.controllers.controllers if hasattr(c, "last_attributions"))
+    tid, st = next(iter(ctl.state.items()))
+    task = next(t for t in run.domain.train if t.id == tid)
+    dup = st.criteria[-1]
+    cand = Candidate("rubric", tid, "saturated", dup.id, rubric=(RubricOp("create", (), (dup,)),))
+    before = st.criteria
+    work = [(task, st, None, {"rubric": cand}, ("a", "b"), 0.5)]
+    verdicts = ctl._critic(2, work)
+    v = verdicts[(tid, "rubric")]
+    assert not v.accepted and v.reason.startswith("invalid:") and dup.id in v.reason
+    (row,) = ctl._apply(2, work, verdicts)
+    assert row[2]["status"] == "rejected" and st.criteria == before

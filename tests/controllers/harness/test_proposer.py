@@ -137,3 +137,21 @@ def test_interfaces_can_be_restricted():
     c = crits()
     out = only_g.propose(ctx(c), att({"praise": "spurious", c[0].id: "blind"}, saturated=True))
     assert out["rubric"] is None and out["sampling"] is None and out["rollout"] is not None
+
+
+def test_a_library_id_already_in_the_rubric_is_not_created_again():
+    # Regression (protocol run w/o critic, seed 2, step 142): ``lib:<id>`` was created, later
+    # penalised (sign flipped, so it no longer "checks the same"), and the saturated task's
+    # tightening proposed creating ``lib:<id>`` again — an id clash that raised in apply_ops.
+    c = crits()
+    labels = {x.id: "agree" for x in c}
+    first = PROP.propose(ctx(c), att(labels, saturated=True))["rubric"].rubric[0]
+    assert first.op == "create"
+    c1 = apply_ops(c, (first,), step=1, total=100.0, anchor_share=0.0)
+    made = first.new[0].id
+    penalised = tuple(x.replace(weight=-abs(x.weight)) if x.id == made else x for x in c1)
+    again = PROP.propose(ctx(penalised), att({x.id: "agree" for x in penalised}, saturated=True))
+    ops = again["rubric"].rubric if again["rubric"] is not None else ()
+    assert all(n.id != made for op in ops for n in op.new)
+    # Whatever it proposes now applies.
+    apply_ops(penalised, ops, step=2, total=100.0, anchor_share=0.0)
