@@ -130,6 +130,10 @@ class JaxEngine(RolloutEngine):
         self._batch_multiple = (
             1 if mesh is None else sharding_lib._axis_size(mesh, sharding_lib.BATCH_AXES)
         )
+        # Prefix reuse re-lays out KV slots; a model whose cache holds anything else (Qwen3.5's
+        # conv + recurrent state) re-prefills each turn instead.
+        cache = jax.eval_shape(lambda: model.init_cache(1, 1))
+        self.kv_only_cache = all(isinstance(c, dict) and set(c) == {"k", "v"} for c in cache)
 
     @classmethod
     def from_train_state(
@@ -187,10 +191,14 @@ class JaxEngine(RolloutEngine):
 
     def prefix_session(self):
         """A `rubric_rl.rollout.prefix_reuse.PrefixSession`: multi-turn generation that keeps
-        each conversation's KV cache between turns (agent rollouts use it by default)."""
+        each conversation's KV cache between turns (agent rollouts use it by default). None for
+        a model whose cache is not KV-only (hybrid linear-attention layers carry a recurrent
+        state that cannot be re-laid out by slot): callers then re-send whole conversations."""
         from rubric_rl.rollout.prefix_reuse import PrefixSession
 
         self._check_open()
+        if not self.kv_only_cache:
+            return None
         return PrefixSession(self)
 
     def health(self) -> bool:

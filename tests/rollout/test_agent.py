@@ -389,3 +389,38 @@ def test_prefix_reuse_equals_reprefill_in_agent_episodes(tok):
         )
     )
     assert async_run == sync
+
+
+def test_hybrid_model_agent_episodes_reprefill_instead_of_reusing_prefixes(tok):
+    # Qwen3.5's linear-attention layers carry a conv + recurrent state that prefix reuse cannot
+    # re-lay out by slot: the engine offers no session, and the default agent config
+    # (prefix_reuse on) re-sends whole conversations — the episodes of prefix_reuse=False.
+    from flax import nnx
+
+    from rubric_rl.models import QWEN3_5_PRESETS, Qwen3_5ForCausalLM
+    from rubric_rl.models.qwen3 import PRESETS, Qwen3ForCausalLM
+    from rubric_rl.rollout.diagnostics import rescore_trajectories
+    from rubric_rl.rollout.jax_engine import JaxEngine, JaxEngineConfig
+
+    cfg = JaxEngineConfig(
+        prompt_buckets=(64, 128, 256), batch_buckets=(4,), eos_token_ids=(tok.eos_id,)
+    )
+    assert JaxEngine(Qwen3ForCausalLM(PRESETS["tiny"], rngs=nnx.Rngs(0)), cfg).prefix_session()
+    model = Qwen3_5ForCausalLM(QWEN3_5_PRESETS["qwen3_5_tiny"], rngs=nnx.Rngs(2))
+    engine = JaxEngine(model, cfg)
+    assert not engine.kv_only_cache and engine.prefix_session() is None
+    sp = SamplingParams(max_new_tokens=12, temperature=1.0, stop_token_ids=tuple(range(20, 35)))
+    runs = {}
+    for reuse in (True, False):
+        runs[reuse] = run_agent(
+            engine,
+            ChatFormat(tok, tools_in_system=False),
+            [EchoEnv() for _ in range(4)],
+            [_task(i) for i in range(4)],
+            sp,
+            AgentConfig(max_turns=3, max_total_tokens=200, prefix_reuse=reuse),
+        )
+    assert runs[True] == runs[False]
+    assert max(len(t.turns) for t in runs[True]) >= 2
+    report = rescore_trajectories(model, runs[True], temperature=1.0)
+    assert report["max_abs_diff"] <= 5e-5  # the hybrid engine's bound (test_qwen3_5_engine.py)
