@@ -106,11 +106,17 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
     from rubric_rl.envs.constraint_library import library_criteria
 
     gen = constraints.ConstraintDomain(int(cfg.seed))
+    hard = int(cfg.get("hard_min_constraints", 0))
+
+    def tasks(split: str, n: int) -> tuple:
+        out = gen.tasks(split, n)
+        return tuple(constraints.with_hard_env(out, hard) if hard > 0 else out)
+
     return Domain(
         name="constraints",
-        train=tuple(gen.tasks("train", int(cfg.n_train))),
-        heldout=tuple(gen.tasks("heldout", int(cfg.n_heldout))),
-        ood=tuple(gen.tasks("ood", int(cfg.n_ood))),
+        train=tasks("train", int(cfg.n_train)),
+        heldout=tasks("heldout", int(cfg.n_heldout)),
+        ood=tasks("ood", int(cfg.n_ood)),
         verify=constraints.verify,
         oracle=constraints.oracle_quality,
         corpus=lambda n, seed, p_keep, copy_fraction: constraints.warmstart_corpus(
@@ -120,7 +126,7 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
         guidance=constraints.skill_guidance,
         criteria_library=library_criteria,
         copy_corpus=constraints.copy_corpus,
-        validation=tuple(gen.tasks("validation", int(cfg.n_validation))),
+        validation=tasks("validation", int(cfg.n_validation)),
     )
 
 

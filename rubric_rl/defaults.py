@@ -207,6 +207,11 @@ def get_base_config() -> ConfigDict:
         # The validation split (the embedded domain only; 0 = none): where a comparison makes its
         # choices, never on the held-out set (benchmarks/protocol.md).
         n_validation=0,
+        # The embedded domain only: > 0 puts every task with at least this many stated
+        # constraints into one more environment, "hard" (its env_name; the task type is kept),
+        # for RISED's stress test (a deliberately hard environment; 0 = off, the task types are
+        # the environments). 5 makes about a fifth of the tasks "hard" (list and format tasks).
+        hard_min_constraints=0,
         # For name="dataset": files or directories in a rubric_rl.rubrics.datasets format
         # (healthbench, rar, rubrichub, openrubrics, jsonl). No programmatic verifier, oracle or
         # warm-start corpus: judge with judge.kind="llm" (or rule criteria) and train a

@@ -572,6 +572,24 @@ class ConstraintDomain:
         )
 
 
+HARD_ENV = "hard"
+
+
+def with_hard_env(tasks: Sequence[Task], min_constraints: int) -> list[Task]:
+    """``tasks`` with every task of at least ``min_constraints`` stated constraints moved to the
+    environment ``"hard"`` (its ``env_name``; task type, prompt and rubric unchanged): RISED's
+    deliberately hard environment for the stress test (issue 17; ``domain.hard_min_constraints``).
+    """
+    if min_constraints < 1:
+        raise ValueError(f"with_hard_env: min_constraints must be >= 1, got {min_constraints}")
+    return [
+        dataclasses.replace(t, env_name=HARD_ENV)
+        if len(hard_constraints(t)) >= min_constraints
+        else t
+        for t in tasks
+    ]
+
+
 def task_bank(split: str = "train", n: int = 100, seed: int = 0) -> list[Task]:
     """``ConstraintDomain(seed).tasks(split, n)``, shaped like ``envs.registry.task_bank``."""
     return ConstraintDomain(seed).tasks(split, n)

@@ -35,6 +35,7 @@ from rubric_rl.envs.constraint_domain import (
     seed_rubric,
     task_bank,
     verify,
+    with_hard_env,
 )
 
 __all__ = [
@@ -61,4 +62,5 @@ __all__ = [
     "task_bank",
     "verify",
     "warmstart_corpus",
+    "with_hard_env",
 ]
