@@ -14,7 +14,10 @@ tool environment with multi-turn agent rollouts: ``--config=configs/grpo.py:smok
 ``p_t <- SEC`` switching arm is ``configs/harness_rl.py:switch=p``), ``ruscarl`` (RuscaRL's
 rubric scaffold, ``rubric_rl/controllers/ruscarl.py``; ``g_t <- RuscaRL`` is
 ``configs/harness_rl.py:switch=g``), ``skillrl`` (SkillRL's skill bank with a programmatic
-teacher, ``rubric_rl/controllers/skillrl.py``).
+teacher, ``rubric_rl/controllers/skillrl.py``), ``varsel=top|top_env|targeted|targeted_env``
+(RISED's reward-variance selector baselines, ``rubric_rl/controllers/rised_selectors.py``: per
+environment quotas in sampling (``env_quota``), ``tasks_per_step`` candidate groups, half of them
+trained by within-group reward variance, globally or per environment).
 """
 
 from __future__ import annotations
@@ -150,17 +153,35 @@ def apply_tool_domain(c: common.ConfigDict, name: str, *, embedded: bool, smoke:
     c.warmstart.max_prompt_len = lim["warmstart_prompt_len"]
 
 
+VARIANCE_SELECTORS = ("top", "top_env", "targeted", "targeted_env")
+
+
+def apply_variance_select(c: common.ConfigDict, which: str) -> None:
+    """RISED's baselines 3 and 4 (seed §4.2): every step ``tasks_per_step`` candidate groups
+    drawn with equal per-environment quotas, and a reward-variance selector trains half of them
+    (RISED's 64 of 128). Their exact rules are not in the seed (baselines.md §8.2)."""
+    if which not in VARIANCE_SELECTORS:
+        raise ValueError(
+            f"configs/grpo.py: varsel must be one of {VARIANCE_SELECTORS}, got {which!r}"
+        )
+    mode, _, env = which.partition("_")
+    c.controllers.sampler = "env_quota"
+    c.rollout.train_groups = int(c.rollout.tasks_per_step) // 2
+    c.variance_select = dict(mode=mode, per_env=bool(env), reward="evidence", target=None,
+                             target_multiple=2.0)  # fmt: skip
+
+
 def get_config(arg: str | None = None) -> common.ConfigDict:
     variants = common.parse_arg(arg)
     c = common.get_base_config()
     c.method = "grpo"
     c.controllers = dict(sampler="uniform")
-    known = {"smoke", "model", "gpu", "domain", "protocol", "sec", "ruscarl", "skillrl"}
+    known = {"smoke", "model", "gpu", "domain", "protocol", "sec", "ruscarl", "skillrl", "varsel"}
     unknown = set(variants) - known
     if unknown:
         raise ValueError(
             f"configs/grpo.py: unknown variant(s) {sorted(unknown)}; known: smoke, model=, gpu, "
-            "domain=, protocol, sec, ruscarl, skillrl"
+            "domain=, protocol, sec, ruscarl, skillrl, varsel="
         )
     if "skillrl" in variants:
         # SkillRL's skill bank (rubric_rl/controllers/skillrl.py): its update threshold 0.4 and
@@ -188,5 +209,7 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
         )
     if "model" in variants:
         c.model.name = variants["model"]
+    if "varsel" in variants:
+        apply_variance_select(c, variants["varsel"])
     c.lock()
     return c

@@ -650,7 +650,26 @@ def grpo_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
     RuscaRL's scaffold / SkillRL's skills when the config has a ``ruscarl`` / ``skillrl``
     section."""
     extra = [*ruscarl_controllers(config, domain), *skillrl_controllers(config, domain)]
-    return [*_grpo_sampler(config, domain), *extra]
+    return [*_grpo_sampler(config, domain), *extra, *variance_select_controllers(config)]
+
+
+def variance_select_controllers(config: ConfigDict) -> list[Controller]:
+    """RISED's reward-variance selector baselines (``config.variance_select``, when the config
+    has that section): keep ``rollout.train_groups`` of the step's groups."""
+    if config.get("variance_select") is None:
+        return []
+    from rubric_rl.controllers.rised_selectors import VarianceSelectConfig, VarianceSelector
+
+    k = int(config.rollout.train_groups)
+    if k < 1:
+        raise ValueError(
+            "config.rollout.train_groups: config.variance_select keeps k groups of "
+            f"tasks_per_step={config.rollout.tasks_per_step}; set k >= 1, got {k}"
+        )
+    vc = _from_section(
+        VarianceSelectConfig, config, "variance_select", k=k, seed=int(config.train.seed)
+    )
+    return [VarianceSelector(vc)]
 
 
 def skillrl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
@@ -665,6 +684,8 @@ def skillrl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
 
 
 def _grpo_sampler(config: ConfigDict, domain: Domain) -> list[Controller]:
+    from rubric_rl.controllers import rised_selectors  # noqa: F401  (registers "env_quota")
+
     if config.controllers.sampler == "sec":
         from rubric_rl.controllers.sec import SECConfig, SECSampler
 

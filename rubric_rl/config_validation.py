@@ -361,7 +361,11 @@ def _validate_reward_weights(config: ConfigDict, fns: list[str]) -> None:
 
 def _validate_grpo_sampler(config: ConfigDict) -> None:
     """``controllers.sampler`` of a GRPO run (builders.grpo_controllers): a ``SAMPLERS`` name."""
-    from rubric_rl.controllers import capability_sampler, sec  # noqa: F401  (register theirs)
+    from rubric_rl.controllers import (  # noqa: F401  (register theirs)
+        capability_sampler,
+        rised_selectors,
+        sec,
+    )
     from rubric_rl.controllers.sampling import SAMPLERS
 
     controllers = config.get("controllers")
