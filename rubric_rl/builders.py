@@ -739,6 +739,66 @@ def harness_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
     return [harness]
 
 
+@CONTROLLER_BUILDERS.register("rised")
+def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
+    """RISED (configs/rised.py): the per-environment quota sampler and the RISED controller
+    (tagger, selection, anti-patterns, per-rollout teacher contexts)."""
+    from rubric_rl.controllers.rised import (
+        RisedConfig,
+        RisedController,
+        embedded_description,
+        embedded_renderer,
+        generic_renderer,
+    )
+    from rubric_rl.controllers.rised_tagger import (
+        LLMTagger,
+        ProgrammaticTagger,
+        embedded_vocabulary,
+    )
+    from rubric_rl.rubrics.vocabulary import Vocabulary
+
+    r = config.rised
+    embedded = domain.name == "constraints"
+    if r.vocabulary:
+        vocab = Vocabulary.load(r.vocabulary)
+    elif embedded:
+        vocab = embedded_vocabulary(int(config.domain.seed))
+    else:
+        raise ValueError(
+            f"config.rised.vocabulary: the {domain.name!r} domain has no built-in RISED "
+            "vocabulary; give a vocabulary file (rubric_rl/rubrics/vocabulary.py format)"
+        )
+    if r.tagger == "programmatic":
+        if not embedded:
+            raise ValueError(
+                f"config.rised.tagger='programmatic' tags the embedded constraint domain only, "
+                f"not {domain.name!r}: use tagger='llm'"
+            )
+        tagger = ProgrammaticTagger(vocab)
+    elif r.tagger == "llm":
+        from rubric_rl.rubrics.llm import client_from_settings
+
+        client = client_from_settings(r.llm, config.judge.llm, where="judge.llm")
+        tagger = LLMTagger(
+            client, vocab, retry_candidates=int(r.llm.retry_candidates),
+            refresh_every=int(r.llm.refresh_every),
+        )  # fmt: skip
+    else:
+        raise ValueError(f"config.rised.tagger={r.tagger!r}: expected 'programmatic' or 'llm'")
+    rc = RisedConfig(
+        k=int(config.rollout.train_groups), selection=r.selection, beta=float(r.beta),
+        overlap=r.overlap, teacher=r.teacher, top_n=int(r.top_n),
+        anti_patterns=bool(r.anti_patterns), anti_top=int(r.anti_top),
+        variance_target=float(r.variance_target), seed=int(config.train.seed),
+    )  # fmt: skip
+    ctl = RisedController(
+        rc, vocab, tagger,
+        render=embedded_renderer if embedded else generic_renderer,
+        describe=embedded_description if embedded else None,
+    )  # fmt: skip
+    return [*_grpo_sampler(config, domain), ctl]
+
+
 def build_controllers(
     config: ConfigDict, domain: Domain, extra: Sequence[Controller] = ()
 ) -> ControllerSet:

@@ -445,6 +445,14 @@ def default_pipeline() -> Pipeline:
 PIPELINES: Registry[Callable[[Any], Pipeline]] = Registry("step pipeline (config.method)")
 
 
+@PIPELINES.register("rised")
+def rised_pipeline(config: Any) -> Pipeline:
+    """RISED: per-rollout teacher prompts (rollout's top positive rubrics ∪ its group's)."""
+    from rubric_rl.controllers.rised import rised_teacher
+
+    return default_pipeline().replace("teacher", rised_teacher)
+
+
 def build_pipeline(config: Any) -> Pipeline:
     method = str(config.get("method", "grpo"))
     return PIPELINES.get(method)(config) if method in PIPELINES else default_pipeline()
