@@ -40,7 +40,10 @@ SAMPLING = {  # stage_bounds(12) = (1-4), (5-8), (9-12)
 }
 FAILURE_CLASSES = ("blind", "saturated", "spurious", "agree")
 FAILURE = {4: (0.4, 0.2, 0.3, 0.1), 8: (0.3, 0.2, 0.3, 0.2), 12: (0.1, 0.2, 0.25, 0.45)}
-SEED_FAILURE = (0.5, 0.1, 0.3, 0.1)  # diagnostics logged every 4 steps, seed rubric constant
+SEED_FAILURE = (0.5, 0.1, 0.3, 0.1)
+# initial (steps 1-5) 0.8; trailing-5 means .76 .70 .60 .48 then .34 <= 0.4 at step 10
+PRAISE = [0.8] * 5 + [0.6, 0.5, 0.3, 0.2, 0.1, 0.1, 0.1]
+PRAISE_HALF_LIFE = 10  # diagnostics logged every 4 steps, seed rubric constant
 
 
 def harness_row(step: int) -> dict:
@@ -104,6 +107,13 @@ def write_synthetic_run(d: str) -> None:
             if step in (6, 12):
                 row.update({"eval/heldout/score": 40.0 + step, "eval/heldout/pass_rate": step / 24})
             f.write(json.dumps(row) + "\n")
+    # A RISED run's behaviours file (section 7): env "list", praise_opener halves by step 6.
+    os.makedirs(os.path.join(d, "controllers", "rised"))
+    with open(os.path.join(d, "controllers", "rised", "behaviours.jsonl"), "w") as f:
+        for step in range(1, 13):
+            freq = {"praise_opener": PRAISE[step - 1], "count_followed": step / 12}
+            row = {"step": step, "env": "list", "rollouts": 8, "failed": 0, "freq": freq}
+            f.write(json.dumps(row) + "\n")
     with open(os.path.join(d, "controllers", "arise.jsonl"), "w") as f:
         for step, entry, event, old, new in EVENTS:
             ev = {"step": step, "entry": entry, "event": event, "from": old, "to": new}
@@ -149,7 +159,7 @@ def test_notebook_on_synthetic_run(tmp_path):
     run_dir, fig_dir = str(tmp_path / "run"), str(tmp_path / "figs")
     write_synthetic_run(run_dir)
     text = execute(run_dir, fig_dir)
-    check_figures(fig_dir, FIGURES + ("failure_classes.png", "harness.png"))
+    check_figures(fig_dir, FIGURES + ("failure_classes.png", "harness.png", "rised_behaviours.png"))
     lines = set(text.splitlines())
     expected = {
         "SUMMARY last_step=12 events=8",
@@ -171,6 +181,7 @@ def test_notebook_on_synthetic_run(tmp_path):
         "SUMMARY harness rubric proposed=20 accepted=10",
         "SUMMARY harness reversal_rate=0.1200",
         "SUMMARY harness drawn_unguided_share=1.0000",
+        f"SUMMARY rised list praise_opener half_life={PRAISE_HALF_LIFE}",
     }
     assert expected <= lines, sorted(expected - lines)
     assert "WARNING pool metrics" not in text
@@ -196,6 +207,8 @@ def test_notebook_on_a_run_without_arise_logs(tmp_path):
     assert not os.path.exists(tmp_path / "figs" / "failure_classes.png")
     assert "no harness/* metrics in metrics.jsonl" in text
     assert not os.path.exists(tmp_path / "figs" / "harness.png")
+    assert "no controllers/rised/behaviours.jsonl" in text
+    assert not os.path.exists(tmp_path / "figs" / "rised_behaviours.png")
 
 
 @pytest.mark.skipif(
