@@ -8,7 +8,8 @@ tests check the two agree. Shared rules (DESIGN.md §5):
 * A reward with nothing to average (e.g. every verdict failed) is undefined: ``None`` in the
   scalar form, NaN in the vectorised one — never 0. The caller decides what to do with it.
 * "met" on a pitfall (λ < 0) means the bad behaviour is present. Rewards that count *satisfied*
-  criteria ("mean", "arise_rl_solver") treat a pitfall as satisfied when it is NOT met.
+  criteria ("mean", "arise_rl_solver") treat a pitfall as satisfied when it is NOT met;
+  "arise_rl_solver" with ``weighted=True`` counts each criterion by |λ| (issue 18).
 
 Registered names: "weighted", "healthbench", "healthbench_clipped", "arise_rl_solver", "mean".
 """
@@ -238,20 +239,31 @@ def _satisfied_matrix(scores: ScoreMatrices) -> np.ndarray:
     return np.where(positive, met, 1.0 - met) * scores.valid
 
 
-def _mean_scalar(criteria, verdicts, *, alpha: float = 1.0) -> RewardResult:
+def _mean_scalar(criteria, verdicts, *, alpha: float = 1.0, weighted: bool = False) -> RewardResult:
     pairs, num_failed = _collect(criteria, verdicts)
     n = len(pairs) - num_failed
-    if n == 0:
-        return RewardResult(None, 0, num_failed, tuple((c.id, None) for c, _ in pairs))
-    contribs = tuple((c.id, None if m is None else alpha * _satisfied(c, m) / n) for c, m in pairs)
-    s = sum(_satisfied(c, m) for c, m in pairs if m is not None) / n
+    # weighted: each criterion counts |λ| (a pitfall's weight is what breaking it costs).
+    size = {c.id: abs(c.weight) if weighted else 1.0 for c, _ in pairs}
+    den = sum(size[c.id] for c, m in pairs if m is not None)
+    if n == 0 or den <= 0.0:
+        return RewardResult(None, n, num_failed, tuple((c.id, None) for c, _ in pairs))
+    contribs = tuple(
+        (c.id, None if m is None else alpha * size[c.id] * _satisfied(c, m) / den) for c, m in pairs
+    )
+    s = sum(size[c.id] * _satisfied(c, m) for c, m in pairs if m is not None) / den
     return RewardResult(s, n, num_failed, contribs)
 
 
-def _mean_batched(scores: ScoreMatrices) -> BatchRewards:
+def _mean_batched(scores: ScoreMatrices, *, weighted: bool = False) -> BatchRewards:
     n = scores.num_valid
-    total = _satisfied_matrix(scores).sum(axis=1)
-    values = np.where(n > 0, total / np.maximum(n, 1), np.nan)
+    if not weighted:
+        total = _satisfied_matrix(scores).sum(axis=1)
+        values = np.where(n > 0, total / np.maximum(n, 1), np.nan)
+        return BatchRewards(values, n, scores.num_failed)
+    size = np.abs(scores.weights.astype(np.float64))[:, :, None]
+    total = (size * _satisfied_matrix(scores)).sum(axis=1)
+    den = (size * scores.valid).sum(axis=1)
+    values = np.where(den > 0, total / np.where(den > 0, den, 1.0), np.nan)
     return BatchRewards(values, n, scores.num_failed)
 
 
@@ -263,11 +275,14 @@ def mean_reward(
     return _mean_scalar(criteria, verdicts)
 
 
-def _arise_batched(scores: ScoreMatrices, *, alpha: float = ARISE_ALPHA) -> BatchRewards:
-    mean = _mean_batched(scores)
+def _arise_batched(
+    scores: ScoreMatrices, *, alpha: float = ARISE_ALPHA, weighted: bool = False
+) -> BatchRewards:
+    mean = _mean_batched(scores, weighted=weighted)
     s = mean.values
-    # 1[s = 1] on a mean of 0/1 values: exact when every valid criterion is satisfied.
-    all_met = (_satisfied_matrix(scores).sum(axis=1) == mean.num_valid) & (mean.num_valid > 0)
+    # 1[s = 1], exact: no valid criterion left unsatisfied (padding slots are never valid).
+    unsatisfied = ((1.0 - _satisfied_matrix(scores)) * scores.valid).sum(axis=1)
+    all_met = (unsatisfied == 0) & (mean.num_valid > 0)
     values = np.where(np.isnan(s), np.nan, alpha * s + (1.0 - alpha) * all_met)
     return BatchRewards(values, mean.num_valid, mean.num_failed)
 
@@ -278,15 +293,19 @@ def arise_rl_solver_reward(
     verdicts: Mapping[str, VerdictLike],
     *,
     alpha: float = ARISE_ALPHA,
+    weighted: bool = False,
 ) -> RewardResult:
     """ARISE-RL eq. 6–8: s = mean_j z_j over valid verdicts; r = α s + (1 − α)·1[s = 1], α = 0.8.
 
     z_j = 1 when criterion j is satisfied (a pitfall: when not met). All verdicts failed -> None.
+    ``weighted=True`` (issue 18) weighs each z_j by |λ_j|: s = Σ|λ|z / Σ|λ|, still in [0, 1] with
+    s = 1 iff every valid criterion is satisfied (``controllers/arise_rl_rewards.solver_reward``).
     """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"arise_rl_solver: alpha must be in [0, 1], got {alpha}")
-    base = _mean_scalar(criteria, verdicts, alpha=alpha)
+    base = _mean_scalar(criteria, verdicts, alpha=alpha, weighted=weighted)
     if base.value is None:
         return base
-    bonus = (1.0 - alpha) * float(base.value == 1.0)
+    all_met = all(_satisfied(c, m) for c, m in _collect(criteria, verdicts)[0] if m is not None)
+    bonus = (1.0 - alpha) * float(all_met)
     return dataclasses.replace(base, value=alpha * base.value + bonus)
