@@ -441,8 +441,8 @@ def build_mesh(config: ConfigDict) -> jax.sharding.Mesh:
 
 def model_config(config: ConfigDict, tokenizer: Tokenizer) -> Qwen3Config:
     """The Qwen3Config: a preset with ``model.shape``'s fields replaced (``models.with_shape``),
-    or a HF directory's config.json. The vocabulary (``model_vocab_size``) and the reason for it
-    are logged in one INFO line."""
+    or a HF directory's config.json, with ``model.scan_layers`` (Qwen3 / Qwen2 only). The
+    vocabulary (``model_vocab_size``) and the reason for it are logged in one INFO line."""
     m = config.model
     shape = dict(m.get("shape") or {})
     if m.name not in PRESETS:
@@ -463,7 +463,15 @@ def model_config(config: ConfigDict, tokenizer: Tokenizer) -> Qwen3Config:
     eos = cfg.eos_token_id
     if m.name in EMBEDDED_PRESETS or eos is None:
         eos = tokenizer.eos_id
-    return dataclasses.replace(cfg, vocab_size=vocab, eos_token_id=eos)
+    if isinstance(cfg, Qwen3_5Config):
+        if m.get("scan_layers", False):
+            raise ValueError(
+                f"config.model.scan_layers: {m.name!r} is a Qwen3.5 model (layers of two kinds), "
+                "which has no scanned layer stack; set scan_layers=False"
+            )
+        return dataclasses.replace(cfg, vocab_size=vocab, eos_token_id=eos)
+    scan = bool(m.get("scan_layers", False))
+    return dataclasses.replace(cfg, vocab_size=vocab, eos_token_id=eos, scan_layers=scan)
 
 
 def model_vocab_size(config: ConfigDict, cfg: Qwen3Config, tokenizer: Tokenizer) -> tuple[int, str]:
@@ -496,8 +504,10 @@ def build_model(config: ConfigDict, tokenizer: Tokenizer, mesh) -> Qwen3ForCausa
 
         if config.model.get("shape"):
             raise ValueError(checkpoint_shape_error(name))
-        model_config(config, tokenizer)  # the vocabulary check and its log line
-        return from_pretrained(name, mesh=mesh, dtype=dtype)
+        cfg = model_config(config, tokenizer)  # the vocabulary check and its log line
+        return from_pretrained(
+            name, mesh=mesh, dtype=dtype, scan_layers=getattr(cfg, "scan_layers", False)
+        )
     cfg = model_config(config, tokenizer)
     param_dtype = jnp.dtype(config.model.param_dtype)
     model_cls = Qwen3_5ForCausalLM if isinstance(cfg, Qwen3_5Config) else Qwen3ForCausalLM

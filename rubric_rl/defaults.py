@@ -36,6 +36,11 @@ def get_base_config() -> ConfigDict:
         # ``teacher_context``): the same buckets, capped at this.
         max_teacher_prompt_len=192,
         init_seed=0,
+        # Qwen3 / Qwen2: run the decoder layers as one scan over stacked parameters [L, ...]
+        # (compile time flat in depth: benchmarks/compile_depth.py); same values and the same HF
+        # checkpoints. Orbax checkpoints differ in layout, so a run keeps its setting on --resume.
+        # Not for Qwen3.5 (layers of two kinds): an error.
+        scan_layers=False,
         # Fields of the preset replaced (rubric_rl.models.SHAPE_FIELDS: hidden_size,
         # num_hidden_layers, vocab_size, ...): a random-init model of that shape, seeded by
         # init_seed, e.g. name="tiny", shape=dict(hidden_size=256, intermediate_size=768). Not

@@ -8,7 +8,8 @@ Mesh axes: ("data", "fsdp", "tensor").
 Parameter rules live on the parameters themselves as `out_sharding` metadata (see
 `rubric_rl.models.qwen3`): kernels `('fsdp', 'tensor')` / `('tensor', 'fsdp')`, the embedding
 `('tensor', None)` (sharding its model dim on "fsdp" while the batch is on "fsdp" makes the
-lookup's backward rematerialise the full table), norms replicated.
+lookup's backward rematerialise the full table), norms replicated. A scanned model's stacked layer
+parameters carry a leading None (`models.qwen3.stack_layers`): the layer axis is replicated.
 
 Divisibility fallback: when a dimension is not divisible by the product of the mesh axes named for
 it, that dimension is replicated instead (so a tiny test model runs on any mesh). The fallback is
@@ -212,7 +213,14 @@ def settle(x: Any, mesh: Mesh) -> Any:
 
 
 def kv_cache_shardings(cache: Any, mesh: Mesh) -> Any:
-    """Shardings for a KV cache pytree of [B, S, KV, hd] arrays (`Qwen3ForCausalLM.init_cache`):
-    batch over ("data", "fsdp") like the batch, kv heads over "tensor" (divisibility fallback)."""
-    names = (BATCH_AXES, None, "tensor", None)
-    return jax.tree.map(lambda x: NamedSharding(mesh, spec_for(x.shape, names, mesh)), cache)
+    """Shardings for a KV cache pytree of [B, S, KV, hd] arrays (`Qwen3ForCausalLM.init_cache`)
+    or, for a scanned model, [B, S, L, KV, hd]: batch over ("data", "fsdp") like the batch, kv
+    heads over "tensor" (divisibility fallback), the stacked layer axis replicated."""
+
+    def one(x):
+        names = (BATCH_AXES, None, "tensor", None)
+        if x.ndim == 5:
+            names = (BATCH_AXES, None, None, "tensor", None)
+        return NamedSharding(mesh, spec_for(x.shape, names, mesh))
+
+    return jax.tree.map(one, cache)

@@ -63,6 +63,10 @@ class Qwen3Config:
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     model_type: str = "qwen3"
+    # Not a shape and not in config.json: run the decoder layers as one `jax.lax.scan` over
+    # parameters stacked on a leading layer axis (compile time flat in depth; see
+    # `Qwen3ForCausalLM`). Checkpoints on disk (HF safetensors) are the same either way.
+    scan_layers: bool = False
 
     @property
     def attention_bias(self) -> bool:
@@ -245,11 +249,12 @@ PRESETS: dict[str, Qwen3Config] = {
 
 
 # The fields ``config.model.shape`` may override (``with_shape``): every Qwen3Config field but the
-# special token ids, which come from the tokenizer, and the family, which is the preset's.
+# special token ids, which come from the tokenizer, the family, which is the preset's, and
+# scan_layers, which is ``config.model.scan_layers``.
 SHAPE_FIELDS: tuple[str, ...] = tuple(
     f.name
     for f in dataclasses.fields(Qwen3Config)
-    if f.name not in ("bos_token_id", "eos_token_id", "model_type")
+    if f.name not in ("bos_token_id", "eos_token_id", "model_type", "scan_layers")
 )
 _FLOAT_FIELDS = ("rms_norm_eps", "rope_theta")
 _BOOL_FIELDS = ("tie_word_embeddings",)

@@ -14,12 +14,17 @@ We parse safetensors ourselves (format: u64 little-endian header length, JSON he
 framework="numpy")` because the numpy backend cannot return bfloat16, the usual checkpoint dtype;
 `ml_dtypes.bfloat16` (shipped with jax) can.
 
+Scanned models (`Qwen3Config.scan_layers`): a stacked layer parameter [L, ...] is read from (and
+written as) the L per-layer tensors, in the looped model's order, so a checkpoint is the same file
+either way; the layer axis is never sharded, so each device reads its slice of every layer.
+
 Export writes tensors one at a time (each gathered from its shards just before it is written), so
 host memory holds one tensor, not the model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -82,6 +87,12 @@ _LEAF_NAMES = {
 }
 # A multimodal Qwen3.5 checkpoint (model_type "qwen3_5") keeps its text tower here.
 MULTIMODAL_TEXT_PREFIX = "model.language_model."
+
+
+def stacked_layer_param(keys: tuple[Any, ...]) -> bool:
+    """Whether `param_keys` name a scanned model's stacked layer parameter ("layers", "attn", ...)
+    rather than one layer's ("layers", 3, "attn", ...)."""
+    return len(keys) > 1 and keys[0] == "layers" and not isinstance(keys[1], int)
 
 
 def param_keys(path: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -215,6 +226,7 @@ def from_pretrained(
     mesh: jax.sharding.Mesh | None = None,
     dtype: Any = jnp.float32,
     param_dtype: Any = None,
+    scan_layers: bool = False,
 ) -> Qwen3ForCausalLM | Qwen3_5ForCausalLM:
     """Loads a HF Qwen3, Qwen2/Qwen2.5 or Qwen3.5 (dense text) checkpoint directory (config.json
     + one or many *.safetensors, with model.safetensors.index.json when sharded) into the model
@@ -228,8 +240,18 @@ def from_pretrained(
     are sharded by `rubric_rl.core.sharding` rules and every device reads only its slice; without,
     they land on the default device. Raises ValueError / KeyError naming the file and tensor when a
     tensor is missing or has the wrong shape.
+
+    scan_layers: build the scanned Qwen3 / Qwen2 model (`Qwen3Config.scan_layers`; same weights,
+    stacked on a leading layer axis). Qwen3.5's mixed layers are not scanned: ValueError.
     """
     cfg = load_config(path)
+    if scan_layers:
+        if isinstance(cfg, Qwen3_5Config):
+            raise ValueError(
+                f"from_pretrained({path!r}, scan_layers=True): {cfg.model_type!r} (Qwen3.5, "
+                "layers of two kinds) has no scanned layer stack; load it with scan_layers=False"
+            )
+        cfg = dataclasses.replace(cfg, scan_layers=True)
     param_dtype = jnp.float32 if param_dtype is None else param_dtype
     model_cls = Qwen3_5ForCausalLM if isinstance(cfg, Qwen3_5Config) else Qwen3ForCausalLM
     abstract = nnx.eval_shape(
@@ -268,12 +290,35 @@ def from_pretrained(
         return f, fn
 
     def load(path_keys, var, sharding):
-        name, layout = hf_name(path_keys, prefix)
+        keys = param_keys(path_keys)
+        if stacked_layer_param(keys):  # [L, ...]: layer i from tensor model.layers.i.*
+            layer_shape = tuple(var.shape[1:])
+            reads = [
+                read_fn((keys[0], i, *keys[1:]), layer_shape, var.dtype)
+                for i in range(var.shape[0])
+            ]
+
+            def read(index):
+                layers = range(len(reads))[index[0]] if index else range(len(reads))
+                inner = tuple(index[1:]) if index else ()
+                return np.stack([reads[i](inner) for i in layers])
+
+        else:
+            read = read_fn(keys, tuple(var.shape), var.dtype)
+        if sharding is None:
+            value = jnp.asarray(read(tuple(slice(None) for _ in var.shape)))
+        else:
+            value = jax.make_array_from_callback(tuple(var.shape), sharding.get_value(), read)
+        return var.replace(value)
+
+    def read_fn(keys, shape, dtype):
+        """read(index) -> np.ndarray: the index's slice of the tensor of `keys`, in our layout."""
+        name, layout = hf_name(keys, prefix)
         f, fn = source(name)
         if layout == "conv":
-            want = (var.shape[1], 1, var.shape[0])
+            want = (shape[1], 1, shape[0])
         else:
-            want = tuple(reversed(var.shape)) if layout else tuple(var.shape)
+            want = tuple(reversed(shape)) if layout else tuple(shape)
         if f.shape(name) != want:
             raise ValueError(
                 f"{fn}: tensor {name!r} has shape {f.shape(name)}, expected {want} for config "
@@ -284,17 +329,13 @@ def from_pretrained(
             src = f.array(name)
             if layout == "conv":  # our [K, C] slice = HF [C, 1, K] slice, middle dim dropped
                 k_idx, c_idx = index if index else (slice(None), slice(None))
-                return np.ascontiguousarray(src[c_idx, 0, k_idx].T).astype(var.dtype)
+                return np.ascontiguousarray(src[c_idx, 0, k_idx].T).astype(dtype)
             if layout:  # our [in, out] slice = HF [out, in] slice transposed
                 index = tuple(reversed(index)) if index else index
-                return np.ascontiguousarray(src[index].T).astype(var.dtype)
-            return np.ascontiguousarray(src[index]).astype(var.dtype)
+                return np.ascontiguousarray(src[index].T).astype(dtype)
+            return np.ascontiguousarray(src[index]).astype(dtype)
 
-        if sharding is None:
-            value = jnp.asarray(read(tuple(slice(None) for _ in var.shape)))
-        else:
-            value = jax.make_array_from_callback(tuple(var.shape), sharding.get_value(), read)
-        return var.replace(value)
+        return read
 
     is_var = lambda x: isinstance(x, nnx.Variable)
     if shardings is None:
@@ -327,9 +368,19 @@ def _hf_tensors(
     leaves = jax.tree_util.tree_flatten_with_path(
         state, is_leaf=lambda x: isinstance(x, nnx.Variable)
     )[0]
-    for path_keys, var in leaves:
-        name, layout = hf_name(path_keys)
-        arr = var.get_value()
+    leaves = [(param_keys(p), v.get_value()) for p, v in leaves]
+    # A scanned model's stacked layer parameters (contiguous in flatten order, all under
+    # "layers") become per-layer tensors, layer-major: the looped model's order.
+    stacked = [(k, a) for k, a in leaves if stacked_layer_param(k)]
+    if stacked:
+        first = next(i for i, (k, _) in enumerate(leaves) if stacked_layer_param(k))
+        per_layer = [
+            ((k[0], i, *k[1:]), a[i]) for i in range(stacked[0][1].shape[0]) for k, a in stacked
+        ]
+        rest = [(k, a) for k, a in leaves if not stacked_layer_param(k)]
+        leaves = rest[:first] + per_layer + rest[first:]
+    for keys, arr in leaves:
+        name, layout = hf_name(keys)
         if layout == "conv":
             shape = (arr.shape[1], 1, arr.shape[0])
         else:

@@ -16,6 +16,10 @@ Parameter layout (kernels are [in, out], i.e. the transpose of torch's Linear.we
   layers[i].mlp.down_proj.kernel [F, D]        ('tensor', 'fsdp')
   layers[i].{input,post_attention}_norm.scale [D], norm.scale [D]   replicated
   lm_head.kernel [D, V] (untied only)          ('fsdp', 'tensor')
+With `config.scan_layers` the L layers are one `DecoderLayer` whose parameters carry a leading
+layer axis: `layers.attn.q_proj.kernel [L, D, n*hd]`, out_sharding (None, 'fsdp', 'tensor') — the
+layer axis is never sharded — and the forward and `decode` run one `jax.lax.scan` over it (compile
+time flat in depth). Hugging Face I/O (`hf_io`) stacks / unstacks, so checkpoints are the same.
 The `out_sharding` metadata names mesh axes of `rubric_rl.core.sharding.make_mesh`; parameters are
 created unsharded (eager sharding off) and placed by `rubric_rl.core.sharding`, which also drops an
 axis whose size does not divide the dimension.
@@ -43,6 +47,8 @@ __all__ = [
     "default_positions",
     "get_config",
     "logits_from_hidden",
+    "stack_layers",
+    "unstack_layers",
 ]
 
 Array = jax.Array
@@ -306,6 +312,67 @@ class DecoderLayer(nnx.Module):
         return x, new_cache
 
 
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def stack_layers(layers: list[nnx.Module]) -> nnx.Module:
+    """One module of the layers' (common) structure whose every variable holds the layers' values
+    stacked on a new leading axis, its `out_sharding` extended by a leading None (the layer axis
+    stays replicated: each device runs every layer of its shard)."""
+    splits = [nnx.split(layer) for layer in layers]
+    graphdef = splits[0][0]
+
+    def stack(*vs: nnx.Variable) -> nnx.Variable:
+        value = jnp.stack([v.get_value() for v in vs])
+        names = vs[0].get_metadata().get("out_sharding")
+        if names is None:
+            return vs[0].replace(value)
+        return vs[0].replace(value, out_sharding=(None, *names))
+
+    state = jax.tree.map(stack, *(st for _, st in splits), is_leaf=_is_variable)
+    return nnx.merge(graphdef, state)
+
+
+def unstack_layers(stacked: nnx.Module) -> list[nnx.Module]:
+    """The inverse of `stack_layers`: one module per index of the leading layer axis."""
+    graphdef, state = nnx.split(stacked)
+    leaves = jax.tree.leaves(state, is_leaf=_is_variable)
+    n = leaves[0].shape[0]
+
+    def take(v: nnx.Variable, i: int) -> nnx.Variable:
+        names = v.get_metadata().get("out_sharding")
+        if names is None:
+            return v.replace(v.get_value()[i])
+        return v.replace(v.get_value()[i], out_sharding=tuple(names[1:]))
+
+    return [
+        nnx.merge(graphdef, jax.tree.map(lambda v, i=i: take(v, i), state, is_leaf=_is_variable))
+        for i in range(n)
+    ]
+
+
+def scan_decoder_layers(
+    stacked: nnx.Module, body: Any, carry: Any, xs: Any = None, *, remat: bool = False
+) -> tuple[Any, Any]:
+    """`jax.lax.scan` of ``body(layer, carry, x) -> (carry, y)`` over the layers of a
+    `stack_layers` module: ``layer`` is layer i's module (its slice of every stacked parameter),
+    ``x`` its slice of ``xs`` (a pytree with leading axis L, or None).
+
+    The body is traced once for all layers, so compile time does not grow with depth. remat:
+    `jax.checkpoint` around the body (each layer's activations recomputed in the backward pass;
+    prevent_cse=False is safe and faster inside scan, per the jax.checkpoint docs)."""
+    graphdef, state = nnx.split(stacked)
+
+    def step(carry, inputs):
+        layer_state, x = inputs
+        return body(nnx.merge(graphdef, layer_state), carry, x)
+
+    if remat:
+        step = jax.checkpoint(step, prevent_cse=False)
+    return jax.lax.scan(step, carry, (state, xs))
+
+
 # ----------------------------------------------------------------------------- model
 
 
@@ -369,7 +436,8 @@ class Qwen3ForCausalLM(nnx.Module):
     ):
         """remat: rematerialise each decoder layer in the backward pass of `hidden_states`
         (activation memory O(layers * B*T*D) instead of everything; same values). May be toggled
-        later by assigning `model.remat`.
+        later by assigning `model.remat`. Applies to the scanned layers too (`config.scan_layers`:
+        a checkpointed scan body).
 
         attention_impl (full-sequence forward only; KV-cache decoding always uses "xla"):
           "xla"   — `attention`, hand-written for XLA (the fast choice on CPU; the default);
@@ -384,9 +452,10 @@ class Qwen3ForCausalLM(nnx.Module):
         self.remat = remat
         kw = dict(dtype=dtype, param_dtype=param_dtype)
         self.embed = token_embedding(config, rngs=rngs, **kw)
-        self.layers = nnx.List(
-            [DecoderLayer(config, rngs=rngs, **kw) for _ in range(config.num_hidden_layers)]
-        )
+        # Built layer by layer either way: the same rngs draws, so a scanned and a looped model
+        # of one seed hold the same weights (scanned: stacked on a leading layer axis).
+        layers = [DecoderLayer(config, rngs=rngs, **kw) for _ in range(config.num_hidden_layers)]
+        self.layers = stack_layers(layers) if config.scan_layers else nnx.List(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
         if not config.tie_word_embeddings:
             self.lm_head = Dense(
@@ -417,6 +486,11 @@ class Qwen3ForCausalLM(nnx.Module):
                 x, positions, mask, attention_impl=self.attention_impl, causal_blocks=blocks
             )[0]
 
+        if self.config.scan_layers:
+            x, _ = scan_decoder_layers(
+                self.layers, lambda layer, x, _: (run(layer, x), None), x, remat=self.remat
+            )
+            return self.norm(x)
         if self.remat:
             run = nnx.remat(run)
         for layer in self.layers:
@@ -447,10 +521,17 @@ class Qwen3ForCausalLM(nnx.Module):
 
     def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> list[dict[str, Array]]:
         """Zeroed KV cache: a list (one per layer) of {"k", "v"} arrays [batch, max_len, KV, hd]
-        in `dtype` (default: the compute dtype). A plain pytree: pass it through jit/while_loop."""
+        in `dtype` (default: the compute dtype). A plain pytree: pass it through jit/while_loop.
+
+        With `config.scan_layers`: a list of ONE {"k", "v"} pair [batch, max_len, L, KV, hd], all
+        layers stacked on axis 2 — batch and slot axes stay first, where the engine shards rows
+        and prefix reuse gathers slots, and the scan updates each layer's slots in place."""
         c = self.config
         dtype = dtype or self.dtype
         shape = (batch, max_len, c.num_key_value_heads, c.head_dim)
+        if c.scan_layers:
+            shape = (batch, max_len, c.num_hidden_layers, *shape[2:])
+            return [{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}]
         return [
             {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
             for _ in range(c.num_hidden_layers)
@@ -486,6 +567,12 @@ class Qwen3ForCausalLM(nnx.Module):
         cache_index = jnp.asarray(cache_index, jnp.int32)
         mask = cache_attention_mask(input_ids.shape[1], cache_index, cache_mask)
         x = self.embed(input_ids).astype(self.dtype)
+        if self.config.scan_layers:
+            x, new_cache = self._decode_scanned(x, positions, mask, cache, cache_index)
+            h = self.norm(x)
+            if last_only:
+                h = h[:, -1:]
+            return logits_from_hidden(h, self.unembed()), new_cache
         new_cache = []
         for layer, layer_cache in zip(self.layers, cache, strict=True):
             x, lc = layer(x, positions, mask, kv_cache=layer_cache, cache_index=cache_index)
@@ -494,6 +581,36 @@ class Qwen3ForCausalLM(nnx.Module):
         if last_only:
             h = h[:, -1:]
         return logits_from_hidden(h, self.unembed()), new_cache
+
+    def _decode_scanned(self, x, positions, mask, cache, cache_index):
+        """The layers of `decode` as one scan; the stacked cache [B, S, L, KV, hd] rides in the
+        carry and only layer i's t new slots are written back (in place under jit)."""
+        if len(cache) != 1 or cache[0]["k"].ndim != 5:
+            raise ValueError(
+                "Qwen3ForCausalLM.decode: config.scan_layers needs the stacked cache of "
+                "init_cache (one {'k','v'} pair [B, S, L, KV, hd])"
+            )
+        t = x.shape[1]
+
+        def body(layer, carry, i):
+            x, ks, vs = carry
+            layer_cache = {
+                "k": jax.lax.dynamic_index_in_dim(ks, i, axis=2, keepdims=False),
+                "v": jax.lax.dynamic_index_in_dim(vs, i, axis=2, keepdims=False),
+            }
+            x, lc = layer(x, positions, mask, kv_cache=layer_cache, cache_index=cache_index)
+            at = (0, cache_index, i, 0, 0)
+            new_k = jax.lax.dynamic_slice_in_dim(lc["k"], cache_index, t, axis=1)
+            new_v = jax.lax.dynamic_slice_in_dim(lc["v"], cache_index, t, axis=1)
+            ks = jax.lax.dynamic_update_slice(ks, new_k[:, :, None], at)
+            vs = jax.lax.dynamic_update_slice(vs, new_v[:, :, None], at)
+            return (x, ks, vs), None
+
+        layers = jnp.arange(self.config.num_hidden_layers, dtype=jnp.int32)
+        (x, ks, vs), _ = scan_decoder_layers(
+            self.layers, body, (x, cache[0]["k"], cache[0]["v"]), layers
+        )
+        return x, [{"k": ks, "v": vs}]
 
 
 def cache_attention_mask(t: int, cache_index: Array, cache_mask: Array) -> Array:
