@@ -414,6 +414,7 @@ def calibration_rows(groups: Mapping[str, Sequence[an.Run]]) -> list[dict[str, A
 # CI over seeds: (label, key, how). ``("last", f)``: the mean over the run's steps above
 # (1 - f)·train.steps; ``("window", lo, hi)``: over steps in (lo·T, hi·T]; ``"final"``: the
 # value at the final step (cumulative metrics).
+ALL_STEPS = ("window", 0.0, 1.0)
 DYNAMICS = (
     ("blind", "failure/blind", ("last", 0.1)),
     ("saturated", "failure/saturated", ("last", 0.1)),
@@ -428,6 +429,14 @@ DYNAMICS = (
     # Over the step's drawn tasks (``harness/guidance/unguided_share`` is over the whole bank).
     ("unguided share at 70 %", "harness/guidance/drawn_unguided_share", ("window", 2 / 3, 0.75)),
     ("fields per task (peak)", "harness/guidance/drawn_fields_per_task", "max"),
+    # RISED's (benchmarks/protocol_rised.md), means over steps 1-T.
+    ("candidate zero-variance share", "rised/select/candidates/zero_variance_frac", ALL_STEPS),
+    ("selected zero-variance share", "rised/select/selected/zero_variance_frac", ALL_STEPS),
+    ("pool mean variance", "rised/select/candidates/variance_mean", ALL_STEPS),
+    ("selected mean variance", "rised/select/selected/variance_mean", ALL_STEPS),
+    ("SD context share", "sd/context_frac", ALL_STEPS),
+    ("SD KL", "train/sd/kl", ALL_STEPS),
+    ("anti-pattern share of envs", "rised/anti/env_share", ALL_STEPS),
 )
 COST_KEY = "time/step"
 COST_SPLIT = ("harness/time/critic", "harness/time/attributor_proposer", "harness/time/memory")

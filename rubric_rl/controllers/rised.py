@@ -320,6 +320,7 @@ class RisedController(Controller):
             if self.config.anti_patterns and n_neg > n_pos:
                 anti[env] = top_negative(p, self.vocab, k=self.config.anti_top)
             m[f"anti/{env}/items"] = float(len(anti.get(env, ())))
+        m["anti/env_share"] = len(anti) / len(per_env) if per_env else 0.0
         self.anti = anti
         return m
 

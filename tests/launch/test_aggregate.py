@@ -488,3 +488,23 @@ def test_dynamics_windows_final_values_and_paired_cost_ratio(tmp_path):
     assert os.path.exists(tmp_path / "out" / "dynamics.csv")
     with pytest.raises(ValueError, match="--cost-reference"):
         aggregate.report(groups, str(tmp_path / "out"), cost_reference="nope")
+
+
+def test_rised_dynamics_are_means_over_every_step(tmp_path):
+    r = tmp_path / "sweep"
+    for seed, base in enumerate([0.5, 0.7]):
+        _write_dynamics_run(
+            r / "rised" / f"seed{seed}",
+            10,
+            lambda s, b=base: {
+                "rised/select/candidates/zero_variance_frac": b + (s % 2) / 10,
+                "rised/select/selected/variance_mean": s / 100,
+                "rised/anti/env_share": 1.0 if s > 5 else 0.0,
+            },
+        )
+    rows = {row["group"]: row for row in aggregate.dynamics_rows(aggregate.load_groups(str(r)))}
+    row = rows["rised"]
+    assert row["candidate zero-variance share"][0] == pytest.approx(np.mean([0.55, 0.75]))
+    assert row["selected mean variance"][0] == pytest.approx(0.055)
+    assert row["anti-pattern share of envs"][0] == pytest.approx(0.5)
+    assert "blind" not in row and "SD KL" not in row
