@@ -282,7 +282,10 @@ def _case_pairs_for(config, tokenizer, params) -> CasePairs | None:
 # Model options added after warm starts were first cached: left out of the key at these defaults
 # (the behaviour before they existed; model.shape: when empty), so a cache keeps serving the runs
 # it served.
-_MODEL_KEY_DEFAULTS = {"vocab_multiple": 64, "chat_template": "auto"}
+_MODEL_KEY_DEFAULTS = {"vocab_multiple": 64, "chat_template": "auto", "scan_layers": False}
+# Domain options likewise (hard_min_constraints: RISED's hard environment relabels tasks' env_name;
+# the warm-start corpus does not read it, but a non-default value keys its own cache).
+_DOMAIN_KEY_DEFAULTS = {"hard_min_constraints": 0}
 
 
 def cache_key(config) -> str:
@@ -295,7 +298,11 @@ def cache_key(config) -> str:
     model = {k: v for k, v in model.items() if k not in left_out}
     relevant = {
         "model": model,
-        "domain": config.domain.to_dict(),
+        "domain": {
+            k: v
+            for k, v in config.domain.to_dict().items()
+            if not (k in _DOMAIN_KEY_DEFAULTS and v == _DOMAIN_KEY_DEFAULTS[k])
+        },
         "warmstart": ws,
         "completion": [int(config.rollout.max_new_tokens), list(config.rollout.buckets)],
         "train_seed": int(config.train.seed),

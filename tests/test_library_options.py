@@ -348,3 +348,14 @@ def test_step_timer_times_from_one_step_end_to_the_next(monkeypatch):
         timer.summary(0)
     with pytest.raises(ValueError, match="none after the 4 warm-up"):
         timer.summary(4)
+
+
+def test_warm_start_cache_key_unchanged_by_the_hard_environment_option_at_its_default():
+    c = grpo.get_config("smoke")
+    key = warmstart.cache_key(c)
+    with c.unlocked():
+        del c.domain["hard_min_constraints"]  # a config from before the option existed
+    assert warmstart.cache_key(c) == key
+    with c.unlocked():
+        c.domain.hard_min_constraints = 5
+    assert warmstart.cache_key(c) != key
