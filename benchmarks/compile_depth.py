@@ -12,7 +12,10 @@ about flat in depth.
 
 Ratios (the CONVENTIONS' "ratio to a peer measured in the same run"):
   ``depth_ratio_loop`` / ``depth_ratio_scan``: compile at the deepest ÷ the shallowest depth;
-  ``scan_over_loop``: scanned ÷ looped compile time at each depth.
+  ``scan_over_loop``: scanned ÷ looped compile time at each depth;
+  ``*_cpu``: the depth ratios in process CPU seconds (less sensitive to a busy machine);
+  ``*_equations``: the depth ratios of the traced program's size (jaxpr equations of the loss
+  and its gradient, nested bodies included): exact, whatever the machine's load.
 Issue 15's target: a 28-layer model compiles in at most 1.5× a 4-layer one of the same width
 (``--depths 4,28``). Absolute seconds vary ≈2× on shared CPUs; the ratios are the figures.
 """
@@ -66,6 +69,20 @@ def _listen(event: str, duration: float, **_: object) -> None:
 jax.monitoring.register_event_duration_secs_listener(_listen)
 
 
+def count_equations(jaxpr) -> int:
+    """Equations of a jaxpr, those of nested jaxprs (scan / remat / pjit bodies) included: the
+    traced program's size, a figure that does not depend on how busy the machine is."""
+    n = 0
+    for eqn in jaxpr.eqns:
+        n += 1
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, tuple | list) else (v,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    n += count_equations(inner)
+    return n
+
+
 def compile_seconds(cfg: Qwen3Config, batch: int, seq: int) -> dict:
     """{"compile_s" (trace + lower + XLA compile of everything the first step call compiles),
     "trace_s", "lower_s", "xla_s", "step_s"} of a fresh train step for ``cfg`` on one device."""
@@ -76,14 +93,23 @@ def compile_seconds(cfg: Qwen3Config, batch: int, seq: int) -> dict:
     step = ts.make_train_step(config, graphdef, mesh)
     data = jax.block_until_ready(sharding.shard_batch(make_batch(cfg, batch, seq), mesh))
     _durations.clear()
+    cpu = time.process_time()
     state, metrics = step(state, data)
     jax.block_until_ready(metrics)
+    first_cpu = time.process_time() - cpu
     parts = {k: round(v, 3) for k, v in sorted(_durations.items())}
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     state, metrics = step(state, data)
     jax.block_until_ready(metrics)
-    step_s = time.perf_counter() - start
-    return {"compile_s": round(sum(_durations.values()), 3), **parts, "step_s": round(step_s, 4)}
+    step_s, step_cpu = time.perf_counter() - start, time.process_time() - cpu
+    jaxpr = jax.make_jaxpr(step.loss_and_grads)(state, data)
+    return {
+        "loss_and_grads_equations": count_equations(jaxpr.jaxpr),
+        "compile_s": round(sum(_durations.values()), 3),
+        "compile_cpu_s": round(first_cpu - step_cpu, 3),
+        **parts,
+        "step_s": round(step_s, 4),
+    }
 
 
 def main() -> None:
@@ -106,6 +132,8 @@ def main() -> None:
             results[mode][str(depth)] = compile_seconds(cfg, args.batch, args.seq)
     lo, hi = str(depths[0]), str(depths[-1])
     c = {m: {d: r["compile_s"] for d, r in results[m].items()} for m in results}
+    cpu = {m: {d: r["compile_cpu_s"] for d, r in results[m].items()} for m in results}
+    eqns = {m: {d: r["loss_and_grads_equations"] for d, r in results[m].items()} for m in results}
     out = {
         "benchmark": "compile_depth",
         "step": "grpo",
@@ -118,6 +146,13 @@ def main() -> None:
         f"depth_ratio_loop_{hi}_over_{lo}": round(c["loop"][hi] / c["loop"][lo], 2),
         f"depth_ratio_scan_{hi}_over_{lo}": round(c["scan"][hi] / c["scan"][lo], 2),
         "scan_over_loop": {d: round(c["scan"][d] / c["loop"][d], 2) for d in c["loop"]},
+        # The same ratios in process CPU seconds (the first call's minus a step's): less
+        # sensitive to other processes on a shared machine than wall time.
+        f"depth_ratio_loop_{hi}_over_{lo}_cpu": round(cpu["loop"][hi] / cpu["loop"][lo], 2),
+        f"depth_ratio_scan_{hi}_over_{lo}_cpu": round(cpu["scan"][hi] / cpu["scan"][lo], 2),
+        # The traced program's size (jaxpr equations of the loss and its gradient), exact.
+        f"depth_ratio_loop_{hi}_over_{lo}_equations": round(eqns["loop"][hi] / eqns["loop"][lo], 2),
+        f"depth_ratio_scan_{hi}_over_{lo}_equations": round(eqns["scan"][hi] / eqns["scan"][lo], 2),
     }
     print(json.dumps(out))
 
