@@ -201,7 +201,7 @@ def role_prompt(task_type: str, recent: Sequence[str] = (), *, n_negatives: int 
         "write the question in <question> </question> and each rule in "
         "<criterion> </criterion> , all in <rubric> </rubric> ."
     )
-    negatives = [canonical(q) for q in list(recent)[-n_negatives:] if n_negatives] if recent else []
+    negatives = [canonical(q) for q in list(recent)[-n_negatives:]] if n_negatives else []
     if negatives:
         system += " avoid : " + " ".join(f"<question> {q} </question>" for q in negatives)
     return (Message("system", system), Message("user", "write a task ."))
