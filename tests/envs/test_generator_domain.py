@@ -379,3 +379,15 @@ def test_corpus_opt_in():
     assert dataclasses.replace(wrapped, corpus=None, vocabulary=None) == dataclasses.replace(
         domain, corpus=None, vocabulary=None
     )
+
+
+def test_reference_turns_replayed_through_the_env_are_grounded_and_parse():
+    for task in GeneratorEnv.task_bank("train", 8):
+        env = GeneratorEnv()
+        env.reset(task)
+        turns = GeneratorEnv.reference_turns(task)
+        for turn in turns:
+            res = env.step(turn)
+        assert res.done and res.info["status"] == "answered" and len(turns) == 2
+        g, out = episode_outcome(env.response())
+        assert g.reason is None and out.tool_observed and g.task.task_type == task.task_type
