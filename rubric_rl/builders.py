@@ -38,6 +38,7 @@ from rubric_rl.models import (
 )
 from rubric_rl.models.config import checkpoint_shape_error, with_shape
 from rubric_rl.models.hf_io import load_config
+from rubric_rl.models.qwen3 import REMAT_POLICIES
 from rubric_rl.models.qwen3_5_config import ALL_PRESETS as PRESETS
 from rubric_rl.registry import Registry
 from rubric_rl.rubrics.types import Task
@@ -499,21 +500,30 @@ def build_model(config: ConfigDict, tokenizer: Tokenizer, mesh) -> Qwen3ForCausa
     weights (``init_seed`` unused: nothing is random)."""
     dtype = jnp.dtype(config.model.dtype)
     name = config.model.name
+    remat = config.model.get("remat", "none")
+    if remat not in REMAT_POLICIES:
+        raise ValueError(f"config.model.remat: {remat!r}; expected one of {REMAT_POLICIES}")
     if name not in PRESETS:
         from rubric_rl.models import from_pretrained
 
         if config.model.get("shape"):
             raise ValueError(checkpoint_shape_error(name))
         cfg = model_config(config, tokenizer)  # the vocabulary check and its log line
-        return from_pretrained(
+        model = from_pretrained(
             name, mesh=mesh, dtype=dtype, scan_layers=getattr(cfg, "scan_layers", False)
         )
+        model.remat = remat
+        return model
     cfg = model_config(config, tokenizer)
     param_dtype = jnp.dtype(config.model.param_dtype)
     model_cls = Qwen3_5ForCausalLM if isinstance(cfg, Qwen3_5Config) else Qwen3ForCausalLM
     return sharding.init_sharded(
         lambda: model_cls(
-            cfg, rngs=nnx.Rngs(int(config.model.init_seed)), dtype=dtype, param_dtype=param_dtype
+            cfg,
+            rngs=nnx.Rngs(int(config.model.init_seed)),
+            dtype=dtype,
+            param_dtype=param_dtype,
+            remat=remat,
         ),
         mesh,
     )

@@ -41,6 +41,10 @@ def get_base_config() -> ConfigDict:
         # checkpoints. Orbax checkpoints differ in layout, so a run keeps its setting on --resume.
         # Not for Qwen3.5 (layers of two kinds): an error.
         scan_layers=False,
+        # Rematerialisation in the backward pass (activation memory for compute): "none", "full"
+        # (each layer recomputed) or "dots" (matmul outputs kept, the rest recomputed);
+        # rubric_rl.models.qwen3.REMAT_POLICIES.
+        remat="none",
         # Fields of the preset replaced (rubric_rl.models.SHAPE_FIELDS: hidden_size,
         # num_hidden_layers, vocab_size, ...): a random-init model of that shape, seeded by
         # init_seed, e.g. name="tiny", shape=dict(hidden_size=256, intermediate_size=768). Not

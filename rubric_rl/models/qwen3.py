@@ -352,16 +352,42 @@ def unstack_layers(stacked: nnx.Module) -> list[nnx.Module]:
     ]
 
 
+# Rematerialisation (`Qwen3ForCausalLM(remat=)`, ``config.model.remat``): "none"; "full" (each
+# layer's activations recomputed in the backward pass: memory O(layers · B·T·D)); "dots" (matmul
+# outputs without batch dims kept, the elementwise work around them recomputed: jax's
+# dots_with_no_batch_dims_saveable, the usual middle ground on accelerators).
+REMAT_POLICIES = ("none", "full", "dots")
+
+
+def remat_policy(remat: bool | str) -> tuple[bool, Any]:
+    """(rematerialise?, the `jax.checkpoint` policy) of a `remat` setting: True = "full", False =
+    "none", or a name in `REMAT_POLICIES`."""
+    if remat is True or remat == "full":
+        return True, None
+    if remat is False or remat == "none":
+        return False, None
+    if remat == "dots":
+        return True, jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    raise ValueError(f"remat={remat!r}: expected True, False or one of {REMAT_POLICIES}")
+
+
 def scan_decoder_layers(
-    stacked: nnx.Module, body: Any, carry: Any, xs: Any = None, *, remat: bool = False
+    stacked: nnx.Module,
+    body: Any,
+    carry: Any,
+    xs: Any = None,
+    *,
+    remat: bool = False,
+    policy: Any = None,
 ) -> tuple[Any, Any]:
     """`jax.lax.scan` of ``body(layer, carry, x) -> (carry, y)`` over the layers of a
     `stack_layers` module: ``layer`` is layer i's module (its slice of every stacked parameter),
     ``x`` its slice of ``xs`` (a pytree with leading axis L, or None).
 
     The body is traced once for all layers, so compile time does not grow with depth. remat:
-    `jax.checkpoint` around the body (each layer's activations recomputed in the backward pass;
-    prevent_cse=False is safe and faster inside scan, per the jax.checkpoint docs)."""
+    `jax.checkpoint` around the body with `policy` (each layer's activations recomputed in the
+    backward pass; prevent_cse=False is safe and faster inside scan, per the jax.checkpoint
+    docs)."""
     graphdef, state = nnx.split(stacked)
 
     def step(carry, inputs):
@@ -369,7 +395,7 @@ def scan_decoder_layers(
         return body(nnx.merge(graphdef, layer_state), carry, x)
 
     if remat:
-        step = jax.checkpoint(step, prevent_cse=False)
+        step = jax.checkpoint(step, prevent_cse=False, policy=policy)
     return jax.lax.scan(step, carry, (state, xs))
 
 
@@ -431,13 +457,14 @@ class Qwen3ForCausalLM(nnx.Module):
         rngs: nnx.Rngs,
         dtype: Any = jnp.float32,
         param_dtype: Any = jnp.float32,
-        remat: bool = False,
+        remat: bool | str = False,
         attention_impl: str = "xla",
     ):
         """remat: rematerialise each decoder layer in the backward pass of `hidden_states`
-        (activation memory O(layers * B*T*D) instead of everything; same values). May be toggled
-        later by assigning `model.remat`. Applies to the scanned layers too (`config.scan_layers`:
-        a checkpointed scan body).
+        (activation memory O(layers * B*T*D) instead of everything; same values): True / "full",
+        or "dots" (keep the matmul outputs, recompute the rest; see `REMAT_POLICIES`); False /
+        "none" = off. May be changed later by assigning `model.remat`. Applies to the scanned
+        layers too (`config.scan_layers`: a checkpointed scan body).
 
         attention_impl (full-sequence forward only; KV-cache decoding always uses "xla"):
           "xla"   — `attention`, hand-written for XLA (the fast choice on CPU; the default);
@@ -446,6 +473,7 @@ class Qwen3ForCausalLM(nnx.Module):
           "auto"  — jax's own choice (cuDNN when usable) on GPU, "xla" elsewhere.
         """
         check_attention_impl("Qwen3ForCausalLM", attention_impl)
+        remat_policy(remat)  # a bad setting fails here, not at the first backward pass
         self.attention_impl = attention_impl
         self.config = config
         self.dtype = dtype
@@ -486,13 +514,18 @@ class Qwen3ForCausalLM(nnx.Module):
                 x, positions, mask, attention_impl=self.attention_impl, causal_blocks=blocks
             )[0]
 
+        remat, policy = remat_policy(self.remat)
         if self.config.scan_layers:
             x, _ = scan_decoder_layers(
-                self.layers, lambda layer, x, _: (run(layer, x), None), x, remat=self.remat
+                self.layers,
+                lambda layer, x, _: (run(layer, x), None),
+                x,
+                remat=remat,
+                policy=policy,
             )
             return self.norm(x)
-        if self.remat:
-            run = nnx.remat(run)
+        if remat:
+            run = nnx.remat(run, policy=policy)
         for layer in self.layers:
             x = run(layer, x)
         return self.norm(x)

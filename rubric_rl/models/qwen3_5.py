@@ -49,6 +49,7 @@ from rubric_rl.models.qwen3 import (
     full_sequence_inputs,
     fused_attention,
     logits_from_hidden,
+    remat_policy,
     rope,
     token_embedding,
     write_kv_cache,
@@ -186,12 +187,13 @@ class Qwen3_5ForCausalLM(nnx.Module):
         rngs: nnx.Rngs,
         dtype: Any = jnp.float32,
         param_dtype: Any = jnp.float32,
-        remat: bool = False,
+        remat: bool | str = False,
         attention_impl: str = "xla",
     ):
         """remat / attention_impl: as for `Qwen3ForCausalLM` (attention_impl applies to the
-        full-attention layers)."""
+        full-attention layers). The layers always run as a loop (two kinds: no scan)."""
         check_attention_impl("Qwen3_5ForCausalLM", attention_impl)
+        remat_policy(remat)
         self.attention_impl = attention_impl
         self.config = config
         self.dtype = dtype
@@ -230,8 +232,9 @@ class Qwen3_5ForCausalLM(nnx.Module):
                 causal_blocks=blocks,
             )
 
-        if self.remat:
-            run = nnx.remat(run)
+        remat, policy = remat_policy(self.remat)
+        if remat:
+            run = nnx.remat(run, policy=policy)
         for layer in self.layers:
             x = run(layer, x)
         return self.norm(x)

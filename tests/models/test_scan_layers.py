@@ -136,11 +136,20 @@ def test_logits_equal_loop(preset, side):
     assert np.abs(want[real]).max() > 0.05  # not vacuous
 
 
-@pytest.mark.parametrize("remat", [False, True])
-@pytest.mark.parametrize("preset", FAMILIES)
+@pytest.mark.parametrize(
+    "preset,remat",
+    [
+        ("tiny", False),
+        ("tiny", True),
+        ("tiny", "dots"),
+        ("qwen2_tiny", False),
+        ("qwen2_tiny", "full"),
+    ],
+)
 def test_gradients_equal_loop(preset, remat):
+    """Scanned (with the remat setting) vs the plain loop: the same loss and gradients."""
     loop, scan = _pair(preset, seed=2, tie_word_embeddings=False)
-    loop.remat = scan.remat = remat
+    scan.remat = remat
     ids, mask = _batch(loop.config.vocab_size, "left")
     loss_l, g_loop = _grads(loop, ids, mask)
     loss_s, g_scan = _grads(scan, ids, mask)
@@ -328,6 +337,21 @@ def test_orbax_train_state_round_trip_and_layout_mismatch(tmp_path):
 # ----------------------------------------------------------------------------- config
 
 
+@pytest.mark.parametrize("remat", ["full", "dots"])
+def test_loop_remat_policies_keep_gradients(remat):
+    loop, _ = _pair(seed=8)
+    ids, mask = _batch(loop.config.vocab_size, "right")
+    _, want = _grads(loop, ids, mask)
+    loop.remat = remat
+    _, got = _grads(loop, ids, mask)
+    _assert_trees_close(got, want, atol=1e-6)
+
+
+def test_remat_setting_is_checked():
+    with pytest.raises(ValueError, match="remat='some'"):
+        Qwen3ForCausalLM(_cfg("tiny", True), rngs=nnx.Rngs(0), remat="some")
+
+
 def test_builder_passes_the_flag_and_refuses_qwen3_5():
     from rubric_rl import builders
     from rubric_rl.defaults import get_base_config
@@ -338,6 +362,13 @@ def test_builder_passes_the_flag_and_refuses_qwen3_5():
     assert builders.model_config(config, tok).scan_layers is False
     config.model.scan_layers = True
     assert builders.model_config(config, tok).scan_layers is True
+    config.model.remat = "dots"
+    model = builders.build_model(config, tok, sharding.make_mesh(1, 1, 1, jax.devices()[:1]))
+    assert model.config.scan_layers and model.remat == "dots"
+    config.model.remat = "everything"
+    with pytest.raises(ValueError, match="config.model.remat"):
+        builders.build_model(config, tok, None)
+    config.model.remat = "none"
     qwen35 = [n for n in builders.PRESETS if n.startswith("qwen3_5") and "tiny" in n]
     if qwen35:
         config.model.name = qwen35[0]
