@@ -38,7 +38,7 @@ from rubric_rl.models import (
 )
 from rubric_rl.models.config import checkpoint_shape_error, with_shape
 from rubric_rl.models.hf_io import load_config
-from rubric_rl.models.qwen3 import REMAT_POLICIES
+from rubric_rl.models.layer_stack import REMAT_POLICIES
 from rubric_rl.models.qwen3_5_config import ALL_PRESETS as PRESETS
 from rubric_rl.registry import Registry
 from rubric_rl.rubrics.types import Task

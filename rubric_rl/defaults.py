@@ -43,7 +43,7 @@ def get_base_config() -> ConfigDict:
         scan_layers=False,
         # Rematerialisation in the backward pass (activation memory for compute): "none", "full"
         # (each layer recomputed) or "dots" (matmul outputs kept, the rest recomputed);
-        # rubric_rl.models.qwen3.REMAT_POLICIES.
+        # rubric_rl.models.layer_stack.REMAT_POLICIES.
         remat="none",
         # Fields of the preset replaced (rubric_rl.models.SHAPE_FIELDS: hidden_size,
         # num_hidden_layers, vocab_size, ...): a random-init model of that shape, seeded by

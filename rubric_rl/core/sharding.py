@@ -9,7 +9,7 @@ Parameter rules live on the parameters themselves as `out_sharding` metadata (se
 `rubric_rl.models.qwen3`): kernels `('fsdp', 'tensor')` / `('tensor', 'fsdp')`, the embedding
 `('tensor', None)` (sharding its model dim on "fsdp" while the batch is on "fsdp" makes the
 lookup's backward rematerialise the full table), norms replicated. A scanned model's stacked layer
-parameters carry a leading None (`models.qwen3.stack_layers`): the layer axis is replicated.
+parameters carry a leading None (`models.layer_stack.stack_layers`): the layer axis is replicated.
 
 Divisibility fallback: when a dimension is not divisible by the product of the mesh axes named for
 it, that dimension is replicated instead (so a tiny test model runs on any mesh). The fallback is

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rubric_rl.models.gated_deltanet import GatedDeltaNet
+from rubric_rl.models.layer_stack import remat_policy
 from rubric_rl.models.qwen3 import (
     MLP,
     Dense,
@@ -49,7 +50,6 @@ from rubric_rl.models.qwen3 import (
     full_sequence_inputs,
     fused_attention,
     logits_from_hidden,
-    remat_policy,
     rope,
     token_embedding,
     write_kv_cache,

@@ -17,7 +17,7 @@ from rubric_rl.core import checkpointing as ck
 from rubric_rl.core import sharding
 from rubric_rl.core import train_step as ts
 from rubric_rl.models import PRESETS, Qwen3ForCausalLM, from_pretrained, save_pretrained
-from rubric_rl.models.qwen3 import stack_layers, unstack_layers
+from rubric_rl.models.layer_stack import stack_layers, unstack_layers
 from rubric_rl.rollout.engine import GenerationRequest, SamplingParams
 from rubric_rl.rollout.jax_engine import JaxEngine, JaxEngineConfig
 
