@@ -29,20 +29,15 @@ from typing import Any
 import numpy as np
 
 from rubric_rl.envs.constraint_domain import ConstraintDomain
-from rubric_rl.envs.constraint_lexicon import CATEGORIES, category_members, units
-from rubric_rl.envs.constraint_library import library_criteria
-from rubric_rl.envs.constraint_spec import IMPLICIT_KINDS, pick
 from rubric_rl.envs.generator_domain import (
     GENERATOR_TASK_TYPES,
-    LOOKUP_TOOL,
+    IMPLICIT_RATE,
     N_NEGATIVES,
-    format_generated,
+    demonstration_turns,
     generator_task,
     generator_vocabulary,
-    lookup_text,
-    question_categories,
+    source_question,
 )
-from rubric_rl.envs.tool_calls import render_tool_call
 from rubric_rl.rubrics.types import Task
 
 __all__ = [
@@ -55,42 +50,8 @@ __all__ = [
 ]
 
 EMBEDDED_TURN_END = "<|eos|>"
-IMPLICIT_RATE = 0.5
 
 Pair = tuple[list[dict], str]
-
-
-def _question(task: Task) -> str:
-    return [m.content for m in task.prompt if m.role == "user"][-1]
-
-
-def lookup_category(question: str, rng: np.random.Generator) -> str:
-    """The category a demonstration looks up: the one the question names, else that of its
-    first word from a category, else any."""
-    named = sorted(question_categories(question))
-    if named:
-        return named[0]
-    for u in units(question):
-        for cat in CATEGORIES:
-            if u.lower() in category_members(cat):
-                return cat
-    return pick(rng, sorted(CATEGORIES))
-
-
-def demonstration_turns(
-    source: Task, rng: np.random.Generator, *, implicit_rate: float = IMPLICIT_RATE
-) -> tuple[list[str], str]:
-    """([tool-call turn, final answer], the tool's observation) of a demonstration for
-    ``source`` (a constraint-domain task)."""
-    question = _question(source)
-    category = lookup_category(question, rng)
-    call = render_tool_call(LOOKUP_TOOL.name, {"category": category})
-    crits = [
-        c.text
-        for c in library_criteria(source)
-        if c.title not in IMPLICIT_KINDS or rng.random() < implicit_rate
-    ]
-    return [call, format_generated(question, crits)], lookup_text(category)
 
 
 def generator_demonstration(
@@ -142,7 +103,7 @@ def generator_corpus(
         source = tasks[i % len(tasks)]
         k = int(rng.integers(0, n_negatives + 1))
         others = [t for t in tasks if t.id != source.id]
-        recent = [_question(others[j]) for j in rng.permutation(len(others))[:k]]
+        recent = [source_question(others[j]) for j in rng.permutation(len(others))[:k]]
         out += generator_demonstration(
             source,
             rng,

@@ -60,6 +60,7 @@ from rubric_rl.envs.constraint_domain import ConstraintDomain, render_response, 
 from rubric_rl.envs.constraint_lexicon import (
     CATEGORIES,
     canonical,
+    category_members,
     domain_vocabulary,
     plural,
     units,
@@ -68,11 +69,20 @@ from rubric_rl.envs.constraint_library import library_criteria, parse_prompt
 from rubric_rl.envs.constraint_spec import (
     CAPABILITIES,
     DOMAIN,
+    IMPLICIT_KINDS,
     TRAIN_TASK_TYPES,
     has_ood_pair,
+    pick,
     requirements,
 )
-from rubric_rl.envs.tool_calls import CALL_CLOSE, CALL_OPEN, Param, ToolSpec, strip_reasoning
+from rubric_rl.envs.tool_calls import (
+    CALL_CLOSE,
+    CALL_OPEN,
+    Param,
+    ToolSpec,
+    render_tool_call,
+    strip_reasoning,
+)
 from rubric_rl.envs.trajectory import Transcript, transcript_of
 from rubric_rl.rubrics.types import Message, Rubric, Task
 
@@ -82,16 +92,20 @@ __all__ = [
     "LOOKUP_TOOL",
     "REASONS",
     "GeneratedTask",
+    "IMPLICIT_RATE",
     "GeneratorEnv",
+    "demonstration_turns",
     "episode_outcome",
     "format_generated",
     "generator_task",
     "generator_vocabulary",
+    "lookup_category",
     "lookup_text",
     "normalise_tool_calls",
     "parse_generated",
     "question_categories",
     "role_prompt",
+    "source_question",
     "task_signature",
     "forbidden_signatures",
 ]
@@ -429,14 +443,51 @@ class GeneratorEnv(Env):
 
     @classmethod
     def reference_turns(cls, task: Task) -> list[str]:
-        """A demonstration episode (``generator_corpus.demonstration_turns``) for a training
-        task of the generator task's type."""
-        from rubric_rl.envs.generator_corpus import demonstration_turns
-
+        """A demonstration episode (:func:`demonstration_turns`) for a training task of the
+        generator task's type."""
         source = _source_tasks(task.task_type)
         index = int((task.raw or {}).get("index", 0))
         turns, _ = demonstration_turns(source[index % len(source)], np.random.default_rng(index))
         return turns
+
+
+# Demonstrations (used by GeneratorEnv.reference_turns and generator_corpus, which re-exports
+# them): the share of the implicit requirements a demonstration's rubric lists.
+IMPLICIT_RATE = 0.5
+
+
+def source_question(task: Task) -> str:
+    """The last user message of a constraint-domain task (its question)."""
+    return [m.content for m in task.prompt if m.role == "user"][-1]
+
+
+def lookup_category(question: str, rng: np.random.Generator) -> str:
+    """The category a demonstration looks up: the one the question names, else that of its
+    first word from a category, else any."""
+    named = sorted(question_categories(question))
+    if named:
+        return named[0]
+    for u in units(question):
+        for cat in CATEGORIES:
+            if u.lower() in category_members(cat):
+                return cat
+    return pick(rng, sorted(CATEGORIES))
+
+
+def demonstration_turns(
+    source: Task, rng: np.random.Generator, *, implicit_rate: float = IMPLICIT_RATE
+) -> tuple[list[str], str]:
+    """([tool-call turn, final answer], the tool's observation) of a demonstration for
+    ``source`` (a constraint-domain task)."""
+    question = source_question(source)
+    category = lookup_category(question, rng)
+    call = render_tool_call(LOOKUP_TOOL.name, {"category": category})
+    crits = [
+        c.text
+        for c in library_criteria(source)
+        if c.title not in IMPLICIT_KINDS or rng.random() < implicit_rate
+    ]
+    return [call, format_generated(question, crits)], lookup_text(category)
 
 
 @functools.cache
