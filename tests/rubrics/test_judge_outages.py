@@ -175,14 +175,16 @@ def test_endpoint_is_tried_again_after_the_cooldown():
 
 
 def test_judge_concurrency_above_16_is_honoured(tmp_path):
-    lock, state = threading.Lock(), {"now": 0, "peak": 0}
+    cond, state = threading.Condition(), {"now": 0, "peak": 0}
 
     def slow(req):
-        with lock:
+        # Each call holds its slot until 32 are in flight at once (or 10 s pass): a fixed sleep
+        # let a loaded machine start the last calls after the first had finished (peak 27).
+        with cond:
             state["now"] += 1
             state["peak"] = max(state["peak"], state["now"])
-        time.sleep(0.5)
-        with lock:
+            cond.notify_all()
+            cond.wait_for(lambda: state["peak"] >= 32, timeout=10.0)
             state["now"] -= 1
         return lb.judge_responder()(req)
 
