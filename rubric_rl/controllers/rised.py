@@ -239,7 +239,7 @@ class RisedController(Controller):
                     "failed": tg.failed,
                 }  # fmt: skip
         m = self._tag_metrics(flat)
-        rewards_gj = _reward_matrix(groups)
+        rewards_gj = rollouts.rewards
         self._keep = self._select(groups, rewards_gj)
         if self._keep is not None:
             for key, v in sel.selection_stats(rewards_gj, self._keep).items():
@@ -430,15 +430,6 @@ def rised_teacher(rollouts: Rollouts, ctx: Any) -> Rollouts:
         for t, p in zip(g.trajectories, row, strict=True):
             t.teacher_prompt = p
     return rollouts
-
-
-def _reward_matrix(groups) -> np.ndarray:
-    j = max((len(g.trajectories) for g in groups), default=0)
-    r = np.full((len(groups), j), np.nan)
-    for i, g in enumerate(groups):
-        for jj, t in enumerate(g.trajectories):
-            r[i, jj] = t.reward
-    return r
 
 
 def _top_any(p: np.ndarray, vocab: Vocabulary, k: int) -> list[str]:
