@@ -550,6 +550,7 @@ def train_config(config: ConfigDict) -> TrainConfig:
         kl_kind=lo.kl_kind,
         sd_estimator=lo.sd_estimator,
         sd_topk=int(lo.sd_topk),
+        sd_jsd_beta=float(lo.sd_jsd_beta),
         sd_clamp=float(lo.sd_clamp),
         chunk_size=int(lo.chunk_size),
         num_micro_batches=int(o.num_micro_batches),

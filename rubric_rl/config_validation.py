@@ -162,6 +162,8 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         _fail("loss.sd_estimator", f"must be one of {sd_estimators}, got {lo.sd_estimator!r}")
     if float(lo.sd_coef) < 0:
         _fail("loss.sd_coef", f"must be >= 0, got {lo.sd_coef}")
+    if not 0.0 <= float(lo.sd_jsd_beta) <= 1.0:
+        _fail("loss.sd_jsd_beta", f"must be in [0, 1], got {lo.sd_jsd_beta}")
     if lo.sd_estimator != "none" and int(config.model.max_teacher_prompt_len) < int(
         config.model.max_prompt_len
     ):

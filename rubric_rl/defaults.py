@@ -140,12 +140,15 @@ def get_base_config() -> ConfigDict:
         rollout_correction="bypass",
         kl_beta=0.0,
         kl_kind="k3",
-        # Self-distillation (DESIGN §5): "none" | "full" | "topk" | "sampled". The teacher is the
-        # policy on the prompt plus the controllers' ``teacher_context``; λ = sd_coef × the
+        # Self-distillation (DESIGN §5): "none" | "full" | "topk" | "jsd" | "sampled". The teacher
+        # is the policy on the prompt plus the controllers' ``teacher_context``; λ = sd_coef × the
         # controllers' ``sd_gate``. A group without context contributes exactly 0.
         sd_estimator="none",
         sd_coef=0.0,
         sd_topk=20,
+        # "jsd": generalised JSD_β (GKD, TRL convention), β = the teacher's weight in the mixture
+        # M = β p_T + (1 − β) p_S; β = 0 is forward KL(p_T ‖ p_S), β = 1 reverse KL(p_S ‖ p_T).
+        sd_jsd_beta=0.5,
         sd_clamp=10.0,  # "sampled": clamp of lp_θ − lp_T
         # Every N steps, recompute π_old at step start to log the engine/trainer mismatch (an
         # extra forward; 0 = never). In bypass mode it only feeds diagnostics.

@@ -91,6 +91,23 @@ def test_sd_coef_with_self_distillation_off_is_refused():
         common.validate_config(c, num_devices=8)
 
 
+@pytest.mark.parametrize("beta", [-0.1, 1.5])
+def test_sd_jsd_beta_outside_the_unit_interval_is_refused(beta):
+    c = _smoke(**{"loss.sd_estimator": "jsd", "loss.sd_jsd_beta": beta})
+    with pytest.raises(ValueError, match=r"^config\.loss\.sd_jsd_beta: must be in \[0, 1\]"):
+        common.validate_config(c, num_devices=8)
+    with pytest.raises(ValueError, match=r"TrainConfig\.sd_jsd_beta must be in \[0, 1\]"):
+        builders.train_config(c)
+
+
+def test_sd_jsd_beta_reaches_the_train_config():
+    assert grpo.get_config("smoke").loss.sd_jsd_beta == 0.5  # TRL's default β
+    c = _smoke(**{"loss.sd_estimator": "jsd", "loss.sd_jsd_beta": 0.9})
+    common.validate_config(c, num_devices=8)
+    tc = builders.train_config(c)
+    assert (tc.sd_estimator, tc.sd_jsd_beta, tc.sd_per_token_kl) == ("jsd", 0.9, True)
+
+
 class _Coach(Controller):
     name = "coach"
 

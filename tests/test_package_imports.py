@@ -108,7 +108,7 @@ def test_validate_config_lives_in_the_package_and_names_the_field():
         config_validation.validate_config(c, num_devices=8)
 
 
-@pytest.mark.parametrize("estimator", ["none", "full", "topk", "sampled"])
+@pytest.mark.parametrize("estimator", ["none", "full", "topk", "jsd", "sampled"])
 def test_every_registered_sd_estimator_is_accepted(estimator):
     assert estimator in losses.sd_estimator_names()  # the one definition validation reads
     c = grpo.get_config("smoke")

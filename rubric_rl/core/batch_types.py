@@ -82,6 +82,7 @@ class TrainConfig:
     kl_kind: str = "k3"
     sd_estimator: str = "none"  # "none" or a name in losses.SD_ESTIMATORS
     sd_topk: int = 20
+    sd_jsd_beta: float = 0.5  # "jsd": β, the teacher's weight in the mixture (TRL GKD convention)
     sd_clamp: float = 10.0  # sampled estimator: clamp of lp_θ − lp_T (ARISE-RL code)
     chunk_size: int = 128
     num_micro_batches: int = 1
@@ -98,6 +99,8 @@ class TrainConfig:
                 f"TrainConfig.sd_estimator {self.sd_estimator!r} not in "
                 f"{losses.sd_estimator_names()}"
             )
+        if not 0.0 <= self.sd_jsd_beta <= 1.0:
+            raise ValueError(f"TrainConfig.sd_jsd_beta must be in [0, 1], got {self.sd_jsd_beta}")
         if self.num_micro_batches < 1:
             raise ValueError(
                 f"TrainConfig.num_micro_batches must be ≥ 1, got {self.num_micro_batches}"
@@ -129,7 +132,8 @@ class TrainConfig:
 
     @property
     def sd_per_token_kl(self) -> bool:
-        """The estimator is a per-logit KL fed to ``sd_loss_from_kl`` (``full``, ``topk``)."""
+        """The estimator is a per-logit KL fed to ``sd_loss_from_kl`` (``full``, ``topk``,
+        ``jsd``)."""
         return self.needs_teacher and not self.sd_spec.folds_into_advantage
 
     @property

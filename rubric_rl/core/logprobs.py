@@ -66,16 +66,20 @@ def _log_softmax(z: Array) -> tuple[Array, Array]:
     return z - lse[:, None], lse
 
 
-def _kl_fn(estimator: str, k: int) -> Callable[[Array, Array, float], Array]:
-    """The per-logit KL of a registered SD estimator (``losses.SD_ESTIMATORS``), options bound."""
+def _kl_fn(estimator: str, k: int, jsd_beta: float = 0.5) -> Callable[[Array, Array, float], Array]:
+    """The per-logit KL of a registered SD estimator (``losses.SD_ESTIMATORS``), options bound by
+    parameter name: ``k`` (``topk``: the top-k size) and ``beta`` (``jsd``: the mixture weight β
+    of the teacher)."""
     est = losses.SD_ESTIMATORS.get(estimator)
     if est.per_token_kl is None:
         raise ValueError(
             f"logprobs: SD estimator {estimator!r} folds into the advantage; it has no per-logit KL"
         )
     fn = est.per_token_kl
-    if "k" in inspect.signature(fn).parameters:
-        fn = functools.partial(fn, k=k)
+    params = inspect.signature(fn).parameters
+    options = {name: v for name, v in (("k", k), ("beta", jsd_beta)) if name in params}
+    if options:
+        fn = functools.partial(fn, **options)
     return lambda s, t, temperature: fn(s, t, temperature=temperature)
 
 
@@ -90,6 +94,7 @@ def _chunk_stats(
     with_entropy: bool,
     kl_estimator: str | None,
     k: int,
+    jsd_beta: float,
     with_teacher_logps: bool,
 ) -> dict[str, Array]:
     b, c, d = h.shape
@@ -108,7 +113,7 @@ def _chunk_stats(
         teacher_logits = jnp.dot(th.reshape(b * c, d).astype(jnp.float32), wt)
         if kl_estimator is not None:
             # DESIGN §5: KL(π_θ ‖ sg π_T), the estimator's own per-logit function (losses.py).
-            out["kl"] = _kl_fn(kl_estimator, k)(logits, teacher_logits, temperature)
+            out["kl"] = _kl_fn(kl_estimator, k, jsd_beta)(logits, teacher_logits, temperature)
         if with_teacher_logps:
             lt, _ = _log_softmax(teacher_logits / temperature)
             out["teacher_logps"] = jnp.take_along_axis(lt, tgt.reshape(b * c, 1), axis=-1)[:, 0]
@@ -136,6 +141,7 @@ def chunked_token_stats(
     with_entropy: bool = False,
     kl_estimator: str | None = None,
     k: int = 20,
+    jsd_beta: float = 0.5,
     with_teacher_logps: bool = False,
 ) -> dict[str, Array]:
     """One chunked LM-head pass computing ``logps``, ``entropy``, ``kl``, ``teacher_logps``.
@@ -156,7 +162,7 @@ def chunked_token_stats(
     if chunk_size <= 0:
         raise ValueError(f"logprobs: chunk_size must be > 0, got {chunk_size}")
     if kl_estimator is not None:
-        _kl_fn(kl_estimator, k)  # unknown or advantage-folding estimator: clear error now
+        _kl_fn(kl_estimator, k, jsd_beta)  # unknown or advantage-folding estimator: error now
     if (kl_estimator is not None or with_teacher_logps) and teacher_hidden is None:
         raise ValueError("logprobs: a KL estimator or teacher log-probs need teacher_hidden")
     if with_teacher_logps and targets is None:
@@ -187,6 +193,7 @@ def chunked_token_stats(
             with_entropy=with_entropy,
             kl_estimator=kl_estimator,
             k=k,
+            jsd_beta=jsd_beta,
             with_teacher_logps=with_teacher_logps,
         )
 
@@ -225,11 +232,13 @@ def reverse_kl_chunked(
     temperature: float = 1.0,
     estimator: str = "full",
     k: int = 20,
+    jsd_beta: float = 0.5,
     chunk_size: int = 128,
 ) -> Array:
     """Per-position KL(π_student ‖ sg π_teacher) [B, T]; ``estimator`` names an entry of
     ``losses.SD_ESTIMATORS`` with a per-logit KL ("full": exact over the vocabulary; "topk": the
-    student's top-k tokens plus one tail bucket).
+    student's top-k tokens plus one tail bucket; "jsd": the generalised JSD with teacher weight
+    ``jsd_beta``).
 
     ``teacher_hidden`` must already be aligned to the student's positions (``align_teacher``).
     """
@@ -242,6 +251,7 @@ def reverse_kl_chunked(
         chunk_size=chunk_size,
         kl_estimator=estimator,
         k=k,
+        jsd_beta=jsd_beta,
     )
     return out["kl"]
 

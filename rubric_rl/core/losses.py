@@ -12,6 +12,7 @@ re-exported here.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import jax
@@ -264,6 +265,56 @@ def topk_tail_reverse_kl(
     return jnp.sum(_kl_terms(buckets_s, buckets_t), axis=-1)
 
 
+def generalized_jsd_from_logits(
+    student_logits: jnp.ndarray,
+    teacher_logits: jnp.ndarray,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+) -> jnp.ndarray:
+    """``jsd`` estimator: generalised Jensen–Shannon divergence ``JSD_β``, ``[..., V] → [...]``.
+
+    GKD (Agarwal et al., arXiv 2306.13649), in the convention of TRL's ``GKDTrainer``
+    (notes/baselines.md §7.2)::
+
+        M     = β·p_T + (1 − β)·p_S
+        JSD_β = β·KL(p_T ‖ M) + (1 − β)·KL(p_S ‖ M)
+
+    with β the weight of the TEACHER in the mixture. ``log M`` is formed in log space as
+    ``logaddexp(log β + log p_T, log(1 − β) + log p_S)`` (a two-term log-sum-exp), never by
+    exponentiating. As TRL does, the endpoints are special-cased: β = 0 is the forward KL
+    ``KL(p_T ‖ p_S)`` and β = 1 the reverse KL ``KL(p_S ‖ p_T)`` (the ``full`` estimator). These
+    are the limits of ``JSD_β / β`` (β → 0) and ``JSD_β / (1 − β)`` (β → 1), not of ``JSD_β``
+    itself, which goes to 0 at both ends; so the value jumps at the endpoints, as in TRL.
+    Symmetry: ``JSD_β(s, t) = JSD_{1−β}(t, s)`` (values; the gradient only reaches the student).
+
+    Both distributions are ``softmax(logits / temperature)`` in float32; the teacher is under
+    ``stop_gradient``. ``beta`` is a static Python number in ``[0, 1]`` (ValueError otherwise).
+    Identical logits give exactly 0: a vocabulary entry with ``p_S = p_T`` has ``M = p_S``, so
+    its term is set to 0 outright (its true gradient there is 0 too, so this costs nothing).
+    """
+    beta = float(beta)
+    if not 0.0 <= beta <= 1.0:  # also rejects NaN
+        raise ValueError(f"generalized_jsd_from_logits: need 0 ≤ beta ≤ 1; got beta={beta}")
+    log_s = _softmax_logps(student_logits, temperature)
+    log_t = jax.lax.stop_gradient(_softmax_logps(teacher_logits, temperature))
+    if beta == 0.0:  # TRL: forward KL(p_T ‖ p_S)
+        return jnp.sum(_kl_terms(log_t, log_s), axis=-1)
+    if beta == 1.0:  # TRL: reverse KL(p_S ‖ p_T)
+        return jnp.sum(_kl_terms(log_s, log_t), axis=-1)
+    # An entry with p_S = p_T = 0 would give logaddexp(−inf, −inf), whose gradient is NaN; its
+    # terms are 0 whatever M is, so feed it finite stand-ins.
+    both_zero = jnp.isneginf(log_s) & jnp.isneginf(log_t)
+    log_m = jnp.logaddexp(
+        math.log(beta) + jnp.where(both_zero, 0.0, log_t),
+        math.log1p(-beta) + jnp.where(both_zero, 0.0, log_s),
+    )
+    terms = beta * _kl_terms(log_t, log_m) + (1.0 - beta) * _kl_terms(log_s, log_m)
+    # p_S = p_T at an entry ⇒ M = p_S there and both of its terms vanish; log-sum-exp rounding
+    # would leave ~1 ulp, so make it exact (the per-entry derivative there is exactly 0 as well).
+    terms = jnp.where(log_s == log_t, 0.0, terms)
+    return jnp.sum(terms, axis=-1)
+
+
 def _sd_gate(
     sd_coef: jnp.ndarray, sd_mask: jnp.ndarray, shape: tuple[int, ...]
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -291,7 +342,8 @@ def sd_loss_from_kl(
     agg_mode: str = "token-mean",
     agg_constant: float | None = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray, dict[str, jnp.ndarray]]:
-    """Self-distillation loss for the ``full`` / ``topk`` estimators: ``(num, den, metrics)``.
+    """Self-distillation loss for the per-logit estimators (``full`` / ``topk`` / ``jsd``):
+    ``(num, den, metrics)``.
 
     Per token ``λ_b · KL_bt`` where ``sd_mask`` is on, exactly 0 elsewhere; ``sd_mask`` is ``[B]``
     (whole sequences) or ``[B, T]`` (per token, prediction layout like ``loss_mask``). ``λ_b`` =
@@ -345,10 +397,12 @@ def sampled_sd_advantage(
 class SDEstimator:
     """How a self-distillation estimator enters the step.
 
-    ``per_token_kl(student_logits, teacher_logits, temperature, **options) -> [...]`` is evaluated
-    by ``logprobs.py`` inside its sequence chunks and fed to ``sd_loss_from_kl``; an estimator that
-    ``folds_into_advantage`` instead needs only the two sampled-token log-probs and
-    ``sampled_sd_advantage``.
+    ``per_token_kl(student_logits, teacher_logits, temperature=..., **options) -> [...]`` is
+    evaluated by ``logprobs.py`` inside its sequence chunks and fed to ``sd_loss_from_kl`` (for
+    ``jsd`` the "KL" is the divergence ``JSD_β``). ``logprobs._kl_fn`` binds the options by
+    parameter name: ``k`` ← ``TrainConfig.sd_topk``, ``beta`` ← ``TrainConfig.sd_jsd_beta``. An
+    estimator that ``folds_into_advantage`` instead needs only the two sampled-token log-probs
+    and ``sampled_sd_advantage``.
     """
 
     name: str
@@ -361,6 +415,7 @@ class SDEstimator:
 SD_ESTIMATORS: Registry[SDEstimator] = Registry("self-distillation estimator")
 SD_ESTIMATORS.register("full")(SDEstimator("full", False, reverse_kl_from_logits))
 SD_ESTIMATORS.register("topk")(SDEstimator("topk", False, topk_tail_reverse_kl))
+SD_ESTIMATORS.register("jsd")(SDEstimator("jsd", False, generalized_jsd_from_logits))
 SD_ESTIMATORS.register("sampled")(SDEstimator("sampled", True, None))
 
 

@@ -180,6 +180,7 @@ def _micro_batch_loss(
         with_entropy=True,
         kl_estimator=kl_est,
         k=config.sd_topk,
+        jsd_beta=config.sd_jsd_beta,
         with_teacher_logps=config.sd_folds_into_advantage,
     )
     logps = stats["logps"]

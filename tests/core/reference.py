@@ -188,6 +188,43 @@ def topk_tail_reverse_kl(student_logits, teacher_logits, k, temperature=1.0):
     return out.reshape(ps.shape[:-1])
 
 
+def generalized_jsd(student_logits, teacher_logits, beta, temperature=1.0):
+    """GKD's JSD_β in TRL's convention (notes/baselines.md §7.2), from the probabilities:
+    M = β p_T + (1 − β) p_S, JSD_β = β KL(p_T ‖ M) + (1 − β) KL(p_S ‖ M); β = 0 is KL(p_T ‖ p_S)
+    and β = 1 is KL(p_S ‖ p_T)."""
+    ps = np.exp(_log_softmax(student_logits / temperature))
+    pt = np.exp(_log_softmax(teacher_logits / temperature))
+    flat_s = ps.reshape(-1, ps.shape[-1])
+    flat_t = pt.reshape(-1, pt.shape[-1])
+
+    def kl(p, q):
+        return sum(a * math.log(a / b) for a, b in zip(p, q) if a > 0)
+
+    out = np.zeros(flat_s.shape[0])
+    for n in range(flat_s.shape[0]):
+        s, t = flat_s[n], flat_t[n]
+        if beta == 0:
+            out[n] = kl(t, s)
+        elif beta == 1:
+            out[n] = kl(s, t)
+        else:
+            m = beta * t + (1 - beta) * s
+            out[n] = beta * kl(t, m) + (1 - beta) * kl(s, m)
+    return out.reshape(ps.shape[:-1])
+
+
+def numerical_grad(fn, x, eps=1e-5):
+    """Central finite differences of the scalar ``fn`` at ``x`` (float64)."""
+    x = np.asarray(x, np.float64)
+    grad = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        up, down = x.copy(), x.copy()
+        up[i] += eps
+        down[i] -= eps
+        grad[i] = (fn(up) - fn(down)) / (2 * eps)
+    return grad
+
+
 def reverse_kl_grad(student_logits, teacher_logits):
     """d KL(softmax(z) ‖ q) / d z_j = p_j (log p_j − log q_j − KL), temperature 1."""
     ls = _log_softmax(student_logits)

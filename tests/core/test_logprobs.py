@@ -7,9 +7,11 @@ import pytest
 from flax import nnx
 
 from rubric_rl.core import logprobs as L
+from rubric_rl.core.losses import generalized_jsd_from_logits
 from rubric_rl.models.qwen3 import PRESETS, Qwen3ForCausalLM
 
 TEMP = 0.7
+JSD_BETA = 0.3  # not 0.5: JSD_0.5 is symmetric, so a β bound to the wrong side would pass
 
 
 def np_log_softmax(z):
@@ -29,7 +31,10 @@ def np_stats(h, w, tgt, th, k):
     ak, bk = np.take_along_axis(a, idx, -1), np.take_along_axis(b, idx, -1)
     tail_s, tail_t = 1 - np.exp(ak).sum(-1), 1 - np.exp(bk).sum(-1)
     topk = (np.exp(ak) * (ak - bk)).sum(-1) + tail_s * np.log(tail_s / tail_t)
-    return dict(logps=lp, teacher_logps=tlp, entropy=ent, kl_full=kl, kl_topk=topk)
+    ps, pt = np.exp(a), np.exp(b)
+    m = JSD_BETA * pt + (1 - JSD_BETA) * ps
+    jsd = JSD_BETA * (pt * np.log(pt / m)).sum(-1) + (1 - JSD_BETA) * (ps * np.log(ps / m)).sum(-1)
+    return dict(logps=lp, teacher_logps=tlp, entropy=ent, kl_full=kl, kl_topk=topk, kl_jsd=jsd)
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +57,9 @@ def test_chunked_matches_numpy(data, chunk):
         kl_estimator="full", with_teacher_logps=True,
     )  # fmt: skip
     topk = L.reverse_kl_chunked(h, th, w, temperature=TEMP, estimator="topk", k=5, chunk_size=chunk)
+    jsd = L.reverse_kl_chunked(
+        h, th, w, temperature=TEMP, estimator="jsd", jsd_beta=JSD_BETA, chunk_size=chunk
+    )
     lp, ent = L.token_logprobs(h, w, tgt, temperature=TEMP, chunk_size=chunk, with_entropy=True)
     np.testing.assert_allclose(full["logps"], ref["logps"], atol=2e-5)
     np.testing.assert_allclose(lp, ref["logps"], atol=2e-5)
@@ -60,6 +68,13 @@ def test_chunked_matches_numpy(data, chunk):
     np.testing.assert_allclose(ent, ref["entropy"], atol=2e-5)
     np.testing.assert_allclose(full["kl"], ref["kl_full"], atol=2e-5)
     np.testing.assert_allclose(topk, ref["kl_topk"], atol=2e-5)
+    np.testing.assert_allclose(jsd, ref["kl_jsd"], atol=2e-5)
+    # β reaches the estimator: its default (0.5) and the mirrored 0.7 give other values
+    for other in (0.5, 1 - JSD_BETA):
+        jsd_other = L.reverse_kl_chunked(
+            h, th, w, temperature=TEMP, estimator="jsd", jsd_beta=other, chunk_size=chunk
+        )
+        assert np.abs(np.asarray(jsd_other) - ref["kl_jsd"]).max() > 1e-3
     assert full["logps"].shape == tgt.shape and full["logps"].dtype == jnp.float32
     # temperature really divides the logits: T = 1 gives different log-probs
     lp1, _ = L.token_logprobs(h, w, tgt, temperature=1.0, chunk_size=chunk)
@@ -68,7 +83,7 @@ def test_chunked_matches_numpy(data, chunk):
 
 def test_identical_teacher_gives_exactly_zero_kl(data):
     h, _, w, _ = data
-    for est in ("full", "topk"):
+    for est in ("full", "topk", "jsd"):
         kl = L.reverse_kl_chunked(h, h, w, temperature=TEMP, estimator=est, k=5, chunk_size=4)
         assert np.all(np.asarray(kl) == 0.0)
 
@@ -100,6 +115,30 @@ def test_gradients_chunked_equal_unchunked(data, chunk):
     np.testing.assert_allclose(g[2], g_ref[2], atol=2e-5)
     # the teacher is under stop_gradient: no gradient reaches its hidden states
     assert np.all(np.asarray(g[1]) == 0.0) and np.all(np.asarray(g_ref[1]) == 0.0)
+    assert np.abs(np.asarray(g_ref[0])).max() > 1e-3
+
+
+@pytest.mark.parametrize("chunk", [4, 13])
+def test_jsd_value_and_gradients_chunked_equal_unchunked(data, chunk):
+    """The ``jsd`` estimator through the chunked LM-head pass == ``losses``' function on the
+    full [B, T, V] logits, values and gradients (student hidden states and LM head)."""
+    h, th, w, _ = data
+    cw = np.random.default_rng(2).normal(size=h.shape[:2]).astype(np.float32)
+
+    def unchunked(h, th, w):
+        return generalized_jsd_from_logits(h @ w, th @ w, JSD_BETA, TEMP)
+
+    def chunked(h, th, w):
+        return L.reverse_kl_chunked(
+            h, th, w, temperature=TEMP, estimator="jsd", jsd_beta=JSD_BETA, chunk_size=chunk
+        )
+
+    np.testing.assert_allclose(chunked(h, th, w), unchunked(h, th, w), atol=2e-5)
+    g_ref = jax.grad(lambda *a: jnp.sum(cw * unchunked(*a)), argnums=(0, 1, 2))(h, th, w)
+    g = jax.grad(lambda *a: jnp.sum(cw * chunked(*a)), argnums=(0, 1, 2))(h, th, w)
+    np.testing.assert_allclose(g[0], g_ref[0], atol=2e-5)
+    np.testing.assert_allclose(g[2], g_ref[2], rtol=1e-4, atol=2e-5)
+    assert np.all(np.asarray(g[1]) == 0.0)  # the teacher is under stop_gradient
     assert np.abs(np.asarray(g_ref[0])).max() > 1e-3
 
 
@@ -151,6 +190,8 @@ def test_bad_arguments_raise(data):
         L.reverse_kl_chunked(h, th, w, estimator="sampled")
     with pytest.raises(KeyError, match="nope"):
         L.reverse_kl_chunked(h, th, w, estimator="nope")
+    with pytest.raises(ValueError, match="beta"):
+        L.reverse_kl_chunked(h, th, w, estimator="jsd", jsd_beta=1.5)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from rubric_rl.core.aggregation import finalize_metrics
 from rubric_rl.core.losses import (
     ROLLOUT_CORRECTION_PRESETS,
     RolloutCorrection,
+    generalized_jsd_from_logits,
     kl_penalty_loss,
     kl_per_token,
     policy_loss,
@@ -42,6 +43,7 @@ klt = jit(kl_per_token, static_argnames=("kind", "clamp"))
 kll = jit(kl_penalty_loss, static_argnames=("kind", "clamp", "agg_mode", "agg_constant"))
 rkl = jit(reverse_kl_from_logits, static_argnames=("temperature",))
 topk = jit(topk_tail_reverse_kl, static_argnames=("k", "temperature"))
+jsd = jit(generalized_jsd_from_logits, static_argnames=("beta", "temperature"))
 sdl = jit(sd_loss_from_kl, static_argnames=("agg_mode", "agg_constant"))
 ssa = jit(sampled_sd_advantage, static_argnames=("clamp",))
 
@@ -242,7 +244,11 @@ def test_empty_teacher_context_and_sd_mask_give_exactly_zero():
     off = jnp.zeros(3)
     mask = jnp.ones(s.shape[:2])
 
-    for kl_fn in (reverse_kl_from_logits, functools.partial(topk_tail_reverse_kl, k=3)):
+    for kl_fn in (
+        reverse_kl_from_logits,
+        functools.partial(topk_tail_reverse_kl, k=3),
+        functools.partial(generalized_jsd_from_logits, beta=0.3),
+    ):
         sd_value = lambda z, kl_fn=kl_fn: sd_loss_from_kl(kl_fn(z, t), mask, coef, off)[0]
         assert float(jit(sd_value)(f32(s))) == 0.0
         assert np.all(np.asarray(jgrad(sd_value)(f32(s))) == 0.0)
@@ -265,7 +271,14 @@ def _no_stopgrad_topk(student_logits, teacher_logits, k):  # ditto, tail as log(
     return jnp.sum(jnp.exp(buckets[0]) * (buckets[0] - buckets[1]), axis=-1)
 
 
-@pytest.mark.parametrize("estimator", ["full", "topk", "sampled"])
+def _no_stopgrad_jsd(student_logits, teacher_logits, beta):  # ditto, M from the probabilities
+    ls, lt = jax.nn.log_softmax(student_logits), jax.nn.log_softmax(teacher_logits)
+    log_m = jnp.log(beta * jnp.exp(lt) + (1 - beta) * jnp.exp(ls))
+    terms = beta * jnp.exp(lt) * (lt - log_m) + (1 - beta) * jnp.exp(ls) * (ls - log_m)
+    return jnp.sum(terms, axis=-1)
+
+
+@pytest.mark.parametrize("estimator", ["full", "topk", "jsd", "sampled"])
 def test_sd_gradient_treats_teacher_as_constant(estimator):
     """Same parameters θ feed student (prompt) and teacher (prompt ⊕ context) logits."""
     theta, rng = _logits(2, shape=(2, 3, 9))
@@ -283,6 +296,10 @@ def test_sd_gradient_treats_teacher_as_constant(estimator):
             if not stop:
                 return _no_stopgrad_topk(student_logits, teacher_logits, 4)
             return topk_tail_reverse_kl(student_logits, teacher_logits, 4)
+        if estimator == "jsd":
+            if not stop:
+                return _no_stopgrad_jsd(student_logits, teacher_logits, 0.3)
+            return generalized_jsd_from_logits(student_logits, teacher_logits, 0.3)
         pick = lambda z: jnp.take_along_axis(jax.nn.log_softmax(z), tokens[..., None], -1)[..., 0]
         if not stop:
             return pick(student_logits) - pick(teacher_logits)
@@ -302,6 +319,109 @@ def test_sd_gradient_treats_teacher_as_constant(estimator):
     if estimator == "full":  # and it is the analytic reverse-KL gradient
         want = ref.reverse_kl_grad(theta, np.asarray(teacher_const))
         np.testing.assert_allclose(np.asarray(g_sg), want, rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------ generalised JSD (GKD, TRL)
+JSD_BETAS = (0.0, 0.1, 0.5, 0.9, 1.0)  # the endpoints are TRL's forward / reverse KL
+
+
+@pytest.mark.parametrize("beta", JSD_BETAS)
+def test_generalized_jsd_matches_reference_and_is_symmetric(beta):
+    temperature = 0.7
+    s, rng = _logits(3)
+    t = (s + rng.normal(scale=1.5, size=s.shape)).astype(np.float32)
+    got = np.asarray(jsd(f32(s), f32(t), beta, temperature))
+    want = ref.generalized_jsd(s, t, beta, temperature)
+    assert got.shape == s.shape[:-1] and got.dtype == np.float32
+    assert np.all(want > 1e-3)  # not a comparison of near-zeros
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    # symmetry on the values: JSD_β(p_S, p_T) = JSD_{1−β}(p_T, p_S) (endpoints included)
+    swapped = np.asarray(jsd(f32(t), f32(s), 1.0 - beta, temperature))
+    np.testing.assert_allclose(got, swapped, rtol=1e-5, atol=1e-6)
+    if beta == 0.0:  # TRL: forward KL(p_T ‖ p_S)
+        np.testing.assert_allclose(got, ref.reverse_kl(t, s, temperature), rtol=1e-4, atol=1e-6)
+    elif beta == 1.0:  # TRL: reverse KL(p_S ‖ p_T), the `full` estimator
+        np.testing.assert_array_equal(got, np.asarray(rkl(f32(s), f32(t), temperature)))
+    else:  # JSD_β ≤ the entropy of (β, 1 − β); the endpoints are the limits of JSD_β / β etc.
+        assert np.all(got <= -beta * math.log(beta) - (1 - beta) * math.log1p(-beta) + 1e-6)
+        assert np.all(got < ref.reverse_kl(s, t, temperature))
+
+
+def test_generalized_jsd_hand_computed_and_endpoint_limits():
+    p_s, p_t = np.array([0.7, 0.2, 0.1]), np.array([0.1, 0.3, 0.6])
+    s, t = f32(np.log(p_s)), f32(np.log(p_t))
+    kl = lambda p, q: sum(a * math.log(a / b) for a, b in zip(p, q))
+    m = [0.64, 0.21, 0.15]  # β = 0.1 weighs the TEACHER: 0.1 p_T + 0.9 p_S
+    assert float(jsd(s, t, 0.1)) == pytest.approx(0.1 * kl(p_t, m) + 0.9 * kl(p_s, m), rel=1e-5)
+    m = [0.4, 0.25, 0.35]  # β = 0.5
+    assert float(jsd(s, t, 0.5)) == pytest.approx(0.5 * kl(p_t, m) + 0.5 * kl(p_s, m), rel=1e-5)
+    assert abs(float(jsd(s, t, 0.1)) - float(jsd(s, t, 0.9))) > 5e-3  # β's side matters
+    assert float(jsd(s, t, 0.0)) == pytest.approx(kl(p_t, p_s), rel=1e-5)
+    assert float(jsd(s, t, 1.0)) == pytest.approx(kl(p_s, p_t), rel=1e-5)
+    # TRL's endpoints are the limits of the rescaled JSD: JSD_β/β → KL(p_T‖p_S) as β → 0 and
+    # JSD_β/(1 − β) → KL(p_S‖p_T) as β → 1 (JSD_β itself → 0 at both ends)
+    eps = 1e-4
+    lo = ref.generalized_jsd(np.log(p_s), np.log(p_t), eps) / eps
+    hi = ref.generalized_jsd(np.log(p_s), np.log(p_t), 1 - eps) / eps
+    assert float(lo) == pytest.approx(kl(p_t, p_s), rel=1e-3)
+    assert float(hi) == pytest.approx(kl(p_s, p_t), rel=1e-3)
+
+
+@pytest.mark.parametrize("beta", [*JSD_BETAS, 0.3])
+def test_generalized_jsd_is_exactly_zero_for_identical_logits(beta):
+    s, _ = _logits(4, scale=8.0)  # wide logits: some probabilities are tiny
+    s[0, 1, :4] = -np.inf  # masked vocabulary entries: p = 0
+    value = lambda z: generalized_jsd_from_logits(z, z, beta, 0.8)
+    assert np.all(np.asarray(jit(value)(f32(s))) == 0.0)
+    g = np.asarray(jgrad(lambda z: jnp.sum(value(z)))(f32(s)))
+    assert np.all(np.isfinite(g))
+    if 0.0 < beta < 1.0:  # each entry's term has derivative 0 at p_S = p_T: exactly 0
+        assert np.all(g == 0.0)
+    else:  # a KL's per-entry derivative is not 0; it cancels only up to rounding (as `full`)
+        assert np.abs(g).max() < 1e-6
+
+
+def test_generalized_jsd_with_masked_vocabulary_entries():
+    """p = 0 on one side, the other, or both: finite values equal to the reference, finite
+    gradients (0 < β < 1; the endpoints are KLs, infinite when the support is not covered)."""
+    s, rng = _logits(7)
+    t = (s + rng.normal(scale=1.5, size=s.shape)).astype(np.float32)
+    s[0, 0, :2] = -np.inf  # student only
+    t[0, 1, 2:4] = -np.inf  # teacher only
+    s[1, 2, 4:7] = t[1, 2, 4:7] = -np.inf  # both
+    for beta in (0.1, 0.9):
+        got = np.asarray(jsd(f32(s), f32(t), beta))
+        np.testing.assert_allclose(got, ref.generalized_jsd(s, t, beta), rtol=1e-4, atol=1e-6)
+        g = jgrad(lambda z, b=beta: jnp.sum(generalized_jsd_from_logits(z, f32(t), b)))(f32(s))
+        assert np.all(np.isfinite(np.asarray(g)))
+
+
+@pytest.mark.parametrize("beta", [-0.1, 1.5, float("nan")])
+def test_generalized_jsd_rejects_beta_outside_the_unit_interval(beta):
+    s, _ = _logits(5)
+    with pytest.raises(ValueError, match="need 0 ≤ beta ≤ 1"):
+        generalized_jsd_from_logits(f32(s), f32(s), beta)
+
+
+@pytest.mark.parametrize("beta", JSD_BETAS)
+def test_generalized_jsd_gradients_match_finite_differences(beta):
+    """d/d student logits = a central finite difference of the numpy reference; the teacher
+    logits get exactly no gradient (stop_gradient)."""
+    temperature = 0.8
+    s, rng = _logits(6, shape=(2, 3, 7))
+    t = (s + rng.normal(scale=1.5, size=s.shape)).astype(np.float32)
+    w = rng.normal(size=s.shape[:-1])  # a different weight per position
+
+    def loss(z_s, z_t):
+        return jnp.sum(f32(w) * generalized_jsd_from_logits(z_s, z_t, beta, temperature))
+
+    g_s, g_t = jit(jax.grad(loss, argnums=(0, 1)))(f32(s), f32(t))
+    assert np.all(np.asarray(g_t) == 0.0)
+    fd = ref.numerical_grad(
+        lambda z: float(np.sum(w * ref.generalized_jsd(z, t, beta, temperature))), s
+    )
+    assert np.abs(fd).max() > 1e-2
+    np.testing.assert_allclose(np.asarray(g_s), fd, rtol=1e-3, atol=2e-6)
 
 
 def test_sd_loss_from_kl_and_sampled_advantage_match_reference():
@@ -442,11 +562,13 @@ def test_rejects_says_whether_a_preset_filters(name):
 
 def test_registries():
     assert not hasattr(losses, "LOSSES")  # the loss parts are called directly, not looked up
-    assert sd_estimator_names() == ("none", "full", "sampled", "topk")
+    assert sd_estimator_names() == ("none", "full", "jsd", "sampled", "topk")
     assert registry.sd_estimator_names is sd_estimator_names
     assert set(sd_estimator_names()) == {"none", *losses.SD_ESTIMATORS.names()}
     assert registry.get_sd_estimator("full").per_token_kl is reverse_kl_from_logits
     assert registry.get_sd_estimator("topk").per_token_kl is topk_tail_reverse_kl
+    assert registry.get_sd_estimator("jsd").per_token_kl is generalized_jsd_from_logits
+    assert not registry.get_sd_estimator("jsd").folds_into_advantage
     assert registry.get_sd_estimator("sampled").folds_into_advantage
     assert registry.get_kl_estimator("k3")(f32(0.5)) == pytest.approx(math.exp(-0.5) + 0.5 - 1)
     presets = registry.ROLLOUT_CORRECTION_PRESETS

@@ -9,7 +9,7 @@ import optax
 import pytest
 from flax import nnx
 
-from rubric_rl.core import sharding
+from rubric_rl.core import losses, sharding
 from rubric_rl.core import train_step as ts
 from rubric_rl.models.qwen3 import PRESETS, Qwen3ForCausalLM
 
@@ -174,9 +174,10 @@ def _sd_only(batch):
     return batch.replace(advantages=np.zeros(B, np.float32))
 
 
-def _sd_by_hand(graphdef, state, batch):
+def _sd_by_hand(graphdef, state, batch, divergence=None):
     """The token-mean SD term written out: ``(sd(params, teacher_logits), teacher_logits(params))``
-    with full-vocabulary logits, weights λ_b u_b m_bt sd_bt / Σ m (``sd_mask`` [B] or [B, T])."""
+    with full-vocabulary logits, weights λ_b u_b m_bt sd_bt / Σ m (``sd_mask`` [B] or [B, T]).
+    ``divergence(log_s, log_t) -> [B, T]`` defaults to the reverse KL."""
     temp = BASE.temperature
     lm = np.asarray(batch.loss_mask)
     sd_mask = np.asarray(batch.sd_mask)
@@ -195,6 +196,8 @@ def _sd_by_hand(graphdef, state, batch):
             model(batch.input_ids, batch.positions, batch.attention_mask) / temp
         )
         lt = jax.nn.log_softmax(t_logits / temp)
+        if divergence is not None:
+            return jnp.sum(w * divergence(ls, lt))
         return jnp.sum(w * jnp.sum(jnp.exp(ls) * (ls - lt), -1))
 
     return sd, teacher_logits
@@ -215,6 +218,28 @@ def test_sd_stop_gradient(tiny_state):
     assert float(metrics["loss/sd"]) == pytest.approx(value, rel=1e-5)
     assert max_abs_diff(g, g_const) <= 1e-6
     assert max_abs_diff(g, g_nosg) > 1e-5
+
+
+def test_jsd_estimator_uses_the_configured_beta(tiny_state):
+    """sd_estimator="jsd": the SD term and its gradient are the generalised JSD of the
+    full-vocabulary logits at ``sd_jsd_beta`` (which reaches the step: near p_S = p_T,
+    JSD_β ≈ β(1 − β)/2 · χ², so 0.1 and 0.5 differ by far)."""
+    graphdef, state, _ = tiny_state
+    batch = _sd_only(make_batch())
+    values = {}
+    for beta in (0.1, 0.5):
+        config = dataclasses.replace(BASE, sd_estimator="jsd", sd_jsd_beta=beta)
+        _, g, metrics = loss_grads_fn(graphdef, config)(state.params, state.rest, batch)
+        # log-softmax outputs are their own log-softmax: feed them as logits at temperature 1
+        jsd = lambda ls, lt, b=beta: losses.generalized_jsd_from_logits(ls, lt, b)
+        sd, teacher_logits = _sd_by_hand(graphdef, state, batch, divergence=jsd)
+        const = jax.jit(teacher_logits, compiler_options=FAST)(state.params)
+        value = float(jax.jit(sd, compiler_options=FAST)(state.params, const))
+        g_hand = jax.jit(jax.grad(sd), compiler_options=FAST)(state.params, const)
+        assert float(metrics["loss/sd"]) == pytest.approx(value, rel=1e-5)
+        assert max_abs_diff(g, g_hand) <= 1e-6
+        values[beta] = value
+    assert values[0.5] > 2 * values[0.1]
 
 
 def _first_half_off(batch):
