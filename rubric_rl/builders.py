@@ -113,7 +113,7 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
         out = gen.tasks(split, n)
         return tuple(constraints.with_hard_env(out, hard) if hard > 0 else out)
 
-    return Domain(
+    domain = Domain(
         name="constraints",
         train=tasks("train", int(cfg.n_train)),
         heldout=tasks("heldout", int(cfg.n_heldout)),
@@ -129,6 +129,14 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
         copy_corpus=constraints.copy_corpus,
         validation=tasks("validation", int(cfg.n_validation)),
     )
+    demos = float(cfg.get("generator_demos", 0.0))
+    if demos > 0:
+        from rubric_rl.envs.generator_corpus import with_generator_demonstrations
+
+        domain = with_generator_demonstrations(
+            domain, fraction=demos, n_negatives=int(cfg.get("generator_negatives", 10))
+        )
+    return domain
 
 
 # The files a directory given for a split holds for it: a word of their path inside the directory
@@ -818,6 +826,35 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
         describe=embedded_description if embedded else None,
     )  # fmt: skip
     return [*_grpo_sampler(config, domain), ctl]
+
+
+@CONTROLLER_BUILDERS.register("arise_rl")
+def arise_rl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
+    """ARISE-RL (configs/arise_rl.py): one controller that is the sampler (the cycle schedule:
+    generator tasks, then the pool of generated tasks) and owns R_G, the solver reward and
+    RG-SED. The generator role is built for the embedded constraint domain."""
+    from rubric_rl.controllers.arise_rl import AriseRLConfig, AriseRLController
+    from rubric_rl.envs.generator_domain import forbidden_signatures
+
+    if domain.name != "constraints":
+        raise ValueError(
+            f"config.method='arise_rl': the generator role is built for the embedded "
+            f"'constraints' domain (envs/generator_domain.py), not {domain.name!r}"
+        )
+    a = config.arise_rl.to_dict()
+    a["rgsed_roles"] = tuple(a["rgsed_roles"])
+    cfg = AriseRLConfig(**a)
+    # Generated tasks train the solver, which is evaluated on these: never generate one of them.
+    forbidden = forbidden_signatures([*domain.heldout, *domain.validation])
+    return [
+        AriseRLController(
+            cfg,
+            fallback_tasks=domain.train,
+            forbidden=forbidden,
+            tasks_per_step=int(config.rollout.tasks_per_step),
+            seed=int(config.train.seed),
+        )  # fmt: skip
+    ]
 
 
 def build_controllers(

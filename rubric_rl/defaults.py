@@ -224,6 +224,12 @@ def get_base_config() -> ConfigDict:
         # for RISED's stress test (a deliberately hard environment; 0 = off, the task types are
         # the environments). 5 makes about a fifth of the tasks "hard" (list and format tasks).
         hard_min_constraints=0,
+        # The embedded domain only: > 0 gives this share of the warm-start corpus to ARISE-RL's
+        # generator-role demonstrations (envs/generator_corpus.py, with up to
+        # ``generator_negatives`` in-context negatives each) and extends the vocabulary with the
+        # generator's units (configs/arise_rl.py sets it; 0 = the corpus of every other method).
+        generator_demos=0.0,
+        generator_negatives=10,
         # For name="dataset": files or directories in a rubric_rl.rubrics.datasets format
         # (healthbench, rar, rubrichub, openrubrics, jsonl). No programmatic verifier, oracle or
         # warm-start corpus: judge with judge.kind="llm" (or rule criteria) and train a

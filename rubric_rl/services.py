@@ -28,6 +28,8 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
+import shutil
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -137,6 +139,7 @@ class Services:
         self.seconds: dict[str, float] = collections.defaultdict(float)
         self._calls: dict[str, int] = collections.defaultdict(int)
         self._caller = "trainer"
+        self._held: dict[str, tuple[int, Any]] = {}  # name -> (step taken, engine snapshot)
 
     # --- callers and time ------------------------------------------------------------------
 
@@ -233,6 +236,54 @@ class Services:
             f"rollout engine {type(self.engine).__name__} failed {retries + 1} times: {err!r}"
         ) from err
 
+    # --- held policies: a second parameter set ---------------------------------------------
+
+    def _policy_dir(self, name: str) -> str:
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"a held policy's name must be a plain file name, got {name!r}")
+        return os.path.join(self.workdir, "policies", name)
+
+    def hold_policy(self, name: str) -> None:
+        """Keeps a copy of the policy the engine serves now (before this step's update) as
+        ``name`` — e.g. ARISE-RL's frozen solver or the frozen base policy — in device memory and
+        under ``<workdir>/policies/<name>/`` with the step it was taken at, so that a resumed run
+        gets it back (``held_step``). Replaces an earlier copy of that name. Needs an engine that
+        can hold a second parameter set (the JAX engine)."""
+        snap = self.engine.snapshot()
+        d = self._policy_dir(name)
+        tmp = f"{d}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(os.path.dirname(d), exist_ok=True)
+        self.engine.save_snapshot(snap, tmp)
+        with open(os.path.join(tmp, "held.json"), "w") as f:
+            json.dump({"name": name, "step": self.step}, f)
+        shutil.rmtree(d, ignore_errors=True)
+        os.rename(tmp, d)
+        self._held[name] = (self.step, snap)
+
+    def held_step(self, name: str) -> int | None:
+        """The step the held policy ``name`` was taken at (in memory, else on disk); None."""
+        if name in self._held:
+            return self._held[name][0]
+        meta = os.path.join(self._policy_dir(name), "held.json")
+        if not os.path.isfile(meta):
+            return None
+        with open(meta) as f:
+            return int(json.load(f)["step"])
+
+    def release_policy(self, name: str) -> None:
+        """Drops the held policy ``name`` from memory and disk (held only while needed)."""
+        self._held.pop(name, None)
+        shutil.rmtree(self._policy_dir(name), ignore_errors=True)
+
+    def _held_snapshot(self, name: str) -> Any:
+        if name not in self._held:
+            step = self.held_step(name)
+            if step is None:
+                raise ValueError(f"no held policy {name!r} (hold_policy was never called)")
+            self._held[name] = (step, self.engine.load_snapshot(self._policy_dir(name)))
+        return self._held[name][1]
+
     def generate(
         self,
         prompts: Sequence[Messages],
@@ -241,9 +292,11 @@ class Services:
         stream: str = "probe",
         params: SamplingParams | None = None,
         names: Sequence[str] | None = None,
+        policy: str | None = None,
     ) -> tuple[list[tuple[int, ...]], list[list[Trajectory]]]:
-        """``n`` single-turn samples per prompt on the current policy: (prompt ids per prompt,
-        trajectories per prompt). ``names`` (e.g. task ids) only label errors."""
+        """``n`` single-turn samples per prompt on the current policy, or on the held policy
+        ``policy`` (``hold_policy``): (prompt ids per prompt, trajectories per prompt).
+        ``names`` (e.g. task ids) only label errors."""
         params = params or self.sampling_params(n)
         if params.n != n:
             params = dataclasses.replace(params, n=int(n))
@@ -258,7 +311,9 @@ class Services:
                 )
                 for g, m in enumerate(prompts)
             ]
-            gens = self._engine_generate(requests, params)
+            held = self.engine.serving(self._held_snapshot(policy)) if policy else None
+            with held if held is not None else contextlib.nullcontext():
+                gens = self._engine_generate(requests, params)
             out = [
                 [
                     Trajectory(
@@ -283,12 +338,15 @@ class Services:
         *,
         stream: str = "probe",
         params: SamplingParams | None = None,
+        make_env: Any = None,
     ) -> tuple[list[tuple[int, ...]], list[list[Trajectory]]]:
-        """``n`` multi-turn episodes per task over the domain's environment: (prompt ids per
+        """``n`` multi-turn episodes per task over the domain's environment (``make_env``: a
+        ``Task -> Env`` factory in its place, e.g. ARISE-RL's generator role): (prompt ids per
         task, trajectories per task). Tool outputs and template tokens get loss mask 0."""
         from rubric_rl.rollout.agent import AgentConfig, ChatFormat, run_agent
 
-        if self.domain.make_env is None:
+        make_env = make_env if make_env is not None else self.domain.make_env
+        if make_env is None:
             raise ValueError(
                 f"config.rollout.mode: agent rollouts need a domain with an environment; "
                 f"domain {self.domain.name!r} has none"
@@ -298,7 +356,7 @@ class Services:
         acfg = AgentConfig(max_turns=int(a.max_turns), max_total_tokens=int(a.max_total_tokens))
         base = self._task_base(stream)
         flat_tasks = [t for t in tasks for _ in range(n)]
-        envs = [self.domain.make_env(t) for t in flat_tasks]
+        envs = [make_env(t) for t in flat_tasks]
         params = dataclasses.replace(params, n=1) if params else self.sampling_params(1)
         with self._timed():
             try:

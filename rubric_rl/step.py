@@ -453,6 +453,33 @@ def rised_pipeline(config: Any) -> Pipeline:
     return default_pipeline().replace("teacher", rised_teacher)
 
 
+@PIPELINES.register("arise_rl")
+def arise_rl_pipeline(config: Any) -> Pipeline:
+    """ARISE-RL (controllers/arise_rl.py): sample (+ roles) → decorate → generate (generator
+    groups: agent episodes with the lookup tool, trained) → judge → attempts (parse, gates, K
+    solver attempts: never trained) → reward → advantage → observe → memory (RG-SED's memory
+    rollouts: never trained; Δr) → select → teacher (the memory in the prompt) → gate."""
+    from rubric_rl.controllers import arise_rl
+
+    def sample_roles(rollouts: Rollouts | None, ctx: StepContext) -> Rollouts:
+        return arise_rl.assign_roles(sample(rollouts, ctx))
+
+    def generate_roles(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
+        return generate(arise_rl.generate_generator_groups(rollouts, ctx), ctx)
+
+    def attempts(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
+        return arise_rl.attempts_stage(rollouts, ctx, VERIFIER_SIGNAL)
+
+    return (
+        default_pipeline()
+        .replace("sample", sample_roles)
+        .replace("generate", generate_roles)
+        .insert_after("judge", "attempts", attempts)
+        .insert_after("observe", "memory", arise_rl.memory_stage)
+        .replace("teacher", arise_rl.teacher_stage)
+    )
+
+
 def build_pipeline(config: Any) -> Pipeline:
     method = str(config.get("method", "grpo"))
     return PIPELINES.get(method)(config) if method in PIPELINES else default_pipeline()

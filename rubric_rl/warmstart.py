@@ -285,7 +285,11 @@ def _case_pairs_for(config, tokenizer, params) -> CasePairs | None:
 _MODEL_KEY_DEFAULTS = {"vocab_multiple": 64, "chat_template": "auto", "scan_layers": False}
 # Domain options likewise (hard_min_constraints: RISED's hard environment relabels tasks' env_name;
 # the warm-start corpus does not read it, but a non-default value keys its own cache).
-_DOMAIN_KEY_DEFAULTS = {"hard_min_constraints": 0}
+_DOMAIN_KEY_DEFAULTS = {
+    "hard_min_constraints": 0,
+    "generator_demos": 0.0,
+    "generator_negatives": 10,
+}
 
 
 def cache_key(config) -> str:

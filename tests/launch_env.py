@@ -44,6 +44,41 @@ def launch_train(workdir, steps: int, *overrides: str) -> None:
         assert math.isfinite(r["loss"]), r
 
 
+def kill_then_resume(cmd, env, workdir, *, after_step: int, checkpoint: int, timeout=900):
+    """Runs ``cmd`` (a launch command line writing ``workdir``), SIGKILLs it once ``after_step`` is
+    logged and checkpoint ``checkpoint`` is complete (its asynchronous write can finish after
+    later steps are logged; ``--resume`` with no checkpoint is an error, not a fresh start), then
+    runs ``cmd + ["--resume"]`` to the end. Returns the metrics rows logged at the kill."""
+    import signal
+    import subprocess
+    import time
+
+    from rubric_rl.metrics import read_metrics
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen(
+        cmd, cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.time() + timeout
+    metrics = workdir / "metrics.jsonl"
+    while time.time() < deadline and proc.poll() is None:
+        logged = metrics.exists() and any(
+            r["step"] >= after_step for r in read_metrics(str(metrics))
+        )
+        if logged and (workdir / "checkpoints" / str(checkpoint)).is_dir():
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    rows_at_kill = read_metrics(str(metrics))
+    resumed = subprocess.run(
+        [*cmd, "--resume"], cwd=repo, env=env, check=True, timeout=timeout, capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert "resumed from step " in resumed.stderr  # from a checkpoint, not a fresh start
+    return rows_at_kill
+
+
 def checkpoint_params(checkpoint_dir) -> dict:
     """The model parameters of an orbax train_state checkpoint, as {"a/b/c": array}."""
     import jax

@@ -6,10 +6,8 @@ import gzip
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -17,7 +15,7 @@ from configs import grpo
 from rubric_rl.metrics import read_metrics
 from rubric_rl.rubrics.judges import Judge
 from rubric_rl.rubrics.types import verdict_failed
-from tests.launch_env import launch_env
+from tests.launch_env import kill_then_resume, launch_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 5
@@ -41,27 +39,9 @@ def runs(tmp_path_factory):
     env = launch_env(base / "jax_cache")
     full, killed = base / "full", base / "killed"
     subprocess.run(_cmd(full), cwd=REPO, env=env, check=True, timeout=600, capture_output=True)
-    # Killed run: SIGKILL once step 3 is logged and the step-2 checkpoint is complete (its
-    # asynchronous write can finish after step 3 is logged; --resume with no checkpoint is an
-    # error, not a fresh start): 3 (and 4, if logged) must be replayed.
-    proc = subprocess.Popen(
-        _cmd(killed), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.time() + 300
-    metrics = killed / "metrics.jsonl"
-    while time.time() < deadline and proc.poll() is None:
-        logged = metrics.exists() and any(r["step"] >= 3 for r in read_metrics(str(metrics)))
-        if logged and (killed / "checkpoints" / "2").is_dir():
-            break
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    rows_at_kill = read_metrics(str(metrics))
-    resumed = subprocess.run(
-        _cmd(killed, "--resume"), cwd=REPO, env=env, check=True, timeout=600, capture_output=True,
-        text=True,
-    )  # fmt: skip
-    assert "resumed from step " in resumed.stderr  # from a checkpoint, not a fresh start
+    # Killed once step 3 is logged and the step-2 checkpoint is complete: 3 (and 4, if logged)
+    # must be replayed.
+    rows_at_kill = kill_then_resume(_cmd(killed), env, killed, after_step=3, checkpoint=2)
     return full, killed, rows_at_kill
 
 

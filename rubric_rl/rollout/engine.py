@@ -210,6 +210,30 @@ class RolloutEngine(abc.ABC):
     def weight_version(self) -> int:
         """The version the engine was last told to serve."""
 
+    # -- a second parameter set (ARISE-RL's frozen solver, the frozen base policy) ------------
+
+    def snapshot(self) -> Any:
+        """A copy of the parameters served now, held by the caller (an opaque object for
+        ``serving`` / ``save_snapshot``). Engines that cannot hold a second parameter set (SGLang:
+        its servers hold one set) raise ``NotImplementedError`` naming themselves."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot hold a second parameter set (a snapshot of the policy); "
+            "the in-process JAX engine (rollout.engine='jax') can"
+        )
+
+    def serving(self, snapshot: Any) -> Any:
+        """A context manager: inside it the engine samples from ``snapshot``, after it from the
+        live parameters again (those given last to ``update_weights``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot serve a snapshot")
+
+    def save_snapshot(self, snapshot: Any, path: str) -> None:
+        """Writes ``snapshot`` to ``path`` (a directory that must not exist)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot save a snapshot")
+
+    def load_snapshot(self, path: str) -> Any:
+        """A snapshot written by ``save_snapshot``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load a snapshot")
+
     def prefix_session(self) -> Any:
         """A session that keeps conversations' KV caches between agent turns (an object with
         ``generate(requests, params, keys)``, ``agenerate``, ``close``), or None when the engine

@@ -37,7 +37,11 @@ training mesh's batch axes — and the parameters stay wherever the trainer put 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import functools
+import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -188,6 +192,53 @@ class JaxEngine(RolloutEngine):
                 f"engine's model:\n  expected {want}\n  got      {got}"
             )
         self._params, self._rest, self._version = params, rest, int(version)
+
+    def snapshot(self) -> tuple[Any, Any, int]:
+        """A copy of the served parameters (and the rest of the model state) with their version:
+        a second parameter set in device memory, e.g. ARISE-RL's frozen solver. A copy, not a
+        reference: the train step donates the live buffers."""
+        copy = functools.partial(jax.tree.map, jnp.copy)
+        return copy(self._params), copy(self._rest), self._version
+
+    @contextlib.contextmanager
+    def serving(self, snapshot: tuple[Any, Any, int]):
+        """Samples from ``snapshot`` inside the block; the live parameters again after it."""
+        params, rest, version = snapshot
+        if jax.tree.structure(params) != jax.tree.structure(self._params):
+            raise ValueError(
+                "JaxEngine.serving: the snapshot's parameter tree differs from the model's"
+            )
+        live = (self._params, self._rest, self._version)
+        self._params, self._rest, self._version = params, rest, int(version)
+        try:
+            yield
+        finally:
+            self._params, self._rest, self._version = live
+
+    def save_snapshot(self, snapshot: tuple[Any, Any, int], path: str) -> None:
+        """The snapshot's parameters (orbax, as the warm start's) and version under ``path``."""
+        import orbax.checkpoint as ocp
+
+        params, _, version = snapshot
+        os.makedirs(path, exist_ok=True)
+        ckptr = ocp.StandardCheckpointer()
+        ckptr.save(os.path.join(os.path.abspath(path), "params"), params)
+        ckptr.wait_until_finished()
+        with open(os.path.join(path, "version.json"), "w") as f:
+            json.dump({"version": int(version)}, f)
+
+    def load_snapshot(self, path: str) -> tuple[Any, Any, int]:
+        import orbax.checkpoint as ocp
+
+        target = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self._params
+        )
+        params = ocp.StandardCheckpointer().restore(
+            os.path.join(os.path.abspath(path), "params"), target
+        )
+        with open(os.path.join(path, "version.json")) as f:
+            version = int(json.load(f)["version"])
+        return params, jax.tree.map(jnp.copy, self._rest), version
 
     def prefix_session(self):
         """A `rubric_rl.rollout.prefix_reuse.PrefixSession`: multi-turn generation that keeps

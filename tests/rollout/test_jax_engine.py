@@ -448,3 +448,30 @@ def test_sample_tokens_banned_renormalises_the_draw_not_the_logprob():
     renorm = np.where(np.asarray(banned[0]), 0.0, np.exp(full))
     np.testing.assert_allclose(freq, renorm / renorm.sum(), atol=0.03)
     assert freq[1] == 0 and freq[4] == 0
+
+
+def test_snapshot_serves_the_frozen_parameters_after_an_update(tmp_path):
+    """A second parameter set (ARISE-RL's frozen solver): a snapshot is a copy, ``serving``
+    samples from it inside the block and the live weights after it, and it survives a save and
+    load (a resumed run gets it back)."""
+    eng = JaxEngine(_model(0), CFG, weight_version=3)
+    sp = SamplingParams(max_new_tokens=N_NEW, temperature=1.0)
+    frozen_tokens = [g[0].token_ids for g in eng.generate(_requests(step=2), sp)]
+    snap = eng.snapshot()
+    # a copy: deleting the buffers it was taken from (as a donating train step does) leaves it
+    jax.tree.map(lambda x: x.delete(), nnx.state(eng.model(), nnx.Param))
+    eng.update_weights(nnx.state(_model(1), nnx.Param), version=4)
+    now = [g[0].token_ids for g in eng.generate(_requests(step=2), sp)]
+    assert now != frozen_tokens
+    with eng.serving(snap):
+        held = eng.generate(_requests(step=2), sp)
+    assert [g[0].token_ids for g in held] == frozen_tokens
+    assert {g[0].weight_version for g in held} == {3}
+    assert [g[0].token_ids for g in eng.generate(_requests(step=2), sp)] == now
+    eng.save_snapshot(snap, str(tmp_path / "frozen"))
+    loaded = eng.load_snapshot(str(tmp_path / "frozen"))
+    assert loaded[2] == 3
+    with eng.serving(loaded):
+        again = [g[0].token_ids for g in eng.generate(_requests(step=2), sp)]
+    assert again == frozen_tokens
+    eng.close()

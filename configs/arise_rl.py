@@ -1,0 +1,161 @@
+"""ARISE-RL (seed 002): generator–solver co-evolution on one policy, difficulty-shaped generator
+reward, tool-grounded rubrics and reward-gated self-evolution distillation (RG-SED).
+
+    python -m rubric_rl.launch --config=configs/arise_rl.py              # embedded default (CPU)
+    python -m rubric_rl.launch --config=configs/arise_rl.py:smoke        # seconds, for tests
+    python -m rubric_rl.launch --config=configs/arise_rl.py:no_rgsed     # an ablation (below)
+
+The run is ``arise_rl.cycles`` co-evolution cycles (rubric_rl/controllers/arise_rl.py): each
+trains the generator role (agent episodes with a ``lookup`` tool writing ``<question>`` +
+``<rubric>``; R_G = R_tool · R_fmt · (1 + R_diff) from K = 8 solver attempts, γ = 0.9), refreshes
+the solver's pool of generated tasks (deduplicated, the 10 most recent as in-context negatives),
+then trains the solver role on it (r = 0.8 s + 0.2·1[s = 1] with s the weighted satisfaction of
+the generated rubric). RG-SED for both roles: a coach's memory m, memory rollouts measuring Δr
+(never trained), SD toward the same policy with m in the system message, gated
+λ = λ0 · sigmoid((Δr − τ)/T) · w(t) · d(t), λ0 = ``loss.sd_coef`` = 0.5, τ = 0.05, T = 0.0125,
+cosine warm-up 20 steps, cosine decay over 120 steps to 0.1, the ``sampled`` estimator (the
+authors' code). The solver is evaluated on the domain's held-out designed tasks.
+
+Variants (comma-separated, big_vision style):
+- ``smoke``: seconds on a CPU; ``model=<preset>``; ``protocol``: the evaluation of
+  ``benchmarks/protocol.md`` (held-out 512 every 10 steps, validation, OOD);
+- ``seed_scale``: the seed's schedule (3 cycles of 120 solver steps, pool 500, 1000 refresh
+  rollouts, 16 rollouts per query at temperature 0.8) — hours on a CPU;
+- ablations (seed Table 2): ``no_rgsed`` (no SD, no memory rollouts), ``no_gate`` (gate ≡ 1:
+  "w/o reward gating"), ``no_tool`` (R_tool ≡ 1), ``no_difficulty`` (R_diff := 0);
+- baselines' proposer rewards in R_diff's place (notes/baselines.md §6): ``dr_zero``,
+  ``absolute_zero``;
+- options: ``current_solver`` (K attempts on the live policy instead of the solver frozen at
+  the cycle's start), ``hard_gate`` (the seed's eq. 12 gate 1[Δr > τ], not the authors' sigmoid),
+  ``final_turn`` (distil only the last assistant turn of a multi-turn rollout), ``placement=
+  last_user`` (m appended to the last user message instead of the system message),
+  ``estimator=full|topk|sampled``.
+
+Ours on the embedded default (the seed states none of it): 3 cycles of 10 generator and 30
+solver steps, 16 tasks x 8 rollouts per step, pool 128 from 256 refresh rollouts, 4 memory
+rollouts per group, 25 % of the warm-start corpus given to generator demonstrations (3
+in-context negatives: a 10-negative role prompt is ~285 tokens, longer than the tiny policy's
+other prompts by 5x), generator turns up to 112 tokens.
+"""
+
+from __future__ import annotations
+
+from configs import common, grpo
+
+VARIANTS = (
+    "smoke", "model", "protocol", "seed_scale", "no_rgsed", "no_gate", "no_tool", "no_difficulty",
+    "dr_zero", "absolute_zero", "hard_gate", "final_turn", "placement", "estimator",
+    "current_solver",
+)  # fmt: skip
+ARMS = ("no_rgsed", "no_gate", "no_tool", "no_difficulty", "dr_zero", "absolute_zero")
+
+
+def get_arise_rl_section() -> common.ConfigDict:
+    a = common.ConfigDict()
+    a.cycles = 3  # seed App. D.5: three rounds of generator-solver evolution
+    a.generator_steps = 10  # ours: the seed does not say how long the generator trains per cycle
+    a.solver_steps = 30  # seed: 120 (``seed_scale``); ours on the embedded default
+    a.pool_size = 128  # seed: 500 (``seed_scale``)
+    a.pool_min = 16  # ours: below this, pool_fill tops the pool up
+    a.pool_fill = "domain"  # ours: "domain" (the domain's training tasks) | "none" (an error)
+    a.refresh_rollouts = 256  # ours: generator rollouts per refresh (single rollout per prompt)
+    a.refresh_batch = 64
+    a.n_negatives = 3  # seed: 10 (``seed_scale``); ours on the tiny policy (prompt length)
+    a.generator_max_new_tokens = 112  # ours: a generator turn (question + rubric) fits
+    # K attempts against the solver frozen at the start of each cycle's generator phase (issue 18;
+    # "current": the live policy). Both roles share one parameter set: "frozen" holds a second
+    # one (the JAX engine) during the generator phase only.
+    a.solver_policy = "frozen"
+    # The frozen base policy's single-shot pass rate on up to this many fresh generated tasks at
+    # each refresh (seed Fig. 4; 0 = off): holds the warm-start parameters for the whole run.
+    a.base_probe_tasks = 64
+    a.k_attempts = 8  # seed §5.1
+    a.gamma = 0.9  # seed §5.1
+    a.alpha = 0.8  # seed §5.1
+    a.shape = "arise_rl"  # arise_rl | dr_zero | absolute_zero (R_diff's place)
+    a.difficulty = True
+    a.tool_grounding = True
+    a.rgsed_roles = ("generator", "solver")  # seed: both roles
+    a.memory_rollouts = 4  # ours: the seed does not give J'
+    a.memory_placement = "system"  # seed App. E: the memory sits at the system prompt's tail
+    a.gate = "soft"  # the authors' code; "hard" is the seed's eq. 12; "none" = w/o gating
+    a.tau = 0.05
+    a.temperature = 0.0125
+    a.warmup_steps = 20
+    a.decay_steps = 120
+    a.decay_floor = 0.1
+    a.sd_scope = "all"  # all | final_turn
+    return a
+
+
+def get_config(arg: str | None = None) -> common.ConfigDict:
+    variants = common.parse_arg(arg)
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        raise ValueError(
+            f"configs/arise_rl.py: unknown variant(s) {sorted(unknown)}; known: "
+            f"{', '.join(VARIANTS)}"
+        )
+    arms = [a for a in ARMS if a in variants]
+    if len(arms) > 1:
+        raise ValueError(f"configs/arise_rl.py: one ablation or baseline at a time, got {arms}")
+    c = common.get_base_config()
+    c.method = "arise_rl"
+    c.controllers = dict(sampler="arise_rl")
+    c.arise_rl = get_arise_rl_section()
+    c.loss.update(reward="arise_rl_solver", sd_estimator="sampled", sd_coef=0.5)
+    c.rollout.update(tasks_per_step=16, samples_per_task=8)
+    c.rollout.agent.update(max_turns=3, max_total_tokens=512, tools_in_system=False)
+    c.domain.update(generator_demos=0.25, generator_negatives=3)
+    c.model.update(
+        max_prompt_len=256, prompt_buckets=(32, 64, 128, 192), max_teacher_prompt_len=320
+    )
+    c.warmstart.update(max_prompt_len=256, prompt_buckets=(64, 128, 192))
+    if "seed_scale" in variants:
+        c.arise_rl.update(solver_steps=120, pool_size=500, refresh_rollouts=1000, n_negatives=10)
+        c.domain.generator_negatives = 10
+        c.rollout.update(samples_per_task=16, temperature=0.8)
+        c.model.update(max_prompt_len=384, prompt_buckets=(64, 128, 256, 320),
+                       max_teacher_prompt_len=448)  # fmt: skip
+        c.warmstart.update(max_prompt_len=384, prompt_buckets=(64, 128, 256, 320))
+    if "protocol" in variants:
+        common.apply_protocol(c)
+        c.rollout.update(tasks_per_step=16, samples_per_task=8)
+    if "smoke" in variants:
+        grpo.apply_smoke(c)
+        c.model.update(max_prompt_len=192, prompt_buckets=(32, 64, 128), max_teacher_prompt_len=256)
+        c.warmstart.max_prompt_len = 192
+        c.rollout.update(samples_per_task=2, tasks_per_step=2)
+        c.arise_rl.update(
+            cycles=2, generator_steps=1, solver_steps=2, pool_size=4, pool_min=2,
+            refresh_rollouts=4, refresh_batch=4, n_negatives=1, generator_max_new_tokens=16,
+            k_attempts=2, memory_rollouts=2, warmup_steps=0, base_probe_tasks=2,
+        )  # fmt: skip
+        c.domain.generator_negatives = 1
+        c.rollout.agent.max_total_tokens = 256
+    if "no_rgsed" in variants:
+        c.loss.update(sd_estimator="none", sd_coef=0.0)
+    if "no_gate" in variants:
+        c.arise_rl.gate = "none"
+    if "no_tool" in variants:
+        c.arise_rl.tool_grounding = False
+    if "no_difficulty" in variants:
+        c.arise_rl.difficulty = False
+    if "dr_zero" in variants or "absolute_zero" in variants:
+        c.arise_rl.shape = arms[0]
+    if "current_solver" in variants:
+        c.arise_rl.solver_policy = "current"
+    if "hard_gate" in variants:
+        c.arise_rl.gate = "hard"
+    if "final_turn" in variants:
+        c.arise_rl.sd_scope = "final_turn"
+    if "placement" in variants:
+        c.arise_rl.memory_placement = variants["placement"]
+    if "estimator" in variants:
+        c.loss.sd_estimator = variants["estimator"]
+    if "model" in variants:
+        c.model.name = variants["model"]
+    a = c.arise_rl
+    c.train.steps = a.cycles * (a.generator_steps + a.solver_steps)
+    c.lock()
+    return c

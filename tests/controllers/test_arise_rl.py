@@ -1,0 +1,416 @@
+"""ARISE-RL's controller (issue 18): the cycle schedule, the solver and generator rewards of a
+step, the pool refresh, RG-SED's memories / memory rollouts / Δr / gates / teachers, and the
+scripted-policy check — the real pipeline, Services, agent loop, tokenizer and programmatic judge
+with a scripted engine standing in for the policy (deterministic, seconds)."""
+
+import contextlib
+import functools
+import math
+import os
+
+import numpy as np
+import pytest
+
+from configs import arise_rl as arise_rl_config
+from rubric_rl import builders
+from rubric_rl.controllers import rgsed
+from rubric_rl.controllers.arise_rl import (
+    GENERATOR_HINTS,
+    SIGNAL,
+    AriseRLConfig,
+    AriseRLController,
+    GeneratorScore,
+    final_turn_mask,
+    generator_memory,
+    met_matrix,
+    phase,
+    solver_rewards,
+)
+from rubric_rl.envs.constraint_lexicon import units
+from rubric_rl.envs.generator_domain import (
+    format_generated,
+    generator_vocabulary,
+    lookup_text,
+)
+from rubric_rl.envs.tool_calls import render_tool_call
+from rubric_rl.rollout.engine import Generation
+from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verdict
+from rubric_rl.services import Services
+from rubric_rl.step import StepContext, build_pipeline
+from rubric_rl.trainer_batch import rollouts_to_batch
+from tests.rollout.test_agent import ScriptedEngine
+
+# --- the schedule --------------------------------------------------------------------------------
+
+
+def test_phase_schedule_hand_values():
+    cfg = AriseRLConfig(cycles=2, generator_steps=2, solver_steps=3)
+    got = [(p.cycle, p.role, p.offset, p.refreshes) for p in (phase(s, cfg) for s in range(1, 13))]
+    assert got == [
+        (0, "generator", 0, False), (0, "generator", 1, False),
+        (0, "solver", 0, True), (0, "solver", 1, False), (0, "solver", 2, False),
+        (1, "generator", 0, False), (1, "generator", 1, False),
+        (1, "solver", 0, True), (1, "solver", 1, False), (1, "solver", 2, False),
+        # beyond the last cycle: its solver phase goes on
+        (1, "solver", 3, False), (1, "solver", 4, False),
+    ]  # fmt: skip
+    assert cfg.total_steps == 10
+    no_gen = AriseRLConfig(cycles=2, generator_steps=0, solver_steps=2)
+    assert [phase(s, no_gen).role for s in (1, 2, 3)] == ["solver"] * 3
+    assert phase(3, no_gen).refreshes and phase(3, no_gen).cycle == 1
+    with pytest.raises(ValueError, match="step must be >= 1"):
+        phase(0, cfg)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(cycles=0), "cycles must be an integer >= 1"),
+        (dict(pool_fill="web"), "pool_fill must be one of"),
+        (dict(gate="sometimes"), "gate must be one of"),
+        (dict(shape="mine"), "shape must be one of"),
+        (dict(rgsed_roles=("critic",)), "unknown roles"),
+        (dict(pool_min=600), "pool_min"),
+        (dict(alpha=1.5), "alpha"),
+    ],
+)
+def test_config_errors_name_the_field(kw, match):
+    with pytest.raises(ValueError, match=match):
+        AriseRLConfig(**kw)
+
+
+def test_every_config_variant_builds():
+    for v in ("", "smoke", "protocol", "seed_scale", *arise_rl_config.ARMS, "hard_gate",
+              "final_turn", "placement=last_user", "estimator=full", "current_solver"):  # fmt: skip
+        c = arise_rl_config.get_config(v)
+        a = c.arise_rl
+        assert c.train.steps == a.cycles * (a.generator_steps + a.solver_steps)
+        AriseRLConfig(**{**a.to_dict(), "rgsed_roles": tuple(a.rgsed_roles)})
+    assert arise_rl_config.get_config("no_rgsed").loss.sd_estimator == "none"
+    assert arise_rl_config.get_config("dr_zero").arise_rl.shape == "dr_zero"
+    assert not arise_rl_config.get_config("no_tool").arise_rl.tool_grounding
+    with pytest.raises(ValueError, match="one ablation or baseline at a time"):
+        arise_rl_config.get_config("no_gate,no_tool")
+    with pytest.raises(ValueError, match="unknown variant"):
+        arise_rl_config.get_config("frozen")
+
+
+# --- rewards of a group -------------------------------------------------------------------------
+
+
+def _task(weights=(2.0, 1.0, -1.0)):
+    crits = tuple(Criterion(f"c{i}", f"rule {i}", w) for i, w in enumerate(weights))
+    return Task("t", (Message("user", "q"),), Rubric(crits))
+
+
+def _row(*met):
+    return tuple(Verdict(f"c{i}", m) for i, m in enumerate(met))
+
+
+def test_solver_rewards_are_weighted_and_skip_failed_verdicts():
+    task = _task()
+    rows = [
+        _row(True, True, False),  # all satisfied (pitfall absent): s = 1 -> r = 1
+        _row(True, False, False),  # s = (2 + 1) / 4 = 0.75 -> r = 0.6
+        _row(False, True, True),  # pitfall present: s = 1 / 4 -> r = 0.2
+        _row(None, True, False),  # failed verdict left out: s = (1 + 1) / 2 = 1 -> r = 1
+        _row(None, None, None),  # nothing valid: NaN, never 0
+    ]
+    r = solver_rewards(task, rows, alpha=0.8)
+    np.testing.assert_allclose(r[:4], [1.0, 0.8 * 0.75, 0.8 * 0.25, 1.0])
+    assert math.isnan(r[4])
+    assert np.isnan(met_matrix(task, rows)[3, 0])
+    with pytest.raises(ValueError, match="not in its rubric"):
+        met_matrix(task, [(Verdict("zz", True),)])
+
+
+def test_generator_memory_rules_and_vocabulary():
+    def s(reason=None, tool=True, c=None):
+        return GeneratorScore(0.0, reason, tool, None, "q", c)
+
+    assert generator_memory([], 8) is None
+    assert generator_memory([s(c=4), s(c=3), s("no_question")], 8) is None  # no majority
+    fmt = generator_memory([s("no_question"), s("no_rubric"), s(c=4)], 8)
+    assert fmt == "remember : " + GENERATOR_HINTS["format"]
+    tool = generator_memory([s(tool=False), s(tool=False), s(c=8), s(c=8), s(c=8)], 8)
+    assert tool == "remember : " + GENERATOR_HINTS["too_easy"]  # 2 of 5 ungrounded: no hint
+    easy = generator_memory([s(c=8), s(c=8), s(c=2)], 8)
+    assert easy == "remember : " + GENERATOR_HINTS["too_easy"]
+    both = generator_memory([s(tool=False, c=None), s(tool=False, c=0), s(c=0)], 8)
+    hints = (GENERATOR_HINTS["tool"], GENERATOR_HINTS["too_hard"])
+    assert both == " ; ".join(f"remember : {h}" for h in hints)
+    vocab = set(generator_vocabulary())
+    for text in GENERATOR_HINTS.values():
+        assert set(units(text)) <= vocab, set(units(text)) - vocab
+
+
+def test_final_turn_mask():
+    assert final_turn_mask((1, 1, 0, 0, 1, 1, 1, 0), 8) == (0, 0, 0, 0, 1, 1, 1, 0)
+    assert final_turn_mask(None, 3) == (1, 1, 1)
+    assert final_turn_mask((0, 0), 2) == (0, 0)
+
+
+# --- the scripted-policy check ------------------------------------------------------------------
+
+QUESTION = "list 3 fruits"
+CRITERION = "the response lists exactly 3 items"
+FINAL = format_generated(QUESTION, [CRITERION])
+LOOKUP = render_tool_call("lookup", {"category": "fruit"})
+FRUITS = lookup_text("fruit").split(" : ")[1].split(" , ")
+SUCCESS = " , ".join(FRUITS[:3])
+FAIL = FRUITS[0]
+K = 4
+MAX_TURNS = 3
+J = 5
+
+
+class ScriptEngine(ScriptedEngine):
+    """The stand-in policy. Generator sample j of 5: 0 looks up fruits, then writes FINAL
+    (grounded); 2 writes FINAL without a lookup; 1, 3, 4 write no question (a majority: the coach
+    writes a format memory), and with a <coach> block every sample is grounded. Solver: with a
+    <coach> block always right; a K-attempt probe right on even samples (c = K/2); a trained
+    rollout right on sample 0 only (so the coach writes a memory)."""
+
+    def __init__(self, tok):
+        super().__init__(tok, script=None)
+        self.requests = []
+        self.serving_now = None  # the snapshot served (``serving``), None: the live policy
+        self.snapshots = 0
+
+    # A second parameter set stands for itself: a label saved to and loaded from disk.
+    def snapshot(self):
+        self.snapshots += 1
+        return f"snapshot{self.snapshots}"
+
+    @contextlib.contextmanager
+    def serving(self, snapshot):
+        self.serving_now = snapshot
+        try:
+            yield
+        finally:
+            self.serving_now = None
+
+    def save_snapshot(self, snapshot, path):
+        os.makedirs(path)
+        with open(os.path.join(path, "label"), "w") as f:
+            f.write(snapshot)
+
+    def load_snapshot(self, path):
+        with open(os.path.join(path, "label")) as f:
+            return f.read()
+
+    def respond(self, r, text, j):
+        if "write a task" in text:
+            if "fruits :" in text:
+                return FINAL
+            if "<coach>" in text:
+                return LOOKUP
+            return (LOOKUP, "hello", FINAL, "hello", "hello")[j % 5]
+        if "<coach>" in text:
+            return SUCCESS
+        if "arise_rl/attempts" in r.request_id:
+            return SUCCESS if j % 2 == 0 else FAIL
+        return SUCCESS if j == 0 else FAIL
+
+    async def agenerate(self, requests, params):
+        out = []
+        for r in requests:
+            text = self.tok.decode(list(r.prompt_ids))
+            self.requests.append((r.request_id, text, self.serving_now))
+            gens = []
+            for k in range(params.n):
+                j = r.sample_offset // MAX_TURNS if "/turn" in r.request_id else k
+                ids = self.tok.encode(self.respond(r, text, j)) + [self.tok.eos_id]
+                gens.append(Generation(tuple(ids), (-0.5,) * len(ids), "stop", 0, r.request_id, k))
+            out.append(gens)
+        return out
+
+
+def _config():
+    c = arise_rl_config.get_config("smoke")
+    c.unlock()
+    c.calibration.enabled = False
+    c.rollout.update(samples_per_task=J, tasks_per_step=2)
+    c.rollout.agent.max_turns = MAX_TURNS
+    c.arise_rl.update(
+        cycles=2, generator_steps=1, solver_steps=2, k_attempts=K, pool_min=1, refresh_rollouts=6,
+        refresh_batch=3, memory_rollouts=2, warmup_steps=0, generator_max_new_tokens=64,
+        solver_policy="frozen", base_probe_tasks=1,
+    )  # fmt: skip
+    c.domain.update(n_train=16, n_heldout=8, n_ood=8)
+    c.lock()
+    return c
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("arise_rl"))
+    config = _config()
+    domain = builders.build_domain(config)
+    tok = builders.build_tokenizer(config, domain, workdir)
+    engine = ScriptEngine(tok)
+    services = Services(
+        config, engine, tok, builders.build_judge(config, workdir), domain, workdir,
+        functools.partial(builders.prompt_buckets, config),
+    )  # fmt: skip
+    controllers = builders.build_controllers(config, domain)
+    controllers.bind(services, f"{workdir}/controllers")
+    pipeline = build_pipeline(config)
+    steps = {}
+    for step in (1, 2, 3):
+        engine.requests.clear()
+        services.begin_step(step)
+        ctx = StepContext(
+            step, config, np.random.default_rng([0, step]), services, controllers, domain
+        )
+        steps[step] = (pipeline(ctx), ctx, list(engine.requests))
+    yield config, services, controllers, steps
+    engine.close()
+
+
+def _ctl(controllers) -> AriseRLController:
+    (ctl,) = controllers.controllers
+    return ctl
+
+
+def test_generator_step_rewards_and_metrics(run):
+    config, _, controllers, steps = run
+    rollouts, ctx, requests = steps[1]
+    assert [g.role for g in rollouts.groups] == ["generator", "generator"]
+    # the K attempts and the memory rollouts are not in the step
+    assert [len(g) for g in rollouts.groups] == [J, J]
+    nq = "no_question"
+    for g in rollouts.groups:
+        infos = [t.info["arise_rl"] for t in g.trajectories]
+        # grounded + c = K/2 (R_diff = 2): 3; no question: 0 (reason counted); no lookup: 0
+        assert [i["r_g"] for i in infos] == [3.0, 0.0, 0.0, 0.0, 0.0]
+        assert [i["fmt_reason"] for i in infos] == [None, nq, None, nq, nq]
+        assert [i["tool"] for i in infos] == [True, False, False, False, False]
+        assert [i["c"] for i in infos] == [K // 2, None, None, None, None]
+        assert [t.reward for t in g.trajectories] == [3.0, 0.0, 0.0, 0.0, 0.0]
+        assert all(math.isnan(t.signals["task_verifier"]) for t in g.trajectories)
+        assert g.trajectories[0].info["tool_calls"] == 1  # the agent loop ran the tool
+    m = ctx.metrics
+    assert m["arise_rl/generator/fmt_rate"] == pytest.approx(2 / 5)
+    assert m["arise_rl/generator/tool_rate"] == pytest.approx(1 / 5)
+    assert m["arise_rl/generator/gates_rate"] == pytest.approx(1 / 5)
+    assert m["arise_rl/generator/reason/no_question"] == pytest.approx(3 / 5)
+    assert m[f"arise_rl/generator/c/{K // 2}"] == 1.0
+    assert m["arise_rl/generator_phase"] == 1.0
+    # Only grounded tasks are solved: one K-sample probe request per trained grounded episode
+    # (2), then one per memory rollout (2 groups x J' = 2, all grounded under the memory).
+    probes = [(rid, held) for rid, _, held in requests if "arise_rl/attempts" in rid]
+    assert len(probes) == 2 + 4
+    # ... all on the solver frozen at the cycle's first generator step (the second snapshot of
+    # step 1: the first is the frozen base policy); the trained episodes on the live policy.
+    assert {held for _, held in probes} == {"snapshot2"}
+    assert {held for rid, _, held in requests if "/turn" in rid} == {None}
+    # Most of each group wrote no question: the coach's format memory; the memory rollouts (R_G
+    # 3 each) measure Δr = 3 − 3/5; their episodes ran in the system message's memory.
+    assert m["arise_rl/rgsed/memory_frac"] == 1.0
+    assert m["arise_rl/rgsed/delta_r"] == pytest.approx(3.0 - 3.0 / 5.0)
+    memory_eps = [t for _, t, _ in requests if "write a task" in t and "<coach>" in t]
+    assert len(memory_eps) == 2 * 2 * 2  # 4 episodes, a lookup turn and a final turn each
+    coach = "<coach> remember : " + GENERATOR_HINTS["format"]
+    for g in rollouts.groups:
+        for t in g.trajectories:
+            system = t.teacher_prompt[0]
+            assert system["role"] == "system" and system["content"].endswith(coach + " </coach>")
+            assert system["content"].startswith(g.messages[0]["content"])
+            assert t.sd_coef > 0.5 * config.loss.sd_coef  # the soft gate is open (Δr ≫ τ)
+    assert _ctl(controllers).recent[-1] == QUESTION
+
+
+def test_pool_refresh_deduplicates(run):
+    _, _, controllers, steps = run
+    rollouts, ctx, requests = steps[2]
+    ctl = _ctl(controllers)
+    assert [t.prompt[-1].content for t in ctl.pool] == [QUESTION]
+    stats = ctl.pool_stats
+    assert stats == {
+        "rollouts": 6.0, "generated": 1.0, "filled": 0.0, "parse_rate": 1.0, "duplicates": 5.0,
+        "ungrounded": 0.0, "base_pass_rate": 1.0, "base_probe_tasks": 1.0,
+    }  # fmt: skip
+    # The base probe ran on the frozen base policy (step 1's first snapshot); the frozen solver
+    # is released when the solver phase begins (held only while needed).
+    (probe,) = [held for rid, _, held in requests if "arise_rl/base_probe" in rid]
+    assert probe == "snapshot1"
+    services = ctx.services
+    assert services.held_step("arise_rl_base") == 1
+    assert services.held_step("arise_rl_frozen_solver") is None
+    # 6 refresh episodes (one rollout per prompt), each a lookup turn and a final turn
+    assert sum("write a task" in text for _, text, _ in requests) == 12
+    assert [g.task.id for g in rollouts.groups] == [ctl.pool[0].id] * 2
+    assert [g.role for g in rollouts.groups] == ["solver", "solver"]
+
+
+def test_solver_step_rgsed(run):
+    config, services, controllers, steps = run
+    rollouts, ctx, requests = steps[2]
+    for g in rollouts.groups:
+        assert [t.signals[SIGNAL] for t in g.trajectories] == [1.0, 0.0, 0.0, 0.0, 0.0]
+        assert len(g) == J  # memory rollouts are never in the step
+    mem = [rid for rid, _, _ in requests if "arise_rl/memory" in rid]
+    assert len(mem) == 2  # one request per group, J' = 2 samples each
+    # Δr = mean(memory) − mean(standard) = 1 − 1/5 per group; soft gate ≈ 1 (Δr ≫ τ)
+    dr = 1.0 - 1.0 / 5.0
+    m = ctx.metrics
+    assert m["arise_rl/rgsed/delta_r"] == pytest.approx(dr)
+    assert m["arise_rl/rgsed/above"] == 1.0 and m["arise_rl/rgsed/memory_frac"] == 1.0
+    want = rgsed.rgsed_coef([dr], 2, gate="soft", warmup_steps=0, lambda0=config.loss.sd_coef)
+    for g in rollouts.groups:
+        for t in g.trajectories:
+            assert t.sd_coef == pytest.approx(float(want[0]))
+            system = t.teacher_prompt[0]
+            assert system["role"] == "system" and "<coach> remember :" in system["content"]
+            assert t.teacher_prompt[1:] == [dict(m) for m in g.messages]
+    # Teacher alignment: each row's teacher completion tokens are exactly the student's, after
+    # the group's prompt with the memory in its system message.
+    tb = rollouts_to_batch(rollouts, services, True, None)
+    ids, tids = np.asarray(tb.input_ids), np.asarray(tb.teacher_input_ids)
+    p = services.prompt_len([len(g.prompt_ids) for g in rollouts.groups])
+    rows = [t for g in rollouts.groups for t in g.trajectories]
+    assert len(rows) == ids.shape[0] == 2 * J
+    for b, t in enumerate(rows):
+        n, tp = len(t.tokens), p + int(np.asarray(tb.teacher_offset)[b])
+        assert list(ids[b, p : p + n]) == list(t.tokens)
+        assert list(tids[b, tp : tp + n]) == list(t.tokens)
+        assert list(tids[b, tp - len(t.teacher_prompt_ids) : tp]) == list(t.teacher_prompt_ids)
+        assert services.encode_prompt(t.teacher_prompt, "t", "max_teacher_prompt_len") == (
+            t.teacher_prompt_ids
+        )
+
+
+def test_state_round_trip(run):
+    config, _, controllers, _ = run
+    ctl = _ctl(controllers)
+    fresh = AriseRLController(
+        ctl.cfg, fallback_tasks=ctl.fallback_tasks, forbidden=ctl.forbidden, tasks_per_step=2
+    )
+    fresh.load_state_dict(ctl.state_dict())
+    assert [t.id for t in fresh.pool] == [t.id for t in ctl.pool]
+    assert fresh.pool[0] == ctl.pool[0] and fresh.pool_cycle == ctl.pool_cycle
+    assert fresh.recent == ctl.recent and fresh.pool_stats == ctl.pool_stats
+
+
+def test_held_policies_must_survive_a_resume(run, tmp_path):
+    """A run resumed without its held policies (e.g. <workdir>/policies/ deleted) stops naming
+    them instead of probing the wrong parameters."""
+    config, services, controllers, _ = run
+    ctl = _ctl(controllers)
+    other = Services(
+        config, services.engine, services.tokenizer, services.judge_impl, services.domain,
+        str(tmp_path), functools.partial(builders.prompt_buckets, config),
+    )  # fmt: skip
+    fresh = AriseRLController(ctl.cfg, fallback_tasks=ctl.fallback_tasks, tasks_per_step=2)
+    fresh.bind(other, None)
+    other.begin_step(3)
+    with pytest.raises(RuntimeError, match="frozen base policy"):
+        fresh.sample_tasks(3, np.random.default_rng(0))
+    # On disk, a held policy comes back after a restart (a new Services over the same workdir).
+    back = Services(
+        config, services.engine, services.tokenizer, services.judge_impl, services.domain,
+        services.workdir, functools.partial(builders.prompt_buckets, config),
+    )  # fmt: skip
+    assert back.held_step("arise_rl_base") == 1
+    assert back._held_snapshot("arise_rl_base") == "snapshot1"
