@@ -24,7 +24,12 @@ Variants (comma-separated, big_vision style):
 - ablations (seed Table 2): ``no_rgsed`` (no SD, no memory rollouts), ``no_gate`` (gate ≡ 1:
   "w/o reward gating"), ``no_tool`` (R_tool ≡ 1), ``no_difficulty`` (R_diff := 0);
 - baselines' proposer rewards in R_diff's place (notes/baselines.md §6): ``dr_zero``,
-  ``absolute_zero``;
+  ``absolute_zero``; distillation baselines with an EXTERNAL teacher (§7; give
+  ``--config.teacher.model=<preset> --config.teacher.params=<orbax dir>``, e.g. a larger preset's
+  ``warmstart/params`` from a longer warm start): ``opcd`` (the teacher sees the memory, reverse
+  KL, constant λ) and ``gkd`` (the teacher sees the student's prompt, JSD β = 0.5);
+  ``solver_grpo``: solver-only GRPO on the designed training tasks with the same warm start,
+  reward shape and step count;
 - options: ``current_solver`` (K attempts on the live policy instead of the solver frozen at
   the cycle's start), ``hard_gate`` (the seed's eq. 12 gate 1[Δr > τ], not the authors' sigmoid),
   ``final_turn`` (distil only the last assistant turn of a multi-turn rollout), ``placement=
@@ -45,9 +50,12 @@ from configs import common, grpo
 VARIANTS = (
     "smoke", "model", "protocol", "seed_scale", "no_rgsed", "no_gate", "no_tool", "no_difficulty",
     "dr_zero", "absolute_zero", "hard_gate", "final_turn", "placement", "estimator",
-    "current_solver",
+    "current_solver", "opcd", "gkd", "solver_grpo",
 )  # fmt: skip
-ARMS = ("no_rgsed", "no_gate", "no_tool", "no_difficulty", "dr_zero", "absolute_zero")
+ARMS = (
+    "no_rgsed", "no_gate", "no_tool", "no_difficulty", "dr_zero", "absolute_zero", "opcd", "gkd",
+    "solver_grpo",
+)  # fmt: skip
 
 
 def get_arise_rl_section() -> common.ConfigDict:
@@ -61,7 +69,7 @@ def get_arise_rl_section() -> common.ConfigDict:
     a.refresh_rollouts = 256  # ours: generator rollouts per refresh (single rollout per prompt)
     a.refresh_batch = 64
     a.n_negatives = 3  # seed: 10 (``seed_scale``); ours on the tiny policy (prompt length)
-    a.generator_max_new_tokens = 112  # ours: a generator turn (question + rubric) fits
+    a.generator_max_new_tokens = 96  # ours: a generator turn (question + rubric) fits
     # K attempts against the solver frozen at the start of each cycle's generator phase (issue 18;
     # "current": the live policy). Both roles share one parameter set: "frozen" holds a second
     # one (the JAX engine) during the generator phase only.
@@ -110,7 +118,10 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
     c.model.update(
         max_prompt_len=256, prompt_buckets=(32, 64, 128, 192), max_teacher_prompt_len=320
     )
-    c.warmstart.update(max_prompt_len=256, prompt_buckets=(64, 128, 192))
+    # Generator answers (question + rubric) run to ~80 tokens: demonstrations are kept whole
+    # (solver rollouts keep rollout.max_new_tokens).
+    c.warmstart.update(max_prompt_len=256, prompt_buckets=(64, 128, 192), completion_len=96)
+    c.rollout.buckets = (8, 16, 24, 32, 64, 96)
     if "seed_scale" in variants:
         c.arise_rl.update(solver_steps=120, pool_size=500, refresh_rollouts=1000, n_negatives=10)
         c.domain.generator_negatives = 10
@@ -124,7 +135,7 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
     if "smoke" in variants:
         grpo.apply_smoke(c)
         c.model.update(max_prompt_len=192, prompt_buckets=(32, 64, 128), max_teacher_prompt_len=256)
-        c.warmstart.max_prompt_len = 192
+        c.warmstart.update(max_prompt_len=192, completion_len=16)
         c.rollout.update(samples_per_task=2, tasks_per_step=2)
         c.arise_rl.update(
             cycles=2, generator_steps=1, solver_steps=2, pool_size=4, pool_min=2,
@@ -143,6 +154,24 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
         c.arise_rl.difficulty = False
     if "dr_zero" in variants or "absolute_zero" in variants:
         c.arise_rl.shape = arms[0]
+    if "opcd" in variants:
+        # OPCD (notes/baselines.md §7.1, ours where inferred): the external teacher sees the
+        # coach's memory, the student the plain prompt; reverse KL, constant λ = λ0, no gate.
+        c.arise_rl.teacher = "opcd"
+        c.loss.sd_estimator = "full"
+    if "gkd" in variants:
+        # GKD (§7.2): the external teacher sees the student's own prompt; generalised JSD with
+        # β = 0.5 (TRL's default) on the on-policy rollouts, constant λ = λ0.
+        c.arise_rl.teacher = "gkd"
+        c.loss.update(sd_estimator="jsd", sd_jsd_beta=0.5)
+    if "solver_grpo" in variants:
+        # Solver-only GRPO (issue 18's baseline): the domain's designed training tasks and seed
+        # rubrics, ARISE-RL's weighted solver reward, the same warm start (generator
+        # demonstrations included: the arms of a seed share it) and number of steps; no generator
+        # role, no self-distillation.
+        c.method = "grpo"
+        c.controllers.sampler = "uniform"
+        c.loss.update(reward="arise_rl_solver_weighted", sd_estimator="none", sd_coef=0.0)
     if "current_solver" in variants:
         c.arise_rl.solver_policy = "current"
     if "hard_gate" in variants:

@@ -537,6 +537,52 @@ def build_model(config: ConfigDict, tokenizer: Tokenizer, mesh) -> Qwen3ForCausa
     )
 
 
+def build_external_teacher(config: ConfigDict, tokenizer: Tokenizer, mesh):
+    """``(graphdef, (params, rest))`` of ``config.teacher`` (defaults.py), or ``(None, None)``.
+
+    The model is built like the policy (``build_model``) with ``teacher.model`` as its name, over
+    the policy's tokenizer, so the vocabularies agree; ``teacher.params`` (an orbax directory of
+    the parameter pytree) replaces its weights."""
+    t = config.get("teacher")
+    if t is None or not t.model:
+        return None, None
+    if config.loss.sd_estimator == "none" or float(config.loss.sd_coef) <= 0:
+        raise ValueError(
+            f"config.teacher.model={t.model!r}: an external teacher is only used by the "
+            "self-distillation term, which is off (loss.sd_estimator='none' or sd_coef <= 0)"
+        )
+    cfg = config.copy_and_resolve_references()
+    cfg.unlock()
+    cfg.model.name = t.model
+    cfg.model.shape = {}
+    if t.model in PRESETS and not t.params:
+        raise ValueError(
+            f"config.teacher.params: the teacher preset {t.model!r} needs its trained parameters "
+            "(an orbax directory such as another run's warmstart/params); a random one teaches "
+            "nothing"
+        )
+    model = build_model(cfg, tokenizer, mesh)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    if t.params:
+        import orbax.checkpoint as ocp
+
+        path = os.path.abspath(t.params)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"config.teacher.params: no directory {path}")
+        target = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params
+        )
+        try:
+            params = ocp.StandardCheckpointer().restore(path, target)
+        except Exception as e:  # noqa: BLE001 - named: a wrong preset for the saved shapes
+            raise ValueError(
+                f"config.teacher.params: {path} does not restore into the {t.model!r} teacher "
+                f"({type(e).__name__}: {str(e)[:300]})"
+            ) from e
+    logging.info("external teacher: %s (params %s)", t.model, t.params or "from the checkpoint")
+    return graphdef, (params, rest)
+
+
 def train_config(config: ConfigDict) -> TrainConfig:
     o, lo = config.optim, config.loss
     return TrainConfig(
@@ -560,6 +606,8 @@ def train_config(config: ConfigDict) -> TrainConfig:
         sd_topk=int(lo.sd_topk),
         sd_jsd_beta=float(lo.sd_jsd_beta),
         sd_clamp=float(lo.sd_clamp),
+        sd_sampled_logps=str(lo.get("sd_sampled_logps", "live")),
+        sd_agg_mode=str(lo.get("sd_agg_mode", "")),
         chunk_size=int(lo.chunk_size),
         num_micro_batches=int(o.num_micro_batches),
         skip_nonfinite=int(config.train.max_nonfinite_skips) > 0,
@@ -844,6 +892,13 @@ def arise_rl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]
     a = config.arise_rl.to_dict()
     a["rgsed_roles"] = tuple(a["rgsed_roles"])
     cfg = AriseRLConfig(**a)
+    external = bool(config.get("teacher") is not None and config.teacher.model)
+    if (cfg.teacher != "self") != external:
+        raise ValueError(
+            f"config.arise_rl.teacher={cfg.teacher!r} with config.teacher.model="
+            f"{config.teacher.model!r}: the OPCD / GKD baselines need an external teacher "
+            "(config.teacher.model and .params), RG-SED ('self') must not have one"
+        )
     # Generated tasks train the solver, which is evaluated on these: never generate one of them.
     forbidden = forbidden_signatures([*domain.heldout, *domain.validation])
     return [

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from ml_collections import ConfigDict
 
 from rubric_rl.controllers.arise_config import validate_arise
-from rubric_rl.core import losses
+from rubric_rl.core import aggregation, losses
 from rubric_rl.core.batch_types import SCHEDULES
 from rubric_rl.core.registry import (
     ADVANTAGE_ESTIMATORS,
@@ -164,6 +164,13 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         _fail("loss.sd_coef", f"must be >= 0, got {lo.sd_coef}")
     if not 0.0 <= float(lo.sd_jsd_beta) <= 1.0:
         _fail("loss.sd_jsd_beta", f"must be in [0, 1], got {lo.sd_jsd_beta}")
+    if lo.get("sd_sampled_logps", "live") not in ("live", "old"):
+        _fail("loss.sd_sampled_logps", f"must be 'live' or 'old', got {lo.sd_sampled_logps!r}")
+    sd_agg = lo.get("sd_agg_mode", "")
+    if sd_agg and sd_agg not in aggregation.AGGREGATORS.names():
+        _fail("loss.sd_agg_mode", f"must be '' or one of {aggregation.AGGREGATORS.names()}")
+    if sd_agg and lo.sd_estimator == "sampled":
+        _fail("loss.sd_agg_mode", "the 'sampled' estimator is aggregated with the policy loss")
     if lo.sd_estimator != "none" and int(config.model.max_teacher_prompt_len) < int(
         config.model.max_prompt_len
     ):

@@ -150,6 +150,12 @@ def get_base_config() -> ConfigDict:
         # M = β p_T + (1 − β) p_S; β = 0 is forward KL(p_T ‖ p_S), β = 1 reverse KL(p_S ‖ p_T).
         sd_jsd_beta=0.5,
         sd_clamp=10.0,  # "sampled": clamp of lp_θ − lp_T
+        # "sampled": the student's log-probs in lp_θ − lp_T, "live" (today's forward, under
+        # stop-gradient) or "old" (π_old, as the ARISE-RL authors' code).
+        sd_sampled_logps="live",
+        # The KL estimators' aggregation, "" = loss.agg_mode; "seq-mean-token-sum" = ARISE-RL
+        # eq. 13's Σ_t per sequence.
+        sd_agg_mode="",
         # Every N steps, recompute π_old at step start to log the engine/trainer mismatch (an
         # extra forward; 0 = never). In bypass mode it only feeds diagnostics.
         mismatch_every=10,
@@ -176,6 +182,14 @@ def get_base_config() -> ConfigDict:
         advantage="mean_only",
         chunk_size=128,
     )
+
+    # --- external teacher -----------------------------------------------------------------------
+    # A separate, frozen parameter set for the self-distillation term (the OPCD / GKD baselines
+    # of ARISE-RL, notes/baselines.md §7): ``model`` a preset or a HF checkpoint directory (the
+    # same tokenizer and vocabulary as the policy), ``params`` an orbax directory of its
+    # parameters (e.g. another run's ``warmstart/params``; required for a preset, optional for a
+    # HF directory). "" = none: the teacher is the policy itself with its privileged context.
+    c.teacher = dict(model="", params="")
 
     # --- judge --------------------------------------------------------------------------------
     c.judge = dict(
@@ -246,6 +260,10 @@ def get_base_config() -> ConfigDict:
     # with ~5-15% of tasks passed; 200 steps at 3e-4 left a policy RL could only make hack, and
     # 1500 steps memorise the 2048 demonstrations (loss 0.27, held-out 37.5; measured 2026-11-30).
     c.warmstart = dict(
+        # Demonstration completions are cut to this many tokens (0 = rollout.max_new_tokens, the
+        # policy's own cap): ARISE-RL's generator answers are longer than the solver's, so its
+        # config raises this without making every solver rollout as long.
+        completion_len=0,
         # Demonstrations whose prompt is longer than this are left out of the warm start. As long
         # as model.max_prompt_len: the warm start shows the policy every prompt shape training
         # can (several skills, rewritten skills, up to three guidance fields; issue 13).

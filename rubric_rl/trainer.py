@@ -183,7 +183,14 @@ class Trainer:
         with jax.set_mesh(self.mesh):
             model = builders.build_model(config, self.tokenizer, self.mesh)
         self.graphdef, self.state = init_train_state(model, self.tcfg, self.mesh)
-        self.train_step = make_train_step(self.tcfg, self.graphdef, self.mesh)
+        # An external teacher (config.teacher: OPCD / GKD), a frozen parameter set of its own.
+        with jax.set_mesh(self.mesh):
+            teacher_graphdef, self.teacher = builders.build_external_teacher(
+                config, self.tokenizer, self.mesh
+            )
+        self.train_step = make_train_step(
+            self.tcfg, self.graphdef, self.mesh, teacher_graphdef=teacher_graphdef
+        )
         self.engine = builders.build_engine(config, model, self.tokenizer, self.mesh)
         judge = judge if judge is not None else builders.build_judge(config, self.workdir)
         buckets = functools.partial(builders.prompt_buckets, config)
@@ -430,7 +437,8 @@ class Trainer:
         o = self.config.optim
         seed = int(self.config.train.seed)
         for sub in update_batches(tb, step, seed, int(o.epochs), int(o.mini_batches), self.mesh):
-            self.state, m_ = settle(self.train_step(self.state, settle(sub), self.ref_params))
+            kw = {} if self.teacher is None else {"teacher": self.teacher}
+            self.state, m_ = settle(self.train_step(self.state, settle(sub), self.ref_params, **kw))
             per_update.append(m_)
         per_update = jax.device_get(per_update)
         # Means over the step's updates, except train/skipped: the NUMBER of the step's updates

@@ -292,9 +292,16 @@ _DOMAIN_KEY_DEFAULTS = {
 }
 
 
+def completion_len(config) -> int:
+    """Demonstration completions' cap: ``warmstart.completion_len``, else the rollout's."""
+    return int(config.warmstart.get("completion_len", 0)) or int(config.rollout.max_new_tokens)
+
+
 def cache_key(config) -> str:
     """Hash of every config field the warm-started parameters depend on."""
     ws = {k: v for k, v in config.warmstart.to_dict().items() if k != "cache_dir"}
+    if not ws.get("completion_len"):  # added later: at its default, the key is as before
+        ws.pop("completion_len", None)
     model = config.model.to_dict()
     left_out = {"max_teacher_prompt_len"}
     left_out |= {k for k, v in _MODEL_KEY_DEFAULTS.items() if model.get(k, v) == v}
@@ -380,7 +387,7 @@ def run_or_load(config, workdir, domain, tokenizer, graphdef, state, mesh) -> An
         float(ws.get("copy_fraction", 0.0)),
     )
     # The same completion bucket as the rollouts: the warm start trains the shapes RL samples.
-    c_len = round_up_to_bucket(int(config.rollout.max_new_tokens), tuple(config.rollout.buckets))
+    c_len = round_up_to_bucket(completion_len(config), tuple(config.rollout.buckets))
     packed, dropped = encode_bucketed(corpus, tokenizer, warmstart_buckets(ws), c_len)
     kept = sum(len(a[0]) for a in packed.values())
     if kept < int(ws.batch):

@@ -196,3 +196,20 @@ def test_checkpoint_settings_are_checked_naming_the_field(field, value, expected
     with pytest.raises(ValueError) as info:
         common.validate_config(_smoke(**{field: value}), num_devices=8)
     assert str(info.value) == f"config.{field}: {expected}"
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("sd_sampled_logps", "stale", "loss.sd_sampled_logps"),
+        ("sd_agg_mode", "per-token", "loss.sd_agg_mode"),
+    ],
+)
+def test_sd_fidelity_options_are_checked(field, value, match):
+    from rubric_rl.config_validation import validate_config
+
+    c = grpo.get_config("smoke")
+    with c.unlocked():
+        c.loss[field] = value
+    with pytest.raises(ValueError, match=match):
+        validate_config(c, num_devices=1)

@@ -72,3 +72,34 @@ def test_arise_rl_sigkill_then_resume_equals_uninterrupted(runs):
     ev_a = open(full / "controllers" / "arise_rl.jsonl").read()
     ev_b = open(killed / "controllers" / "arise_rl.jsonl").read()
     assert ev_a == ev_b
+
+
+def test_gkd_with_an_external_teacher_of_another_shape(tmp_path):
+    """GKD (``configs/arise_rl.py:gkd``): the SD term's teacher is a separate, frozen parameter
+    set of another preset (``1m`` for the ``tiny`` policy), loaded from an orbax directory; λ is
+    λ0 on every group (no gate) and the distillation trains (the teacher differs)."""
+    import orbax.checkpoint as ocp
+    from flax import nnx
+
+    from configs import arise_rl
+    from rubric_rl import builders
+    from tests.launch_env import launch_train
+
+    c = arise_rl.get_config("smoke,gkd")
+    with c.unlocked():
+        c.model.update(name="1m", init_seed=7)
+    tok = builders.build_tokenizer(c, builders.build_domain(c), str(tmp_path / "tok"))
+    _, params, _ = nnx.split(builders.build_model(c, tok, builders.build_mesh(c)), nnx.Param, ...)
+    ckptr = ocp.StandardCheckpointer()
+    ckptr.save(str(tmp_path / "teacher"), params)
+    ckptr.wait_until_finished()
+    w = tmp_path / "w"
+    launch_train(
+        w, 2, "--config=configs/arise_rl.py:smoke,gkd", "--config.teacher.model=1m",
+        f"--config.teacher.params={tmp_path / 'teacher'}", "--config.domain.n_heldout=8",
+    )  # fmt: skip
+    rows = read_metrics(str(w / "metrics.jsonl"))[1:]
+    for r in rows:
+        assert r["sd/coef_mean"] == pytest.approx(0.5)  # λ0 on every group, every step
+        assert r["sd/context_frac"] == 1.0
+        assert r["train/sd/kl"] > 0  # a different teacher: the JSD is not 0

@@ -359,3 +359,14 @@ def test_warm_start_cache_key_unchanged_by_the_hard_environment_option_at_its_de
     with c.unlocked():
         c.domain.hard_min_constraints = 5
     assert warmstart.cache_key(c) != key
+
+
+def test_warm_start_cache_key_unchanged_by_the_completion_len_option_at_its_default():
+    c = grpo.get_config("smoke")
+    key = warmstart.cache_key(c)
+    with c.unlocked():
+        del c.warmstart["completion_len"]  # a config from before the option existed
+    assert warmstart.cache_key(c) == key and warmstart.completion_len(c) == 8
+    with c.unlocked():
+        c.warmstart.completion_len = 64
+    assert warmstart.cache_key(c) != key and warmstart.completion_len(c) == 64

@@ -85,6 +85,10 @@ POOL_FILLS = ("domain", "none")
 SD_SCOPES = ("all", "final_turn")
 PLACEMENTS = ("system", "last_user")
 SOLVER_POLICIES = ("current", "frozen")
+# "self": RG-SED (the same policy with the memory, gated by Δr); the baselines with an external
+# teacher (config.teacher: a separate frozen parameter set, notes/baselines.md §7): "opcd" (the
+# teacher sees the memory, constant λ, no gate), "gkd" (the teacher sees the student's prompt).
+TEACHERS = ("self", "opcd", "gkd")
 FROZEN_SOLVER = "arise_rl_frozen_solver"  # held policies (Services.hold_policy)
 BASE_POLICY = "arise_rl_base"
 BASE_PROBE_STREAM = "arise_rl/base_probe"
@@ -122,6 +126,7 @@ class AriseRLConfig:
     decay_steps: int = rgsed.DECAY_STEPS
     decay_floor: float = rgsed.DECAY_FLOOR
     sd_scope: str = "all"
+    teacher: str = "self"
 
     def __post_init__(self):
         object.__setattr__(self, "rgsed_roles", tuple(self.rgsed_roles))
@@ -142,6 +147,7 @@ class AriseRLConfig:
             ("sd_scope", self.sd_scope, SD_SCOPES),
             ("memory_placement", self.memory_placement, PLACEMENTS),
             ("solver_policy", self.solver_policy, SOLVER_POLICIES),
+            ("teacher", self.teacher, TEACHERS),
             ("shape", self.shape, tuple(rw.DIFFICULTY_SHAPES.names())),
         )
         for name, v, allowed in checks:
@@ -618,8 +624,14 @@ class AriseRLController(Controller):
         return append_to_last_user(group.messages, block, what=f"task {group.task.id}")
 
     def run_rgsed(self, rollouts: Rollouts) -> dict[str, float]:
-        """The ``memory`` stage: memories, memory rollouts (never trained), Δr per group."""
+        """The ``memory`` stage: memories, memory rollouts (never trained), Δr per group. With
+        an external teacher there is no gate to measure: OPCD's memories only, GKD's none."""
         cfg = self.cfg
+        if cfg.teacher != "self":
+            self._memory = self.memories(rollouts) if cfg.teacher == "opcd" else {}
+            self._dr = None
+            n = max(len(rollouts.groups), 1)
+            return {"rgsed/memory_frac": len(self._memory) / n}
         self._memory = self.memories(rollouts)
         dr = np.full(len(rollouts.groups), np.nan)
         jm = cfg.memory_rollouts
@@ -681,6 +693,8 @@ class AriseRLController(Controller):
         )  # fmt: skip
 
     def sd_gate(self, rollouts: Rollouts) -> np.ndarray:
+        if self.cfg.teacher != "self":  # OPCD / GKD: λ = λ0 on every group, every step
+            return np.ones(len(rollouts.groups))
         if self._dr is None or len(self._dr) != len(rollouts.groups):
             return np.zeros(len(rollouts.groups))
         return np.where([gi in self._memory for gi in range(len(rollouts.groups))],
@@ -689,12 +703,15 @@ class AriseRLController(Controller):
     def set_teachers(self, rollouts: Rollouts) -> None:
         """The teacher stage: every trained rollout of a group with memory gets the group's
         prompt with m (``memory_placement``) and, with ``sd_scope="final_turn"``, an SD mask on
-        its last assistant turn. The completion tokens are the student's (trainer_batch)."""
+        its last assistant turn. The completion tokens are the student's (trainer_batch). With
+        an external teacher every group is distilled: OPCD's teacher sees m where there is one,
+        GKD's the student's own prompt."""
+        external = self.cfg.teacher != "self"
         for gi, g in enumerate(rollouts.groups):
             text = self._memory.get(gi)
-            if text is None:
+            if text is None and not external:
                 continue
-            prompt = self.memory_prompt(g, text)
+            prompt = self.memory_prompt(g, text) if text else [dict(m) for m in g.messages]
             for t in g.trajectories:
                 t.teacher_prompt = prompt
                 t.teacher_placement = self.cfg.memory_placement

@@ -84,6 +84,13 @@ class TrainConfig:
     sd_topk: int = 20
     sd_jsd_beta: float = 0.5  # "jsd": β, the teacher's weight in the mixture (TRL GKD convention)
     sd_clamp: float = 10.0  # sampled estimator: clamp of lp_θ − lp_T (ARISE-RL code)
+    # "sampled": the student's log-probs in lp_θ − lp_T — "live" (the forward being
+    # differentiated, under stop-gradient) or "old" (the π_old the ratio uses: the authors' qqr
+    # code; in bypass mode the engine's log-probs).
+    sd_sampled_logps: str = "live"
+    # The per-token-KL estimators' aggregation ("" = ``agg_mode``, the policy loss's): e.g.
+    # "seq-mean-token-sum" is ARISE-RL eq. 13's Σ_t per sequence, averaged over sequences.
+    sd_agg_mode: str = ""
     chunk_size: int = 128
     num_micro_batches: int = 1
     # A step whose loss or gradient norm is NaN/inf returns the input state unchanged (selected
@@ -99,6 +106,18 @@ class TrainConfig:
                 f"TrainConfig.sd_estimator {self.sd_estimator!r} not in "
                 f"{losses.sd_estimator_names()}"
             )
+        if self.sd_sampled_logps not in ("live", "old"):
+            raise ValueError(
+                "TrainConfig.sd_sampled_logps must be 'live' or 'old', got "
+                f"{self.sd_sampled_logps!r}"
+            )
+        if self.sd_agg_mode:
+            aggregation.AGGREGATORS.get(self.sd_agg_mode)  # clear error on an unknown mode
+            if self.sd_estimator == "sampled":
+                raise ValueError(
+                    "TrainConfig.sd_agg_mode: the 'sampled' estimator folds into the advantages "
+                    "and is aggregated with the policy loss (agg_mode); leave sd_agg_mode empty"
+                )
         if not 0.0 <= self.sd_jsd_beta <= 1.0:
             raise ValueError(f"TrainConfig.sd_jsd_beta must be in [0, 1], got {self.sd_jsd_beta}")
         if self.num_micro_batches < 1:

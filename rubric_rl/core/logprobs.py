@@ -96,6 +96,7 @@ def _chunk_stats(
     k: int,
     jsd_beta: float,
     with_teacher_logps: bool,
+    wt: Array | None = None,
 ) -> dict[str, Array]:
     b, c, d = h.shape
     # 2-D matmuls: the 3-D einsum's backward is ≈2.5× slower on XLA:CPU (notes/jax-on-cpu.md).
@@ -109,8 +110,10 @@ def _chunk_stats(
     if with_entropy:
         out["entropy"] = -jnp.sum(jnp.exp(ls) * ls, axis=-1)
     if th is not None:
-        wt = jax.lax.stop_gradient(w)
-        teacher_logits = jnp.dot(th.reshape(b * c, d).astype(jnp.float32), wt)
+        # The teacher's own head when given (an external teacher, possibly of another hidden
+        # size), else the student's; never differentiated.
+        wt = jax.lax.stop_gradient(w if wt is None else wt.astype(jnp.float32))
+        teacher_logits = jnp.dot(th.reshape(b * c, th.shape[-1]).astype(jnp.float32), wt)
         if kl_estimator is not None:
             # DESIGN §5: KL(π_θ ‖ sg π_T), the estimator's own per-logit function (losses.py).
             out["kl"] = _kl_fn(kl_estimator, k, jsd_beta)(logits, teacher_logits, temperature)
@@ -143,6 +146,7 @@ def chunked_token_stats(
     k: int = 20,
     jsd_beta: float = 0.5,
     with_teacher_logps: bool = False,
+    teacher_unembed: Array | None = None,
 ) -> dict[str, Array]:
     """One chunked LM-head pass computing ``logps``, ``entropy``, ``kl``, ``teacher_logps``.
 
@@ -156,6 +160,11 @@ def chunked_token_stats(
     teacher's hidden states already aligned to the student's positions (see ``align_teacher``).
     The teacher side (``teacher_hidden`` and the head it is multiplied with) is under
     ``stop_gradient``. Fusing the three keeps the student logits computed once per chunk.
+
+    ``teacher_unembed`` [D', V]: the LM head of an external teacher (another parameter set,
+    possibly another hidden size D'; ``teacher_hidden`` is then [B, T, D']). The teacher logits
+    are ``teacher_hidden @ sg(teacher_unembed)``; by default ``sg(unembed)`` (self-teacher).
+    The vocabulary must be the student's.
     """
     if temperature <= 0:
         raise ValueError(f"logprobs: temperature must be > 0, got {temperature}")
@@ -169,6 +178,25 @@ def chunked_token_stats(
         raise ValueError("logprobs: teacher log-probs need targets")
     if kl_estimator is None and not with_teacher_logps:
         teacher_hidden = None
+        teacher_unembed = None
+    if teacher_unembed is not None:
+        if teacher_unembed.shape[-1] != unembed.shape[-1]:
+            raise ValueError(
+                "logprobs: the teacher's vocabulary size "
+                f"{teacher_unembed.shape[-1]} (teacher_unembed {tuple(teacher_unembed.shape)}) "
+                f"differs from the student's {unembed.shape[-1]} (unembed "
+                f"{tuple(unembed.shape)}); an external teacher must share the tokenizer"
+            )
+        if teacher_hidden is not None and teacher_hidden.shape[-1] != teacher_unembed.shape[0]:
+            raise ValueError(
+                f"logprobs: teacher_hidden's hidden size {teacher_hidden.shape[-1]} does not "
+                f"match teacher_unembed {tuple(teacher_unembed.shape)}"
+            )
+    elif teacher_hidden is not None and teacher_hidden.shape[-1] != hidden.shape[-1]:
+        raise ValueError(
+            f"logprobs: teacher_hidden has hidden size {teacher_hidden.shape[-1]} but the "
+            f"student's is {hidden.shape[-1]}; pass the teacher's head as teacher_unembed"
+        )
     b, t, _ = hidden.shape
     chunk = min(chunk_size, t)
     n = -(-t // chunk)
@@ -180,9 +208,12 @@ def chunked_token_stats(
         "tgt": _to_chunks(targets.astype(jnp.int32), chunk, n),
     }
     if teacher_hidden is not None:
-        xs["th"] = _to_chunks(jax.lax.stop_gradient(teacher_hidden).astype(hidden.dtype), chunk, n)
+        th = jax.lax.stop_gradient(teacher_hidden)
+        # an external teacher keeps its own dtype (its head is applied in float32 anyway)
+        th = th if teacher_unembed is not None else th.astype(hidden.dtype)
+        xs["th"] = _to_chunks(th, chunk, n)
 
-    def body(w: Array, x: dict[str, Array]) -> dict[str, Array]:
+    def body(w: Array, wt: Array | None, x: dict[str, Array]) -> dict[str, Array]:
         return _chunk_stats(
             x["h"],
             w,
@@ -195,10 +226,11 @@ def chunked_token_stats(
             k=k,
             jsd_beta=jsd_beta,
             with_teacher_logps=with_teacher_logps,
+            wt=wt,
         )
 
     body = jax.checkpoint(body, prevent_cse=False)
-    _, ys = jax.lax.scan(lambda carry, x: (carry, body(unembed, x)), None, xs)
+    _, ys = jax.lax.scan(lambda carry, x: (carry, body(unembed, teacher_unembed, x)), None, xs)
     # [n, B, chunk] -> [B, n*chunk] -> drop padding
     return {name: jnp.moveaxis(v, 0, 1).reshape(b, n * chunk)[:, :t] for name, v in ys.items()}
 
@@ -310,8 +342,10 @@ def teacher_hidden_aligned(
     """Teacher hidden states (same parameters, privileged context) gathered to student positions.
 
     Returns ``(hidden [B, length, D], valid [B, length])`` under ``stop_gradient``. The caller
-    passes the same model (no second copy of the parameters); wrapping the parameters in
-    ``stop_gradient`` before merging (as ``train_step`` does) also skips the teacher's backward.
+    passes the same model (no second copy of the parameters) or an external teacher model (its
+    own hidden size D; apply its own ``unembed()`` via ``chunked_token_stats(...,
+    teacher_unembed=)``); wrapping the parameters in ``stop_gradient`` before merging (as
+    ``train_step`` does) also skips the teacher's backward.
     """
     th = model.hidden_states(teacher_input_ids, teacher_positions, teacher_attention_mask)
     th = jax.lax.stop_gradient(th)

@@ -4,6 +4,12 @@ Steps 1–3 of the train step (see ``train_step.py``): rollout correction once o
 the denominators of every loss part summed over the micro-batches, then the micro-batches under
 ``lax.scan`` with loss_mb = Σ_part num_part,mb / D_part, so grad = Σ_mb ∇num_mb / Σ_mb den_mb
 exactly (denominators depend on masks and weights, never on the parameters).
+
+The self-distillation teacher is the student's own parameters under ``stop_gradient`` (the
+default), or an *external* teacher: a separate frozen parameter set ``teacher = (teacher_params,
+teacher_rest)`` of a model built from ``teacher_graphdef`` — possibly another architecture (a
+larger preset of the same family) as long as it shares the vocabulary. It is run on the batch's
+teacher rows and its own ``unembed()`` gives the teacher logits (OPCD / GKD baselines).
 """
 
 from __future__ import annotations
@@ -39,6 +45,33 @@ def _per_token(x: Array, shape: tuple[int, int]) -> Array:
 
 def _safe_div(num: Array, den: Array) -> Array:
     return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
+
+
+Teacher = tuple[nnx.State, nnx.State]  # (teacher_params, teacher_rest)
+
+
+def check_teacher(
+    config: TrainConfig, teacher: Teacher | None, teacher_graphdef: nnx.GraphDef | None
+) -> Teacher | None:
+    """Validates an external teacher; returns it as a ``(params, rest)`` tuple (or None)."""
+    if teacher is None:
+        return None
+    if teacher_graphdef is None:
+        raise ValueError(
+            "an external teacher (teacher=(teacher_params, teacher_rest)) needs its "
+            "teacher_graphdef (make_train_step(..., teacher_graphdef=...))"
+        )
+    if not config.needs_teacher:
+        raise ValueError(
+            f"an external teacher was given but sd_estimator={config.sd_estimator!r} uses no "
+            "teacher (no self-distillation term)"
+        )
+    if not isinstance(teacher, (tuple, list)) or len(teacher) != 2:
+        raise ValueError(
+            "teacher must be a (teacher_params, teacher_rest) pair of nnx.State, "
+            f"got {type(teacher).__name__}"
+        )
+    return tuple(teacher)
 
 
 def _check_batch(config: TrainConfig, batch: TrainBatch, has_ref_params: bool) -> None:
@@ -96,9 +129,11 @@ def _part_terms(
     if config.sd_folds_into_advantage:
         # ARISE-RL code: A_t ← A_t − λ·min(lp_θ − sg lp_T, 10), held constant (a per-token
         # reward whose REINFORCE gradient is the reverse-KL gradient).
+        # "old": lp_θ is π_old's (the authors' qqr), else the live forward under stop-gradient.
+        student = mb["old_logps"] if config.sd_sampled_logps == "old" else logps
         adv = adv - jax.lax.stop_gradient(
             losses.sampled_sd_advantage(
-                logps, teacher_logps, mb["sd_coef"], mb["sd_mask"], clamp=config.sd_clamp
+                student, teacher_logps, mb["sd_coef"], mb["sd_mask"], clamp=config.sd_clamp
             )
         )
     num, den, m = losses.policy_loss(
@@ -122,7 +157,7 @@ def _part_terms(
             mb["loss_mask"],
             mb["sd_coef"],
             mb["sd_mask"],
-            agg_mode=config.agg_mode,
+            agg_mode=config.sd_agg_mode or config.agg_mode,
             agg_constant=config.agg_constant,
             seq_weights=mb["seq_weights"],
         )
@@ -151,18 +186,28 @@ def _micro_batch_loss(
     mb: dict[str, Any],
     dens: dict[str, Array],
     ref_params: nnx.State | None,
+    teacher: Teacher | None = None,
+    teacher_graphdef: nnx.GraphDef | None = None,
 ) -> tuple[Array, tuple[dict[str, Array], dict[str, Array]]]:
     model = nnx.merge(graphdef, params, rest)
     ids = mb["input_ids"]
     hidden = model.hidden_states(ids, mb["positions"], mb["attention_mask"])
     targets = shift_targets(ids)
-    teacher_hidden = None
+    teacher_hidden = teacher_unembed = None
     if config.needs_teacher:
-        # Same parameters, no second copy; stop_gradient on the parameters also drops the
-        # teacher's backward pass entirely.
-        teacher = nnx.merge(graphdef, jax.lax.stop_gradient(params), rest)
+        # stop_gradient on the parameters also drops the teacher's backward pass entirely.
+        if teacher is None:
+            # self-teacher: same parameters, no second copy
+            teacher_model = nnx.merge(graphdef, jax.lax.stop_gradient(params), rest)
+        else:
+            # external frozen teacher (own architecture, own LM head, same vocabulary)
+            teacher_params, teacher_rest = teacher
+            teacher_model = nnx.merge(
+                teacher_graphdef, jax.lax.stop_gradient(teacher_params), teacher_rest
+            )
+            teacher_unembed = teacher_model.unembed()
         teacher_hidden, valid = teacher_hidden_aligned(
-            teacher,
+            teacher_model,
             mb["teacher_input_ids"],
             mb["teacher_positions"],
             mb["teacher_attention_mask"],
@@ -182,6 +227,7 @@ def _micro_batch_loss(
         k=config.sd_topk,
         jsd_beta=config.sd_jsd_beta,
         with_teacher_logps=config.sd_folds_into_advantage,
+        teacher_unembed=teacher_unembed,
     )
     logps = stats["logps"]
     kl_sd = stats.get("kl")
@@ -263,8 +309,15 @@ def loss_and_grads(
     ref_params: nnx.State | None = None,
     *,
     mesh: Mesh | None = None,
+    teacher: Teacher | None = None,
+    teacher_graphdef: nnx.GraphDef | None = None,
 ) -> tuple[Array, nnx.State, dict[str, Array]]:
-    """Exact loss and gradient over the global batch, micro-batched (pure; jit it)."""
+    """Exact loss and gradient over the global batch, micro-batched (pure; jit it).
+
+    ``teacher=(teacher_params, teacher_rest)`` with ``teacher_graphdef``: an external frozen
+    teacher for the SD term (default: the student's own parameters under stop_gradient). No
+    gradient flows into it; the returned gradient is the student's only."""
+    teacher = check_teacher(config, teacher, teacher_graphdef)
     _check_batch(config, batch, ref_params is not None)
     old, is_weights, loss_mask, metrics = _policy_inputs(config, batch)
     fields = {f: getattr(batch, f) for f in _MICRO_BATCH_FIELDS if getattr(batch, f) is not None}
@@ -294,7 +347,15 @@ def loss_and_grads(
 
     def body(grads, mb):
         (loss, (nums, _, mb_metrics)), g = grad_fn(
-            params, rest, graphdef, config, with_defaults(mb), dens, ref_params
+            params,
+            rest,
+            graphdef,
+            config,
+            with_defaults(mb),
+            dens,
+            ref_params,
+            teacher,
+            teacher_graphdef,
         )
         grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
         return grads, (loss, nums, mb_metrics)

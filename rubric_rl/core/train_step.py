@@ -16,7 +16,10 @@ One step (DESIGN §3, §5):
 
 Loss (DESIGN §5): ``L = L_PPO + Σ_b λ_b L_SD + β KL(π_θ ‖ π_ref)``, with λ_b = ``sd_coef``
 (gates and schedules computed outside) and the teacher = the same parameters under
-``stop_gradient`` run on ``teacher_input_ids``, aligned to the student by ``teacher_offset``.
+``stop_gradient`` run on ``teacher_input_ids``, aligned to the student by ``teacher_offset`` —
+or an external frozen teacher (``make_train_step(..., teacher_graphdef=...)`` and
+``step(..., teacher=(teacher_params, teacher_rest))``): another parameter set, possibly a larger
+model of the same family with the same vocabulary, whose own LM head gives the teacher logits.
 
 All ``[B, T]`` arrays use the prediction layout of ``core/logprobs.py``: position t is about the
 token ``input_ids[:, t + 1]``. ``TrainBatch`` and ``TrainConfig`` are defined in ``batch_types.py``
@@ -39,7 +42,7 @@ from jax.sharding import PartitionSpec as P
 from rubric_rl.core import sharding
 from rubric_rl.core.batch_types import TrainBatch, TrainConfig
 from rubric_rl.core.logprobs import chunked_token_stats, shift_targets
-from rubric_rl.core.step_loss import loss_and_grads, split_micro_batches
+from rubric_rl.core.step_loss import check_teacher, loss_and_grads, split_micro_batches
 
 __all__ = [
     "TrainBatch",
@@ -130,20 +133,37 @@ def make_train_step(
     *,
     state_shardings: Any = None,
     compiler_options: dict[str, Any] | None = None,
+    teacher_graphdef: nnx.GraphDef | None = None,
 ) -> Callable[..., tuple[TrainState, dict[str, Array]]]:
-    """Returns ``step(state, batch, ref_params=None) -> (state, metrics)``, jitted with explicit
-    shardings and the state donated. When the correction needs them (decoupled mode, or a preset
-    that rejects: ``TrainConfig.needs_old_logps``) and ``batch.old_logps`` is None, ``old_logps``
-    are first computed with the step-start parameters (``compute_logps``).
-    ``compiler_options`` go to XLA (tests use ``{"xla_backend_optimization_level": 0}``)."""
+    """Returns ``step(state, batch, ref_params=None, teacher=None) -> (state, metrics)``, jitted
+    with explicit shardings and the state donated. When the correction needs them (decoupled
+    mode, or a preset that rejects: ``TrainConfig.needs_old_logps``) and ``batch.old_logps`` is
+    None, ``old_logps`` are first computed with the step-start parameters (``compute_logps``).
+    ``compiler_options`` go to XLA (tests use ``{"xla_backend_optimization_level": 0}``).
+
+    External SD teacher: build the step with ``teacher_graphdef`` (the graphdef of the teacher
+    model, e.g. ``nnx.split(teacher_model, nnx.Param, ...)[0]``) and pass
+    ``teacher=(teacher_params, teacher_rest)`` to each call; the teacher is frozen (under
+    stop_gradient, never donated) and sharded by its own metadata. Without ``teacher`` the SD
+    teacher is the student itself. Each combination of ``ref_params`` / ``teacher`` given or not
+    has its own compiled step. ``step.loss_and_grads(state, batch, ref_params=None,
+    teacher=None)`` is the unjitted loss/gradient with the same arguments."""
     tx = make_optimizer(config)
     schedule = make_schedule(config)
     batch_sh = sharding.batch_sharding(mesh)
     replicated = NamedSharding(mesh, P())
 
-    def step_fn(state: TrainState, batch: TrainBatch, ref_params=None):
+    def step_fn(state: TrainState, batch: TrainBatch, ref_params=None, teacher=None):
         loss, grads, metrics = loss_and_grads(
-            config, graphdef, state.params, state.rest, batch, ref_params, mesh=mesh
+            config,
+            graphdef,
+            state.params,
+            state.rest,
+            batch,
+            ref_params,
+            mesh=mesh,
+            teacher=teacher,
+            teacher_graphdef=teacher_graphdef,
         )
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -157,7 +177,7 @@ def make_train_step(
             metrics["train/skipped"] = 1.0 - ok.astype(jnp.float32)
         return new, metrics
 
-    jitted: dict[bool, Any] = {}
+    jitted: dict[tuple[bool, bool], Any] = {}
     compute_logps = make_compute_logps(
         config,
         graphdef,
@@ -166,30 +186,57 @@ def make_train_step(
         compiler_options=compiler_options,
     )
 
-    def get(with_ref: bool, state: TrainState):
-        if with_ref not in jitted:
+    def get(with_ref: bool, state: TrainState, teacher=None):
+        key = (with_ref, teacher is not None)
+        if key not in jitted:
             sh = state_shardings or train_state_shardings(state, mesh)
             in_sh = (sh, batch_sh) + ((sh.params,) if with_ref else ())
-            jitted[with_ref] = jax.jit(
-                step_fn if with_ref else (lambda s, b: step_fn(s, b)),
+            if teacher is not None:
+                # the teacher's own layout (its metadata), not the student's
+                in_sh += (
+                    (
+                        sharding.param_shardings(teacher[0], mesh),
+                        sharding.param_shardings(teacher[1], mesh),
+                    ),
+                )
+            fns = {
+                (False, False): lambda s, b: step_fn(s, b),
+                (True, False): lambda s, b, r: step_fn(s, b, r),
+                (False, True): lambda s, b, t: step_fn(s, b, None, t),
+                (True, True): lambda s, b, r, t: step_fn(s, b, r, t),
+            }
+            jitted[key] = jax.jit(
+                fns[key],
                 in_shardings=in_sh,
                 out_shardings=(sh, replicated),
-                donate_argnums=(0,),
+                donate_argnums=(0,),  # the state only: the teacher (and reference) are kept
                 compiler_options=compiler_options,
             )
-        return jitted[with_ref]
+        return jitted[key]
 
-    def step(state: TrainState, batch: TrainBatch, ref_params=None):
+    def step(state: TrainState, batch: TrainBatch, ref_params=None, teacher=None):
+        teacher = check_teacher(config, teacher, teacher_graphdef)
         if config.needs_old_logps and batch.old_logps is None:
             batch = batch.replace(old_logps=compute_logps(state, batch))
-        if ref_params is None:
-            return get(False, state)(state, batch)
-        return get(True, state)(state, batch, ref_params)
+        args = (state, batch) + ((ref_params,) if ref_params is not None else ())
+        args += (teacher,) if teacher is not None else ()
+        return get(ref_params is not None, state, teacher)(*args)
+
+    def step_loss_and_grads(state: TrainState, batch: TrainBatch, ref_params=None, teacher=None):
+        return loss_and_grads(
+            config,
+            graphdef,
+            state.params,
+            state.rest,
+            batch,
+            ref_params,
+            mesh=mesh,
+            teacher=teacher,
+            teacher_graphdef=teacher_graphdef,
+        )
 
     step.compute_logps = compute_logps  # type: ignore[attr-defined]
-    step.loss_and_grads = lambda state, batch, ref_params=None: loss_and_grads(  # type: ignore[attr-defined]
-        config, graphdef, state.params, state.rest, batch, ref_params, mesh=mesh
-    )
+    step.loss_and_grads = step_loss_and_grads  # type: ignore[attr-defined]
     return step
 
 

@@ -11,12 +11,15 @@ tests check the two agree. Shared rules (DESIGN.md §5):
   criteria ("mean", "arise_rl_solver") treat a pitfall as satisfied when it is NOT met;
   "arise_rl_solver" with ``weighted=True`` counts each criterion by |λ| (issue 18).
 
-Registered names: "weighted", "healthbench", "healthbench_clipped", "arise_rl_solver", "mean".
+Registered names: "weighted", "healthbench", "healthbench_clipped", "arise_rl_solver",
+"arise_rl_solver_weighted" (the same with ``weighted=True``: ARISE-RL's trained solver reward,
+as ``loss.reward`` for a baseline on designed tasks), "mean".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -309,3 +312,14 @@ def arise_rl_solver_reward(
     all_met = all(_satisfied(c, m) for c, m in _collect(criteria, verdicts)[0] if m is not None)
     bonus = (1.0 - alpha) * float(all_met)
     return dataclasses.replace(base, value=alpha * base.value + bonus)
+
+
+@_register("arise_rl_solver_weighted", functools.partial(_arise_batched, weighted=True))
+def arise_rl_solver_weighted_reward(
+    criteria: Sequence[Criterion] | Rubric,
+    verdicts: Mapping[str, VerdictLike],
+    *,
+    alpha: float = ARISE_ALPHA,
+) -> RewardResult:
+    """ "arise_rl_solver" with ``weighted=True``: s = Σ|λ|z / Σ|λ| (issue 18)."""
+    return arise_rl_solver_reward(criteria, verdicts, alpha=alpha, weighted=True)

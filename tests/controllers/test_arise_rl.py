@@ -4,6 +4,8 @@ scripted-policy check — the real pipeline, Services, agent loop, tokenizer and
 with a scripted engine standing in for the policy (deterministic, seconds)."""
 
 import contextlib
+import copy
+import dataclasses
 import functools
 import math
 import os
@@ -89,6 +91,9 @@ def test_every_config_variant_builds():
     assert arise_rl_config.get_config("no_rgsed").loss.sd_estimator == "none"
     assert arise_rl_config.get_config("dr_zero").arise_rl.shape == "dr_zero"
     assert not arise_rl_config.get_config("no_tool").arise_rl.tool_grounding
+    grpo = arise_rl_config.get_config("solver_grpo")
+    assert grpo.method == "grpo" and grpo.loss.reward == "arise_rl_solver_weighted"
+    assert grpo.train.steps == arise_rl_config.get_config("").train.steps
     with pytest.raises(ValueError, match="one ablation or baseline at a time"):
         arise_rl_config.get_config("no_gate,no_tool")
     with pytest.raises(ValueError, match="unknown variant"):
@@ -122,6 +127,17 @@ def test_solver_rewards_are_weighted_and_skip_failed_verdicts():
     assert np.isnan(met_matrix(task, rows)[3, 0])
     with pytest.raises(ValueError, match="not in its rubric"):
         met_matrix(task, [(Verdict("zz", True),)])
+
+
+def test_registered_weighted_solver_reward_is_the_controllers():
+    from rubric_rl.rollout.batch import Rollouts
+    from rubric_rl.rubrics.rewards import batch_rewards
+
+    task = _task()
+    rows = [_row(True, True, False), _row(True, False, False), _row(False, True, True)]
+    r = Rollouts.from_responses(0, [task], [["a", "b", "c"]], [rows])
+    got = batch_rewards("arise_rl_solver_weighted", r.scores).values[0]
+    np.testing.assert_allclose(got, solver_rewards(task, rows))
 
 
 def test_generator_memory_rules_and_vocabulary():
@@ -414,3 +430,35 @@ def test_held_policies_must_survive_a_resume(run, tmp_path):
     )  # fmt: skip
     assert back.held_step("arise_rl_base") == 1
     assert back._held_snapshot("arise_rl_base") == "snapshot1"
+
+
+def test_external_teacher_modes(run):
+    """OPCD / GKD (an external teacher): no memory rollouts and no gate (λ = λ0 on every group);
+    OPCD's teacher sees the memory, GKD's the student's own prompt."""
+    config, services, controllers, steps = run
+    ctl = _ctl(controllers)
+    for mode in ("opcd", "gkd"):
+        rollouts = copy.deepcopy(steps[2][0])
+        for g in rollouts.groups:
+            for t in g.trajectories:
+                t.teacher_prompt = None
+        other = AriseRLController(
+            dataclasses.replace(ctl.cfg, teacher=mode), fallback_tasks=ctl.fallback_tasks,
+            tasks_per_step=2,
+        )  # fmt: skip
+        other.bind(services, None)
+        before = len(services.engine.requests)
+        m = other.run_rgsed(rollouts)
+        assert len(services.engine.requests) == before  # nothing sampled
+        assert m["rgsed/memory_frac"] == (1.0 if mode == "opcd" else 0.0)
+        other.set_teachers(rollouts)
+        np.testing.assert_array_equal(other.sd_gate(rollouts), [1.0, 1.0])
+        for g in rollouts.groups:
+            for t in g.trajectories:
+                if mode == "gkd":
+                    assert t.teacher_prompt == [dict(x) for x in g.messages]
+                else:
+                    assert "<coach> remember :" in t.teacher_prompt[0]["content"]
+    opcd = arise_rl_config.get_config("smoke,opcd")
+    with pytest.raises(ValueError, match="need an external teacher"):
+        builders.build_controllers(opcd, builders.build_domain(opcd))

@@ -142,6 +142,76 @@ def test_jsd_value_and_gradients_chunked_equal_unchunked(data, chunk):
     assert np.abs(np.asarray(g_ref[0])).max() > 1e-3
 
 
+@pytest.mark.parametrize("chunk", [4, 13])
+def test_external_teacher_head_of_another_hidden_size(data, chunk):
+    """``teacher_unembed`` [D', V] with teacher hidden states [B, T, D'] (D' ≠ D): the teacher
+    logits are ``th' @ W'`` — every output == numpy on the two models' logits; the student's
+    gradients == the unchunked ones; none reaches the teacher (hidden states or head)."""
+    h, _, w, tgt = data
+    rng = np.random.default_rng(3)
+    d2 = h.shape[-1] + 4
+    th2 = rng.normal(size=h.shape[:2] + (d2,)).astype(np.float32)
+    w2 = rng.normal(size=(d2, w.shape[1])).astype(np.float32)
+    a = np_log_softmax(h.astype(np.float64) @ w / TEMP)
+    b = np_log_softmax(th2.astype(np.float64) @ w2 / TEMP)
+    out = L.chunked_token_stats(
+        h, w, tgt, th2, temperature=TEMP, chunk_size=chunk, with_entropy=True,
+        kl_estimator="full", with_teacher_logps=True, teacher_unembed=w2,
+    )  # fmt: skip
+    np.testing.assert_allclose(
+        out["logps"], np.take_along_axis(a, tgt[..., None], -1)[..., 0], atol=2e-5
+    )
+    np.testing.assert_allclose(
+        out["teacher_logps"], np.take_along_axis(b, tgt[..., None], -1)[..., 0], atol=2e-5
+    )
+    np.testing.assert_allclose(out["kl"], (np.exp(a) * (a - b)).sum(-1), atol=2e-5)
+    # the student's own head would give another KL (the test can fail)
+    self_kl = (np.exp(a) * (a - np_log_softmax(th2[..., : h.shape[-1]] @ w / TEMP))).sum(-1)
+    assert np.abs(np.asarray(out["kl"]) - self_kl).max() > 1e-2
+
+    cw = np.random.default_rng(4).normal(size=(3,) + tgt.shape).astype(np.float32)
+
+    def unchunked(h, th, w, wt):
+        ls = jax.nn.log_softmax(h @ w / TEMP)
+        lt = jax.lax.stop_gradient(jax.nn.log_softmax(th @ wt / TEMP))
+        lp = jnp.take_along_axis(ls, tgt[..., None], -1)[..., 0]
+        ent = -jnp.sum(jnp.exp(ls) * ls, -1)
+        kl = jnp.sum(jnp.exp(ls) * (ls - lt), -1)
+        return jnp.sum(cw[0] * lp + cw[1] * ent + cw[2] * kl)
+
+    def chunked(h, th, w, wt):
+        o = L.chunked_token_stats(
+            h, w, tgt, th, temperature=TEMP, chunk_size=chunk, with_entropy=True,
+            kl_estimator="full", teacher_unembed=wt,
+        )  # fmt: skip
+        return jnp.sum(cw[0] * o["logps"] + cw[1] * o["entropy"] + cw[2] * o["kl"])
+
+    np.testing.assert_allclose(chunked(h, th2, w, w2), unchunked(h, th2, w, w2), rtol=1e-5)
+    g_ref = jax.grad(unchunked, argnums=(0, 1, 2, 3))(h, th2, w, w2)
+    g = jax.grad(chunked, argnums=(0, 1, 2, 3))(h, th2, w, w2)
+    np.testing.assert_allclose(g[0], g_ref[0], atol=2e-5)
+    np.testing.assert_allclose(g[2], g_ref[2], atol=2e-5)
+    assert np.all(np.asarray(g[1]) == 0.0) and np.all(np.asarray(g[3]) == 0.0)
+    assert np.abs(np.asarray(g_ref[0])).max() > 1e-3
+
+
+def test_external_teacher_vocab_mismatch_raises(data):
+    h, th, w, tgt = data
+    wt = np.zeros((h.shape[-1], w.shape[1] + 1), np.float32)
+    with pytest.raises(
+        ValueError, match=rf"vocabulary size {w.shape[1] + 1}.*student's {w.shape[1]}"
+    ):
+        L.chunked_token_stats(h, w, tgt, th, kl_estimator="full", teacher_unembed=wt)
+    # a teacher of another hidden size needs its own head
+    wide = np.concatenate([th, th], -1)
+    with pytest.raises(ValueError, match="teacher_unembed"):
+        L.chunked_token_stats(h, w, tgt, wide, kl_estimator="full")
+    # the default (no teacher_unembed) is the self-teacher: the student's head
+    same = L.chunked_token_stats(h, w, tgt, th, kl_estimator="full", teacher_unembed=w)
+    default = L.chunked_token_stats(h, w, tgt, th, kl_estimator="full")
+    np.testing.assert_array_equal(same["kl"], default["kl"])
+
+
 def _temp_bytes(chunk, b, t, d, v, kl):
     def loss(h, th, w, tgt):
         out = L.chunked_token_stats(

@@ -416,3 +416,216 @@ def test_reference_params_equal_precomputed_ref_logps(tiny_state):
     assert float(m_a["loss/kl_ref"]) > 1e-4
     assert float(loss_b) == pytest.approx(float(loss_a), abs=1e-6)
     assert max_abs_diff(g_a, g_b) <= 1e-6
+
+
+# ------------------------------------------------------------------------------ external teacher
+
+# A bigger model of the same family and vocabulary: another hidden size, depth, and an untied
+# LM head (the teacher's own ``unembed()`` must be used, not the student's).
+TEACHER_CFG = dataclasses.replace(
+    CFG, hidden_size=96, intermediate_size=192, num_hidden_layers=3, tie_word_embeddings=False
+)
+
+
+@pytest.fixture(scope="module")
+def big_teacher():
+    mesh1 = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    model = sharding.init_sharded(lambda: Qwen3ForCausalLM(TEACHER_CFG, rngs=nnx.Rngs(7)), mesh1)
+    tgraphdef, tparams, trest = nnx.split(model, nnx.Param, ...)
+    return tgraphdef, tparams, trest
+
+
+def teacher_loss_grads_fn(graphdef, config, tgraphdef, mesh=None):
+    """Jitted (params, rest, batch, teacher) -> (loss, grads, metrics) with an external teacher."""
+    key = ("teacher", config, tgraphdef, None if mesh is None else mesh.devices.shape)
+    if key not in _CACHE:
+        _CACHE[key] = jax.jit(
+            lambda p, r, b, t: ts.loss_and_grads(
+                config, graphdef, p, r, b, mesh=mesh, teacher=t, teacher_graphdef=tgraphdef
+            ),
+            compiler_options=FAST,
+        )
+    return _CACHE[key]
+
+
+@pytest.mark.parametrize("estimator", ["full", "sampled"])
+def test_external_teacher_copy_equals_self_teacher(tiny_state, estimator):
+    """An external teacher that is a copy of the student's parameters (same graphdef) gives the
+    self-teacher's loss, metrics and gradients exactly."""
+    graphdef, state, _ = tiny_state
+    config = dataclasses.replace(BASE, sd_estimator=estimator)
+    batch = make_batch()
+    want = loss_grads_fn(graphdef, config)(state.params, state.rest, batch)
+    copy = jax.tree.map(jnp.copy, (state.params, state.rest))
+    got = teacher_loss_grads_fn(graphdef, config, graphdef)(state.params, state.rest, batch, copy)
+    assert set(got[2]) == set(want[2])
+    assert max_abs_diff(got, want) == 0.0
+    # the comparison can fail: a perturbed copy moves the SD term
+    moved = (jax.tree.map(lambda x: x * 1.1, copy[0]), copy[1])
+    other = teacher_loss_grads_fn(graphdef, config, graphdef)(
+        state.params, state.rest, batch, moved
+    )
+    key = "loss/sd" if estimator == "full" else "sd/logp_gap"
+    assert abs(float(other[2][key]) - float(want[2][key])) > 1e-5
+
+
+def test_external_teacher_of_another_shape(tiny_state, big_teacher):
+    """A bigger teacher (hidden 96, 3 layers, untied head; same vocabulary): the SD term is the
+    reverse KL of the two models' full-vocabulary softmaxes at the batch's temperature on the
+    same rows (masked and weighted like the step), the student's gradient is the hand-written
+    one with the teacher as a constant, and no gradient reaches the teacher's parameters."""
+    graphdef, state, _ = tiny_state
+    tgraphdef, tparams, trest = big_teacher
+    batch = _sd_only(make_batch())
+    fn = teacher_loss_grads_fn(graphdef, BASE, tgraphdef)
+    _, g, metrics = fn(state.params, state.rest, batch, (tparams, trest))
+    value = float(metrics["loss/sd"])
+    assert np.isfinite(value) and value > 1e-4
+    self_sd = float(loss_grads_fn(graphdef, BASE)(state.params, state.rest, batch)[2]["loss/sd"])
+    assert abs(value - self_sd) > 1e-4
+    # reference: the teacher model's own logits on the teacher rows, aligned by offset
+    sd, _ = _sd_by_hand(graphdef, state, batch)
+    idx = jnp.arange(T)[None, :] + jnp.asarray(batch.teacher_offset)[:, None]
+
+    def teacher_logits(tp):
+        logits = nnx.merge(tgraphdef, tp, trest)(
+            batch.teacher_input_ids, batch.teacher_positions, batch.teacher_attention_mask
+        )
+        return jnp.take_along_axis(logits, idx[..., None], axis=1)
+
+    const = jax.jit(teacher_logits, compiler_options=FAST)(tparams)
+    assert const.shape == (B, T, CFG.vocab_size)
+    want = float(jax.jit(sd, compiler_options=FAST)(state.params, const))
+    assert value == pytest.approx(want, rel=1e-5)
+    g_hand = jax.jit(jax.grad(sd), compiler_options=FAST)(state.params, const)
+    assert max_abs_diff(g, g_hand) <= 1e-6
+    # d loss / d teacher params through the whole step loss: exactly zero
+    g_teacher = jax.jit(
+        jax.grad(
+            lambda tp: ts.loss_and_grads(
+                BASE, graphdef, state.params, state.rest, batch,
+                teacher=(tp, trest), teacher_graphdef=tgraphdef,
+            )[0]
+        ),
+        compiler_options=FAST,
+    )(tparams)  # fmt: skip
+    assert all(np.all(np.asarray(x) == 0.0) for x in jax.tree.leaves(g_teacher))
+    # ... where the hand-written term without stop_gradient does depend on them (can fail)
+    g_nosg = jax.jit(
+        jax.grad(lambda tp: sd(state.params, teacher_logits(tp))), compiler_options=FAST
+    )(tparams)
+    assert max(float(np.abs(np.asarray(x)).max()) for x in jax.tree.leaves(g_nosg)) > 1e-6
+
+
+def test_jitted_step_with_reference_and_external_teacher_on_a_mesh(tiny_state, big_teacher):
+    """make_train_step(teacher_graphdef=...) on a (2, 2, 2) mesh, with ref_params positional and
+    a sharded teacher: the loss and update == 1-device loss_and_grads with the same inputs; the
+    teacher is not donated; the same step still runs without a teacher (self-teacher)."""
+    graphdef, state, _ = tiny_state
+    tgraphdef, tparams, trest = big_teacher
+    # eps 1e-3 (as in the test above): with a tiny eps Adam's first step ≈ lr·sign(g), which
+    # turns rounding differences of near-zero gradients into full-size update differences
+    config = dataclasses.replace(BASE, kl_beta=0.1, kl_kind="k2", eps=1e-3)
+    batch = make_batch(ref_logps=None)
+    ref_params = jax.tree.map(lambda x: x * 1.5, state.params)
+    loss1, g1, m1 = jax.jit(
+        lambda p, r, b, rp, t: ts.loss_and_grads(
+            config, graphdef, p, r, b, rp, teacher=t, teacher_graphdef=tgraphdef
+        ),
+        compiler_options=FAST,
+    )(state.params, state.rest, batch, ref_params, (tparams, trest))
+    tx = ts.make_optimizer(config)
+    want = optax.apply_updates(state.params, tx.update(g1, state.opt_state, state.params)[0])
+    mesh = sharding.make_mesh(2, 2, 2)
+    sh = ts.train_state_shardings(state, mesh)
+    steacher = jax.device_put(
+        (tparams, trest),
+        (sharding.param_shardings(tparams, mesh), sharding.param_shardings(trest, mesh)),
+    )
+    sref = jax.device_put(ref_params, sh.params)
+    step = ts.make_train_step(
+        config, graphdef, mesh, compiler_options=FAST, teacher_graphdef=tgraphdef
+    )
+    sbatch = sharding.shard_batch(batch, mesh)
+    fresh = lambda: jax.device_put(jax.tree.map(np.asarray, state), sh)  # donated
+    new, metrics = step(fresh(), sbatch, sref, teacher=steacher)
+    assert abs(float(metrics["loss"]) - float(loss1)) <= 1e-5
+    for key in ("loss/sd", "loss/kl_ref"):
+        assert float(metrics[key]) == pytest.approx(float(m1[key]), rel=1e-5)
+    assert max_abs_diff(new.params, want) <= 1e-6
+    assert not any(x.is_deleted() for x in jax.tree.leaves(steacher))
+    # same step object, no teacher: the self-teacher's loss (another compiled step)
+    _, m_self = step(fresh(), sbatch, sref)
+    assert abs(float(m_self["loss/sd"]) - float(m1["loss/sd"])) > 1e-4
+
+
+def test_external_teacher_errors(tiny_state, big_teacher):
+    graphdef, state, _ = tiny_state
+    tgraphdef, tparams, trest = big_teacher
+    batch = make_batch()
+    teacher = (tparams, trest)
+    with pytest.raises(ValueError, match="teacher_graphdef"):
+        ts.loss_and_grads(BASE, graphdef, state.params, state.rest, batch, teacher=teacher)
+    mesh1 = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    step = ts.make_train_step(BASE, graphdef, mesh1, compiler_options=FAST)
+    with pytest.raises(ValueError, match="teacher_graphdef"):
+        step(state, batch, teacher=teacher)
+    no_sd = dataclasses.replace(BASE, sd_estimator="none")
+    with pytest.raises(ValueError, match="uses no teacher"):
+        ts.loss_and_grads(
+            no_sd, graphdef, state.params, state.rest, batch,
+            teacher=teacher, teacher_graphdef=tgraphdef,
+        )  # fmt: skip
+    # another vocabulary: refused, naming both sizes
+    other_vocab = dataclasses.replace(TEACHER_CFG, vocab_size=2 * CFG.vocab_size)
+    abstract = nnx.eval_shape(lambda: Qwen3ForCausalLM(other_vocab, rngs=nnx.Rngs(0)))
+    vgraphdef, vparams, vrest = nnx.split(abstract, nnx.Param, ...)
+    with pytest.raises(ValueError, match=rf"vocabulary size {2 * CFG.vocab_size}.*128"):
+        jax.eval_shape(
+            lambda p, r: ts.loss_and_grads(
+                BASE, graphdef, state.params, state.rest, batch,
+                teacher=(p, r), teacher_graphdef=vgraphdef,
+            ),
+            vparams,
+            vrest,
+        )  # fmt: skip
+
+
+def test_sd_sequence_sum_aggregation(tiny_state):
+    """``sd_agg_mode="seq-mean-token-sum"`` (ARISE-RL eq. 13's Σ_t per sequence): the same
+    numerator as today's token mean over a denominator of the sequences with a loss token."""
+    graphdef, state, _ = tiny_state
+    batch = _sd_only(make_batch())
+    seq = dataclasses.replace(BASE, sd_agg_mode="seq-mean-token-sum")
+    _, _, m_tok = loss_grads_fn(graphdef, BASE)(state.params, state.rest, batch)
+    _, g_seq, m_seq = loss_grads_fn(graphdef, seq)(state.params, state.rest, batch)
+    lm = np.asarray(batch.loss_mask)
+    n_seq = int((lm.sum(1) > 0).sum())
+    want = float(m_tok["loss/sd"]) * lm.sum() / n_seq
+    assert float(m_seq["loss/sd"]) == pytest.approx(want, rel=1e-5)
+    # the policy term keeps agg_mode: with A = 0 the gradient is the SD term's, rescaled
+    _, g_tok, _ = loss_grads_fn(graphdef, BASE)(state.params, state.rest, batch)
+    scaled = jax.tree.map(lambda g: g * lm.sum() / n_seq, g_tok)
+    assert max_abs_diff(g_seq, scaled) <= 1e-5
+    with pytest.raises(ValueError, match="folds into the advantages"):
+        dataclasses.replace(BASE, sd_estimator="sampled", sd_agg_mode="seq-mean-token-sum")
+    with pytest.raises(ValueError, match="sd_sampled_logps"):
+        dataclasses.replace(BASE, sd_sampled_logps="stale")
+
+
+def test_sampled_estimator_on_old_logps(tiny_state):
+    """``sd_sampled_logps="old"`` (the authors' qqr): lp_θ in lp_θ − lp_T is π_old's. With π_old
+    equal to the live forward it is today's estimator; with another π_old it differs."""
+    graphdef, state, mesh1 = tiny_state
+    live = dataclasses.replace(BASE, sd_estimator="sampled")
+    old = dataclasses.replace(live, sd_sampled_logps="old")
+    batch = make_batch()
+    step = ts.make_train_step(live, graphdef, mesh1, compiler_options=FAST)
+    same = batch.replace(rollout_logps=step.compute_logps(state, batch))  # bypass: old = rollout
+    l_live, g_live, _ = loss_grads_fn(graphdef, live)(state.params, state.rest, same)
+    l_old, g_old, _ = loss_grads_fn(graphdef, old)(state.params, state.rest, same)
+    assert float(l_old) == pytest.approx(float(l_live), abs=1e-6)
+    assert max_abs_diff(g_old, g_live) <= 1e-6
+    l_live2 = loss_grads_fn(graphdef, live)(state.params, state.rest, batch)[0]
+    l_old2 = loss_grads_fn(graphdef, old)(state.params, state.rest, batch)[0]
+    assert abs(float(l_old2) - float(l_live2)) > 1e-4

@@ -32,6 +32,7 @@ def _v(*mets):
 def test_registered_names():
     assert REWARDS.names() == [
         "arise_rl_solver",
+        "arise_rl_solver_weighted",
         "healthbench",
         "healthbench_clipped",
         "mean",
