@@ -437,6 +437,17 @@ DYNAMICS = (
     ("SD context share", "sd/context_frac", ALL_STEPS),
     ("SD KL", "train/sd/kl", ALL_STEPS),
     ("anti-pattern share of envs", "rised/anti/env_share", ALL_STEPS),
+    # ARISE-RL's (issue 18): means over the steps that log them (generator figures on generator
+    # steps; Δr regions where a memory was measured: the seed's Fig. 5 72.1 / 19.6 / 8.3 %).
+    ("generator format rate", "arise_rl/generator/fmt_rate", ALL_STEPS),
+    ("generator tool rate", "arise_rl/generator/tool_rate", ALL_STEPS),
+    ("generator difficulty rate", "arise_rl/generator/difficulty_rate", ALL_STEPS),
+    ("generator R_G", "arise_rl/generator/r_g", ALL_STEPS),
+    ("Δr above τ", "arise_rl/rgsed/above", ALL_STEPS),
+    ("Δr within ±τ", "arise_rl/rgsed/within", ALL_STEPS),
+    ("Δr below −τ", "arise_rl/rgsed/below", ALL_STEPS),
+    ("gate-active share", "arise_rl/rgsed/gate_active_frac", ALL_STEPS),
+    ("pool: generated tasks (last)", "arise_rl/pool/generated", "final"),
 )
 COST_KEY = "time/step"
 COST_SPLIT = ("harness/time/critic", "harness/time/attributor_proposer", "harness/time/memory")
@@ -447,6 +458,41 @@ GUIDED_SHARE = "harness/guidance/prompt_token_share"
 def _run_steps(run: an.Run) -> int | None:
     want = run.config.get("train", {}).get("steps")
     return int(want) if want is not None else None
+
+
+def cycle_rows(groups: Mapping[str, Sequence[an.Run]]) -> list[dict[str, Any]]:
+    """ARISE-RL's per-cycle table (the seed's Table 3 shape, issue 18): per group and cycle c,
+    the solver's held-out pass rate and oracle at the cycle's last step (the last evaluation at
+    or before it) and the frozen base policy's single-shot pass rate on the fresh generated tasks
+    of the cycle's refresh (``arise_rl/pool/base_pass_rate``, the seed's Fig. 4), mean ± CI over
+    seeds. Groups whose runs have no ``arise_rl`` config section are left out."""
+    rows = []
+    for g, runs in groups.items():
+        cfgs = [r.config.get("arise_rl") for r in runs]
+        if not runs or any(c is None for c in cfgs) or runs[0].config.get("method") != "arise_rl":
+            continue
+        a = cfgs[0]
+        length = int(a["generator_steps"]) + int(a["solver_steps"])
+        for c in range(1, int(a["cycles"]) + 1):
+            row: dict[str, Any] = {"group": g, "seeds": len(runs), "cycle": c, "step": c * length}
+            refresh = (c - 1) * length + int(a["generator_steps"]) + 1
+            for name, key, at in (
+                ("pass_rate", "eval/heldout/pass_rate", c * length),
+                ("oracle", "eval/heldout/oracle", c * length),
+                ("base_pass_rate", "arise_rl/pool/base_pass_rate", refresh),
+            ):
+                vals = []
+                for run in runs:
+                    steps, v = run.series(key)
+                    keep = steps <= at
+                    if name == "base_pass_rate":
+                        keep = steps == at
+                    if keep.any():
+                        vals.append(float(v[keep][-1]))
+                if vals:
+                    row[name] = _ci(vals)
+            rows.append(row)
+    return rows
 
 
 def dynamics_value(run: an.Run, key: str, how: Any) -> float | None:
@@ -745,6 +791,13 @@ def report(
         md += ["## Training dynamics (benchmarks/protocol_harness.md; mean ± 95 % CI)", ""]
         body = [[r["group"], str(r["seeds"])] + _cells(r, labels) for r in dyn]
         md += [markdown_table(["group", "seeds", *labels], body), ""]
+    cycles = cycle_rows(groups)
+    if cycles:
+        write_csv(os.path.join(out_dir, "cycles.csv"), cycles)
+        keys = ["pass_rate", "oracle", "base_pass_rate"]
+        md += ["## ARISE-RL per cycle (held-out at its end; base policy at its refresh)", ""]
+        body = [[r["group"], str(r["seeds"]), str(r["cycle"])] + _cells(r, keys) for r in cycles]
+        md += [markdown_table(["group", "seeds", "cycle", *keys], body), ""]
     if cost_reference is not None:
         ref = resolve_group(cost_reference, names, "--cost-reference")
         cost = cost_rows(groups, ref)

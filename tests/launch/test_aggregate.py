@@ -508,3 +508,39 @@ def test_rised_dynamics_are_means_over_every_step(tmp_path):
     assert row["selected mean variance"][0] == pytest.approx(0.055)
     assert row["anti-pattern share of envs"][0] == pytest.approx(0.5)
     assert "blind" not in row and "SD KL" not in row
+
+
+def test_arise_rl_per_cycle_table_and_dynamics(tmp_path):
+    """ARISE-RL: held-out figures at each cycle's last step (the last evaluation at or before
+    it), the base probe at each cycle's refresh step, Δr regions over the steps logging them."""
+    r = tmp_path / "sweep"
+    a = {"cycles": 2, "generator_steps": 2, "solver_steps": 3}  # cycle ends 5, 10; refresh 3, 8
+    for seed, off in enumerate([0.0, 0.2]):
+        d = r / "arise_rl" / f"seed{seed}"
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(
+            json.dumps({"method": "arise_rl", "arise_rl": a, "train": {"steps": 10}})
+        )
+        rows = []
+        for s in range(0, 11):
+            row = {"step": s}
+            if s % 2 == 0:  # evaluations at even steps only: cycle 1 reads step 4
+                row.update({"eval/heldout/pass_rate": off + s / 100, "eval/heldout/oracle": 0.5})
+            if s in (3, 8):
+                row["arise_rl/pool/base_pass_rate"] = off + 0.5 - s / 100
+            if s in (1, 2, 6, 7):
+                row["arise_rl/rgsed/above"] = off + (0.5 if s < 5 else 0.7)
+            rows.append(row)
+        (d / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    groups = aggregate.load_groups(str(r))
+    cyc = aggregate.cycle_rows(groups)
+    assert [(x["cycle"], x["step"]) for x in cyc] == [(1, 5), (2, 10)]
+    assert cyc[0]["pass_rate"][0] == pytest.approx(np.mean([0.04, 0.24]))
+    assert cyc[1]["pass_rate"][0] == pytest.approx(np.mean([0.10, 0.30]))
+    assert cyc[0]["base_pass_rate"][0] == pytest.approx(np.mean([0.47, 0.67]))
+    assert cyc[1]["base_pass_rate"][0] == pytest.approx(np.mean([0.42, 0.62]))
+    dyn = {row["group"]: row for row in aggregate.dynamics_rows(groups)}
+    assert dyn["arise_rl"]["Δr above τ"][0] == pytest.approx(np.mean([0.6, 0.8]))
+    text = aggregate.report(groups, str(tmp_path / "out"), dynamics=True)
+    assert "## ARISE-RL per cycle" in text
+    assert os.path.exists(tmp_path / "out" / "cycles.csv")
