@@ -49,6 +49,7 @@ from rubric_rl.controllers.rised_tags import (
     Tags,
     group_profile,
     profile,
+    top_any,
     top_negative,
     top_positive,
 )
@@ -384,7 +385,7 @@ class RisedController(Controller):
     def _top(self, p: np.ndarray) -> list[str]:
         p = p * self._behaviour_mask()
         if self.config.teacher == "all":
-            return _top_any(p, self.vocab, self.config.top_n)
+            return top_any(p, self.vocab, k=self.config.top_n)
         return top_positive(p, self.vocab, k=self.config.top_n)
 
     def _teacher_prompt(self, g, ids: Sequence[str]) -> Messages | None:
@@ -430,11 +431,6 @@ def rised_teacher(rollouts: Rollouts, ctx: Any) -> Rollouts:
         for t, p in zip(g.trajectories, row, strict=True):
             t.teacher_prompt = p
     return rollouts
-
-
-def _top_any(p: np.ndarray, vocab: Vocabulary, k: int) -> list[str]:
-    order = sorted((i for i in range(len(p)) if p[i] > 0), key=lambda i: (-p[i], i))
-    return [vocab.ids[i] for i in order[:k]]
 
 
 __all__ = [

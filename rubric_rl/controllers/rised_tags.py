@@ -24,6 +24,7 @@ __all__ = [
     "group_profile",
     "profile",
     "reliability",
+    "top_any",
     "top_negative",
     "top_positive",
 ]
@@ -158,6 +159,13 @@ def top_positive(
     rollout's tags, a counts mapping or a profile vector (e.g. a group profile). RISED §3: the
     teacher context is a rollout's top 3 positive rubrics with its group's top 3."""
     return _top(tags_or_counts, vocab, k, vocab.positive_mask)
+
+
+def top_any(
+    tags_or_counts: Tags | Mapping[str, int] | np.ndarray, vocab: Vocabulary, k: int = 3
+) -> list[str]:
+    """As :func:`top_positive`, over rubrics of both signs (All-Rubric SD's teacher context)."""
+    return _top(tags_or_counts, vocab, k, np.ones(len(vocab.ids), bool))
 
 
 def top_negative(
