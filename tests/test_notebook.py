@@ -65,6 +65,25 @@ def harness_row(step: int) -> dict:
     return row
 
 
+def arise_rl_row(step: int) -> dict:
+    """ARISE-RL (section 8): cycles of 2 generator + 4 solver steps, refreshes at 3 and 9."""
+    generator = (step - 1) % 6 < 2
+    row = {"arise_rl/cycle": (step - 1) // 6, "arise_rl/generator_phase": float(generator)}
+    if generator:
+        row.update({
+            "arise_rl/generator/fmt_rate": 0.5, "arise_rl/generator/tool_rate": 0.25,
+            "arise_rl/generator/gates_rate": 0.25, "arise_rl/generator/difficulty_rate": 0.5,
+            "arise_rl/generator/c/0": 0.25, "arise_rl/generator/c/1": 0.75,
+        })  # fmt: skip
+    row.update({"arise_rl/rgsed/above": 0.75, "arise_rl/rgsed/within": 0.25,
+                "arise_rl/rgsed/below": 0.0, "arise_rl/rgsed/gate_active_frac": 0.5,
+                "sd/coef_mean": 0.2})  # fmt: skip
+    row.update({"arise_rl/pool/generated": 3.0 + (step >= 9), "arise_rl/pool/filled": 1.0})
+    if step in (3, 9):
+        row["arise_rl/pool/base_pass_rate"] = 0.6 if step == 3 else 0.4
+    return row
+
+
 def write_synthetic_run(d: str) -> None:
     os.makedirs(os.path.join(d, "controllers"))
     with open(os.path.join(d, "config.json"), "w") as f:
@@ -104,6 +123,7 @@ def write_synthetic_run(d: str) -> None:
                 row.update({f"failure/seed/{c}": v for c, v in zip(FAILURE_CLASSES, SEED_FAILURE)})
             if step >= 3:  # a HarnessRL run's harness/* metrics (section 6)
                 row.update(harness_row(step))
+            row.update(arise_rl_row(step))  # an ARISE-RL run's arise_rl/* metrics (section 8)
             if step in (6, 12):
                 row.update({"eval/heldout/score": 40.0 + step, "eval/heldout/pass_rate": step / 24})
             f.write(json.dumps(row) + "\n")
@@ -159,7 +179,10 @@ def test_notebook_on_synthetic_run(tmp_path):
     run_dir, fig_dir = str(tmp_path / "run"), str(tmp_path / "figs")
     write_synthetic_run(run_dir)
     text = execute(run_dir, fig_dir)
-    check_figures(fig_dir, FIGURES + ("failure_classes.png", "harness.png", "rised_behaviours.png"))
+    check_figures(
+        fig_dir,
+        FIGURES + ("failure_classes.png", "harness.png", "rised_behaviours.png", "arise_rl.png"),
+    )
     lines = set(text.splitlines())
     expected = {
         "SUMMARY last_step=12 events=8",
@@ -182,6 +205,11 @@ def test_notebook_on_synthetic_run(tmp_path):
         "SUMMARY harness reversal_rate=0.1200",
         "SUMMARY harness drawn_unguided_share=1.0000",
         f"SUMMARY rised list praise_opener half_life={PRAISE_HALF_LIFE}",
+        # arise_rl/*: generator steps 1, 2, 7, 8; refreshes at 3 and 9
+        "SUMMARY arise_rl generator fmt_rate mean=0.5000",
+        "SUMMARY arise_rl c_distribution=0.250,0.750",
+        "SUMMARY arise_rl rgsed above mean=0.7500",
+        "SUMMARY arise_rl base_pass_rate=0.600,0.400",
     }
     assert expected <= lines, sorted(expected - lines)
     assert "WARNING pool metrics" not in text
@@ -209,6 +237,8 @@ def test_notebook_on_a_run_without_arise_logs(tmp_path):
     assert not os.path.exists(tmp_path / "figs" / "harness.png")
     assert "no controllers/rised/behaviours.jsonl" in text
     assert not os.path.exists(tmp_path / "figs" / "rised_behaviours.png")
+    assert "no arise_rl/* metrics in metrics.jsonl" in text
+    assert not os.path.exists(tmp_path / "figs" / "arise_rl.png")
 
 
 @pytest.mark.skipif(
