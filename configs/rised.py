@@ -57,6 +57,10 @@ def get_rised_section() -> common.ConfigDict:
     r.anti_patterns = True
     r.anti_top = 3  # ours: negatives per environment's anti-patterns block
     r.variance_target = 2.0  # var_target: multiple of the pool mean variance (ours)
+    # The tagger's reliability probe (seed C.2): every 10 steps 16 of the step's rollouts are
+    # tagged again under another seed (tag/reliability/*; ours: the schedule and sample size).
+    r.retag_every = 10
+    r.retag_samples = 16
     # The tagger: "programmatic" (the embedded domain: checkers and fluff detectors) or "llm"
     # (one call per rollout through judge.llm's endpoint unless rised.llm overrides it).
     r.tagger = "programmatic"

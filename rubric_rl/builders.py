@@ -866,7 +866,8 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
         k=int(config.rollout.train_groups), selection=r.selection, beta=float(r.beta),
         overlap=r.overlap, teacher=r.teacher, top_n=int(r.top_n),
         anti_patterns=bool(r.anti_patterns), anti_top=int(r.anti_top),
-        variance_target=float(r.variance_target), seed=int(config.train.seed),
+        variance_target=float(r.variance_target), retag_every=int(r.get("retag_every", 0)),
+        retag_samples=int(r.get("retag_samples", 16)), seed=int(config.train.seed),
     )  # fmt: skip
     ctl = RisedController(
         rc, vocab, tagger,

@@ -49,6 +49,7 @@ from rubric_rl.controllers.rised_tags import (
     Tags,
     group_profile,
     profile,
+    reliability,
     top_any,
     top_negative,
     top_positive,
@@ -72,6 +73,11 @@ class RisedConfig:
     anti_patterns: bool = True
     anti_top: int = 3  # negative rubrics in an environment's anti-patterns block (ours)
     variance_target: float = 2.0  # variance_targeted: multiple of the pool mean (ours)
+    # The reliability probe (seed C.2): every ``retag_every`` steps (0 = never) ``retag_samples``
+    # of the step's rollouts are tagged a second time under another seed and compared (ours: the
+    # seed reports the figures, not the schedule).
+    retag_every: int = 0
+    retag_samples: int = 16
     seed: int = 0
 
     def __post_init__(self):
@@ -86,6 +92,8 @@ class RisedConfig:
             )
         if self.top_n < 1 or self.anti_top < 1:
             raise ValueError("rised.top_n and rised.anti_top must be >= 1")
+        if self.retag_every < 0 or self.retag_samples < 1:
+            raise ValueError("rised.retag_every must be >= 0 and rised.retag_samples >= 1")
         if self.overlap not in ("max", "mean"):
             raise ValueError(f"rised.overlap={self.overlap!r}: expected 'max' or 'mean'")
 
@@ -240,6 +248,7 @@ class RisedController(Controller):
                     "failed": tg.failed,
                 }  # fmt: skip
         m = self._tag_metrics(flat)
+        m.update(self._reliability_probe(tasks, responses, rewards, flat))
         rewards_gj = rollouts.rewards
         self._keep = self._select(groups, rewards_gj)
         if self._keep is not None:
@@ -252,6 +261,20 @@ class RisedController(Controller):
         m.update(self._decide_anti_patterns(groups))
         self._write_behaviours(groups)
         return m
+
+    def _reliability_probe(self, tasks, responses, rewards, flat) -> dict[str, float]:
+        """Every ``retag_every`` steps: ``retag_samples`` rollouts (evenly spaced over the step's)
+        tagged again under another seed, against their first tags (``tag/reliability/*``)."""
+        n, every = len(flat), self.config.retag_every
+        if not every or self._step % every or not n:
+            return {}
+        idx = sorted({int(i) for i in np.linspace(0, n - 1, min(self.config.retag_samples, n))})
+        again = self.tagger.retag_batch(
+            [tasks[i] for i in idx], [responses[i] for i in idx], [rewards[i] for i in idx],
+            seed=1_000_003 + self._step,
+        )  # fmt: skip
+        rel = reliability([flat[i] for i in idx], again, self.vocab)
+        return {f"tag/reliability/{k}": float(v) for k, v in rel.items()}
 
     def _tag_metrics(self, flat: Sequence[Tags]) -> dict[str, float]:
         failed = sum(t.failed for t in flat)

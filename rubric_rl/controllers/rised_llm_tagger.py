@@ -205,8 +205,11 @@ class LLMTagger(RolloutTagger):
             reward="unknown" if reward is None else f"{float(reward):.3g}",
         )
 
-    async def _attempt(self, user: str, seed: int) -> tuple[Tags | None, str | None]:
-        self.counts["calls"] += 1
+    async def _attempt(
+        self, user: str, seed: int, record: bool = True
+    ) -> tuple[Tags | None, str | None]:
+        if record:
+            self.counts["calls"] += 1
         request = LLMRequest(
             messages=(Message("system", TAG_TEMPLATE.system), Message("user", user)),
             temperature=self.temperature, max_tokens=self.max_tokens, json_schema=TAG_SCHEMA,
@@ -218,17 +221,28 @@ class LLMTagger(RolloutTagger):
             return None, f"client error: {e}"
         return parse_tags(text, self.vocab)
 
-    async def _tag_one(self, task: Task, response: str, reward: float | None, seed: int) -> Tags:
-        tags, error = await self._attempt(self._user(task, response, reward, self.vocab.ids), seed)
+    async def _tag_one(
+        self, task: Task, response: str, reward: float | None, seed: int, record: bool = True
+    ) -> Tags:
+        """One rollout's tags (a retry on the shorter list if needed); ``record=False`` (the
+        reliability probe) leaves the counts, the running profile and ``last_error`` alone."""
+        user = self._user(task, response, reward, self.vocab.ids)
+        tags, error = await self._attempt(user, seed, record)
         if tags is None:
-            self.counts["retries"] += 1
+            if record:
+                self.counts["retries"] += 1
             retry_user = self._user(task, response, reward, self.candidates)
-            tags, retry_error = await self._attempt(retry_user, seed)
+            tags, retry_error = await self._attempt(retry_user, seed, record)
             if tags is None:
+                why = f"{TAG_TEMPLATE.key}: primary: {error}; retry: {retry_error}"
+                if not record:
+                    return Tags.failure(why)
                 self.counts["failed"] += 1
-                self.last_error = f"{TAG_TEMPLATE.key}: primary: {error}; retry: {retry_error}"
+                self.last_error = why
                 logger.warning("RISED tagging failed for task %r: %s", task.id, self.last_error)
                 return Tags.failure(self.last_error)
+        if not record:
+            return tags
         self.counts["tagged"] += 1
         self.counts["names"] += len(tags.counts) + len(tags.discovered)
         self.counts["discovered_names"] += len(tags.discovered)
@@ -246,6 +260,20 @@ class LLMTagger(RolloutTagger):
                 return await asyncio.gather(
                     *(
                         self._tag_one(t, r, w, int(step or 0))
+                        for t, r, w in zip(tasks, responses, rewards, strict=True)
+                    )
+                )
+            finally:
+                await self.client.aclose()
+
+        return list(run_sync(run)) if tasks else []
+
+    def _retag_rollouts(self, tasks, responses, rewards, seed: int) -> list[Tags]:
+        async def run() -> list[Tags]:
+            try:
+                return await asyncio.gather(
+                    *(
+                        self._tag_one(t, r, w, seed, record=False)
                         for t, r, w in zip(tasks, responses, rewards, strict=True)
                     )
                 )

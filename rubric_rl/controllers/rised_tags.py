@@ -95,6 +95,24 @@ class RolloutTagger(abc.ABC):
         rewards = batch_rewards(tasks, responses, rewards)
         return self._tag_rollouts(list(tasks), list(responses), rewards, step)
 
+    def retag_batch(
+        self,
+        tasks: Sequence[object],
+        responses: Sequence[str],
+        rewards: Sequence[float | None] | None = None,
+        *,
+        seed: int = 0,
+    ) -> list[Tags]:
+        """An independent second tagging of the same rollouts for the reliability probe (RISED
+        C.2: ``reliability`` against the first): the same prompts under another ``seed``,
+        leaving the tagger's own state (counts, retry list) as it was. A deterministic tagger
+        returns what it returned the first time."""
+        rewards = batch_rewards(tasks, responses, rewards)
+        return self._retag_rollouts(list(tasks), list(responses), rewards, int(seed))
+
+    def _retag_rollouts(self, tasks, responses, rewards, seed: int) -> list[Tags]:
+        return self._tag_rollouts(tasks, responses, rewards, None)
+
     @abc.abstractmethod
     def _tag_rollouts(
         self,

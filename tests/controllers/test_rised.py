@@ -288,3 +288,36 @@ def test_a_domain_without_a_vocabulary_or_programmatic_tagger_is_refused():
     dom = dataclasses.replace(builders.build_domain(c), name="dataset")
     with pytest.raises(ValueError, match="config.rised.vocabulary"):
         builders.build_controllers(c, dom)
+
+
+class FlakyTagger(ScriptedTagger):
+    """A second tagging (the reliability probe) drops the first tag of every other rollout."""
+
+    def __init__(self):
+        self.probes = []
+
+    def retag_batch(self, tasks, responses, rewards=None, *, seed=0):
+        self.probes.append((len(responses), seed))
+        out = self.tag_batch(tasks, responses, rewards)
+        return [
+            Tags(dict(list(t.counts.items())[1:])) if i % 2 == 0 and not t.failed else t
+            for i, t in enumerate(out)
+        ]
+
+
+def test_reliability_probe_every_n_steps():
+    """Every ``retag_every`` steps ``retag_samples`` rollouts (evenly spaced) are tagged again
+    and compared (seed C.2: identical sets, Jaccard, profile cosine); other steps: no probe."""
+    ctl = RisedController(
+        RisedConfig(k=0, selection="none", retag_every=2, retag_samples=2), VOCAB, FlakyTagger()
+    )
+    two = {"p_a": 1, "n_x": 1}
+    spec = [(task(0, "e1"), [two, two, two]), (task(1, "e2"), [{"p_a": 1}, "FAIL", two])]
+    assert not any(k.startswith("tag/reliability") for k in ctl.observe(rollouts(1, spec)))
+    m = ctl.observe(rollouts(2, spec))
+    # rollouts 0 and 5 (evenly spaced of 6); the probe drops rollout 0's first tag only
+    assert ctl.tagger.probes == [(2, 1_000_005)]
+    assert m["tag/reliability/compared"] == 2.0
+    assert m["tag/reliability/identical"] == 0.5
+    assert m["tag/reliability/jaccard_mean"] == pytest.approx((0.5 + 1.0) / 2)
+    assert m["tag/reliability/cosine_mean"] == pytest.approx((np.sqrt(0.5) + 1.0) / 2)

@@ -379,3 +379,22 @@ def test_llm_tagger_failure_is_recorded_as_failed(tasks):
     other, _ = _llm(v)
     other.load_state_dict(state)
     assert other.stats() == s and other.candidates == tagger.candidates
+
+
+def test_llm_tagger_probe_leaves_its_state_alone(tasks):
+    """The reliability probe (``retag_batch``): a second call under another seed; the tagger's
+    counts, running profile and retry list stay as they were."""
+    from rubric_rl.controllers.rised_tags import reliability
+
+    v = _small_vocab()
+    tagger, calls = _llm(v, _reply(("a_pos", 1), ("b_neg", 1)), _reply(("a_pos", 1)))
+    task = tasks["plus"]
+    first = tagger.tag_batch([task], ["TWELVE ."], [1.0], step=4)
+    before = (tagger.stats(), tagger.running.copy(), tagger.candidates)
+    again = tagger.retag_batch([task], ["TWELVE ."], [1.0], seed=99)
+    assert again[0].counts == {"a_pos": 1}
+    assert calls[1][1]["seed"] == 99 and calls[0][1]["seed"] == 4
+    assert tagger.stats() == before[0] and tagger.candidates == before[2]
+    np.testing.assert_array_equal(tagger.running, before[1])
+    rel = reliability(first, again, v)
+    assert rel["identical"] == 0.0 and rel["jaccard_mean"] == pytest.approx(0.5)
