@@ -270,6 +270,118 @@ QWEN3_5_PRESETS: dict[str, Qwen3_5Config] = {
         max_position_embeddings=512,
         tie_word_embeddings=True,
     ),
+    # The seed papers' Qwen3.5 text towers (Qwen/Qwen3.5-4B, -9B, -27B: Qwen3_5ForConditional-
+    # Generation checkpoints whose text_config we implement; their vision encoder and MTP head are
+    # not part of these shapes). No official config.json is stored here, so every value is taken
+    # from public copies and cross-checked; the sources (S1..S9) are listed once, then cited per
+    # field (a field citing one source has no second one found).
+    #   S1 Megatron args of THUDM/slime scripts/models/qwen3.5-27B.sh; radixark/miles scripts/
+    #      models/qwen3.5-{4B,9B,27B}.sh; PolynomialTime/slime scripts/models/qwen3.5-9B.sh;
+    #      Osmosis-AI/slime-rl scripts/models/qwen3.5-4B.sh; vllm-project/vime scripts/models/
+    #      qwen3.5-27B.sh (--num-layers, --hidden-size, --ffn-hidden-size, --num-attention-heads,
+    #      --num-query-groups, --kv-channels, --rotary-percent 0.25, --rotary-base 10000000,
+    #      --norm-epsilon 1e-6, --vocab-size 248320; --untie-embeddings-and-output-weights on 9B
+    #      and 27B, absent on 4B). One lineage (slime and forks), so ONE source; it holds no Gated
+    #      DeltaNet sizes (its plugin spec reads them from the HF config).
+    #   S2 config.json of fine-tunes on the HF hub (same shapes as their base), the fields seen:
+    #      4B huggingface.co/halen214/st01 and coderofpears/ClankerCode-Checkpoint1 (hidden,
+    #      intermediate, head_dim, full_attention_interval 4, the 32 layer_types, linear 16 / 32
+    #      heads of 128, conv 4, max_position_embeddings 262144); 9B KnowledgeXLab/ComActor-9B and
+    #      NexVeridian/OmniCoder-9B-5bit text_config (hidden, intermediate, head_dim, interval 4,
+    #      the 32 layer_types); 27B ApolloRaines/Sharona_Q27B-R_CodeSecurity (hidden,
+    #      intermediate, head_dim, interval 4).
+    #   S3 the official model cards (huggingface.co/Qwen/Qwen3.5-{4B,9B,27B}) as quoted in public
+    #      repositories' notes: hidden layout 8 x (3 x (Gated DeltaNet -> FFN) -> 1 x (Gated
+    #      Attention -> FFN)) (16 x on 27B); linear attention heads 32 for V and 16 for QK (48 / 16
+    #      on 27B); attention heads 16 for Q and 4 for KV (24 / 4 on 27B); 4B / 9B also: hidden
+    #      2560 / 4096, FFN 9216 / 12288, linear head dim 128, attention head dim 256, RoPE dim 64,
+    #      token embedding 248320 (tied to the LM output on 4B), context 262,144.
+    #   S4 a transformers Qwen3_5Config of Qwen3.5-27B written out in a public repository (text_
+    #      config: 64 layers, 5120 / 17408, 24 / 4 heads, head_dim 256, linear 16 / 48 heads of
+    #      128, conv 4, full_attention_interval 4, rope_theta 1e7, partial_rotary_factor 0.25,
+    #      max_position_embeddings 262144, rms_norm_eps 1e-6, untied, vocab 248320).
+    #   S5 transformers 5.24 `Qwen3_5TextConfig` defaults (this venv): 248320 / 4096 / 12288 /
+    #      32 layers / 16 / 4 heads / head_dim 256 / linear 16 / 32 heads of 128 / conv 4 / eps
+    #      1e-6 / untied = the 9B shape (its rope_theta 1e4 and max_position_embeddings 32768 are
+    #      library defaults, not the checkpoint's: not used).
+    #   S6 GGUF metadata of Qwen3.5-9B (lzwjava.github.io/qwen3-5-9b-hybrid-review-en): 32 layers,
+    #      embed 4096, FFN 12288, 16 heads / 4 KV, ssm d_state 128, d_conv 4, dt_rank 32 (= V
+    #      heads), 16 groups (= QK heads), full attention every 4 layers, rope base 1e7 over 64
+    #      dims, context 262,144, 8.95B params.
+    #   S7 published parameter counts equal to `num_params()` of these presets: a text-only 4B
+    #      fine-tune's 4,205,751,296 (exactly; needs tied embeddings and 32 V heads); 9B 8.95B
+    #      (S6; tied would be 7.94B). The 27B checkpoint's 27.78B includes vision and MTP weights.
+    #   S8 a public test fixture of the 4B text_config (hidden 2560, 9216, 16 / 4 heads, head_dim
+    #      256, linear 16 / 32 of 128, conv 4, eps 1e-6, rope_theta 1e7, partial 0.25, tied,
+    #      max_position_embeddings 262144).
+    #   S9 other public 27B-shaped qwen3_5_text configs (the Qwen3.6 / 3.8-27B successors, which
+    #      their cards give the same text architecture): 5120 / 17408, 24 / 4 heads of 256,
+    #      linear 16 / 48 of 128, conv 4, rope_theta 1e7, partial 0.25, 262144, untied.
+    #      Consistent with S4 but not the same checkpoint.
+    # bos / eos are left None (the tokenizer's, as for every non-embedded run): the checkpoints'
+    # text_config says eos 248044 while the top level / chat end is 248046 (S2 9B, S4), so the
+    # sources disagree by level. mrope_section / mrope_interleaved (export only; [11, 11, 10] /
+    # true in S4 and the 4B card notes) are not set: unverified for 9B.
+    "qwen3_5_4b": Qwen3_5Config(
+        vocab_size=248320,  # S1, S3
+        hidden_size=2560,  # S1, S2, S3, S8
+        intermediate_size=9216,  # S1, S2, S3, S8
+        num_hidden_layers=32,  # S1, S2 (32 layer_types), S3, S8
+        num_attention_heads=16,  # S1, S3, S8
+        num_key_value_heads=4,  # S1 (--num-query-groups), S3, S8
+        head_dim=256,  # S1 (--kv-channels), S2, S3, S8
+        layer_types=interval_layer_types(32, 4),  # S2 (interval 4 and the list), S3
+        linear_num_key_heads=16,  # S2, S3, S8
+        linear_num_value_heads=32,  # S2, S3, S8, S7
+        linear_key_head_dim=128,  # S2, S3, S8
+        linear_value_head_dim=128,  # S2, S3, S8
+        linear_conv_kernel_dim=4,  # S2, S8
+        rms_norm_eps=1e-6,  # S1, S8
+        rope_theta=1e7,  # S1, S8
+        partial_rotary_factor=0.25,  # S1 (--rotary-percent), S3 (RoPE dim 64 of 256), S8
+        tie_word_embeddings=True,  # S1 (no --untie flag, unlike 9B / 27B), S3, S7, S8
+        max_position_embeddings=262144,  # S2, S3, S8
+    ),
+    "qwen3_5_9b": Qwen3_5Config(
+        vocab_size=248320,  # S1, S3, S5
+        hidden_size=4096,  # S1, S2, S3, S5, S6
+        intermediate_size=12288,  # S1, S2, S3, S5, S6
+        num_hidden_layers=32,  # S1, S2, S3, S5, S6
+        num_attention_heads=16,  # S1, S3, S5, S6
+        num_key_value_heads=4,  # S1, S3, S5, S6
+        head_dim=256,  # S1, S2, S3, S5
+        layer_types=interval_layer_types(32, 4),  # S2, S3, S6
+        linear_num_key_heads=16,  # S3, S5, S6 (ssm groups)
+        linear_num_value_heads=32,  # S3, S5, S6 (dt_rank), S7
+        linear_key_head_dim=128,  # S3, S5, S6 (d_state)
+        linear_value_head_dim=128,  # S3, S5
+        linear_conv_kernel_dim=4,  # S5, S6 (d_conv)
+        rms_norm_eps=1e-6,  # S1, S5
+        rope_theta=1e7,  # S1, S6
+        partial_rotary_factor=0.25,  # S1, S3 and S6 (64 rotary dims of 256)
+        tie_word_embeddings=False,  # S1 (--untie-embeddings-and-output-weights), S5, S7
+        max_position_embeddings=262144,  # S3, S6
+    ),
+    "qwen3_5_27b": Qwen3_5Config(
+        vocab_size=248320,  # S1, S4, S9
+        hidden_size=5120,  # S1, S2, S4, S9
+        intermediate_size=17408,  # S1, S2, S4, S9
+        num_hidden_layers=64,  # S1, S3, S4
+        num_attention_heads=24,  # S1, S3, S4, S9
+        num_key_value_heads=4,  # S1, S3, S4, S9
+        head_dim=256,  # S1, S2, S4, S9
+        layer_types=interval_layer_types(64, 4),  # S2 (interval 4), S3, S4
+        linear_num_key_heads=16,  # S3, S4, S9
+        linear_num_value_heads=48,  # S3, S4, S9
+        linear_key_head_dim=128,  # S4, S9
+        linear_value_head_dim=128,  # S4, S9
+        linear_conv_kernel_dim=4,  # S4, S9
+        rms_norm_eps=1e-6,  # S1, S4
+        rope_theta=1e7,  # S1, S4, S9
+        partial_rotary_factor=0.25,  # S1, S4, S9
+        tie_word_embeddings=False,  # S1, S4, S9
+        max_position_embeddings=262144,  # S4, S9 (the cards' 262,144 context)
+    ),
 }
 
 # Every named model preset, both families (what `config.model.name` may name).

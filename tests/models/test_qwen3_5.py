@@ -261,3 +261,29 @@ def test_sharded_import_equals_one_device(torch_ckpts, helpers):
     np.testing.assert_allclose(
         helpers.forward(sharded, ids, mask), helpers.forward(ours, ids, mask), atol=1e-5, rtol=0
     )
+
+
+# Nominal sizes of the seed papers' Qwen3.5 checkpoints: the model cards' "Number of Parameters"
+# of the language model (Qwen/Qwen3.5-4B / -9B / -27B). Our presets are the text tower only:
+# embedding, decoder layers, final norm and (untied: 9B, 27B) the LM head; the vision encoder and
+# the MTP head of the published checkpoints are not counted (the 27B checkpoint's 27.78B with
+# them). The count is read off the abstract parameter shapes, not from `num_params()`.
+NOMINAL_PARAMS = {"qwen3_5_4b": 4e9, "qwen3_5_9b": 9e9, "qwen3_5_27b": 27e9}
+
+
+@pytest.mark.parametrize("name", list(NOMINAL_PARAMS))
+def test_named_presets_build_abstractly_at_nominal_size(name):
+    """Each seed-paper preset builds under `nnx.eval_shape` (no weights materialised) and its
+    parameter count, summed over the abstract shapes, is within 10 % of the nominal size."""
+    cfg = QWEN3_5_PRESETS[name]
+    model = nnx.eval_shape(lambda: Qwen3_5ForCausalLM(cfg, rngs=nnx.Rngs(0)))
+    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+    assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+    n = sum(int(np.prod(x.shape)) for x in leaves)
+    assert abs(n - NOMINAL_PARAMS[name]) <= 0.1 * NOMINAL_PARAMS[name], (name, n)
+    assert n == cfg.num_params()  # the closed form agrees with the shapes
+    assert len(model.layers) == cfg.num_hidden_layers
+    assert cfg.layer_types.count(F) * 4 == cfg.num_hidden_layers  # 3 linear : 1 full
+    assert hasattr(model, "lm_head") != cfg.tie_word_embeddings
+    # The preset survives a config.json round trip (what export writes, what import reads).
+    assert Qwen3_5Config.from_hf_dict(cfg.to_hf_dict()) == cfg
