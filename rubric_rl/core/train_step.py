@@ -154,17 +154,7 @@ def make_train_step(
     replicated = NamedSharding(mesh, P())
 
     def step_fn(state: TrainState, batch: TrainBatch, ref_params=None, teacher=None):
-        loss, grads, metrics = loss_and_grads(
-            config,
-            graphdef,
-            state.params,
-            state.rest,
-            batch,
-            ref_params,
-            mesh=mesh,
-            teacher=teacher,
-            teacher_graphdef=teacher_graphdef,
-        )
+        loss, grads, metrics = step_loss_and_grads(state, batch, ref_params, teacher)
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
