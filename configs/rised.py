@@ -26,7 +26,15 @@ Variants (comma-separated, big_vision style):
 - ablations: ``no_select`` (k groups generated, SD and anti-patterns on), ``no_sd``,
   ``positive_only`` (positive-rubric teacher, no anti-patterns), ``all_rubric`` (all-rubric
   teacher, no anti-patterns);
-- ``beta=<float>``: the overlap penalty.
+- ``beta=<float>``: the overlap penalty;
+- ``single_env=<env>``: the transfer analysis's training run (seed §2.3, C.1: WebShop-only /
+  DBBench-only training, every environment evaluated): only ``<env>``'s training tasks are
+  sampled (``rised.train_env``), a checkpoint every 25 steps is kept (the seed's
+  analysis steps: 25 the baseline, 50..500 the checkpoints; ``smoke``: every step), and the
+  validation split (at least 64 tasks) is evaluated at every checkpoint. It combines with an
+  arm: ``single_env=list,grpo_k`` trains plain GRPO, our reading of the seed's preliminary
+  analysis (it does not say which trainer its single-environment runs used). Analyse the run
+  with ``python -m rubric_rl.rised_transfer <workdir>``.
 
 What the seed states and what is ours: the module docstrings of rubric_rl/controllers/rised*.py
 and the README's "RISED" section. Ours here: k = 16 of 32 on the embedded default (the seed: 64 of
@@ -41,10 +49,15 @@ from configs import common, grpo
 
 VARIANTS = (
     "smoke", "model", "hard", "protocol", "beta", "grpo_k", "grpo_2k", "top_var", "var_target",
-    "all_rubric_sd", "no_select", "no_sd", "positive_only", "all_rubric",
+    "all_rubric_sd", "no_select", "no_sd", "positive_only", "all_rubric", "single_env",
 )  # fmt: skip
 ARMS = ("grpo_k", "grpo_2k", "top_var", "var_target", "all_rubric_sd", "no_select", "no_sd",
         "positive_only", "all_rubric")  # fmt: skip
+# single_env: the seed's checkpoint spacing (step 25 the baseline, 50..500 analysed); keep is
+# "all of them" for any step count (ours: a bound orbax needs).
+TRANSFER_EVERY = 25
+TRANSFER_KEEP = 1000
+TRANSFER_VALIDATION = 64  # ours: validation tasks at least (the pools and pass rates)
 
 
 def get_rised_section() -> common.ConfigDict:
@@ -67,6 +80,9 @@ def get_rised_section() -> common.ConfigDict:
     # A vocabulary file (rubric_rl/rubrics/vocabulary.py format); "" = the embedded domain's,
     # built by the warm-up (weak-policy failures + reference answers) and cached in the run.
     r.vocabulary = ""
+    # The transfer analysis's single-environment runs (``single_env=<env>``): only this
+    # environment's training tasks are sampled; "" = every environment.
+    r.train_env = ""
     r.llm = common.ConfigDict(dict(backend="", model="", base_url="", retry_candidates=24,
                                    refresh_every=10))  # fmt: skip
     return r
@@ -107,6 +123,8 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
         apply_arm(c, arms[0])
     if "model" in variants:
         c.model.name = variants["model"]
+    if "single_env" in variants:
+        apply_single_env(c, variants["single_env"], every=1 if "smoke" in variants else None)
     c.lock()
     return c
 
@@ -138,3 +156,15 @@ def apply_arm(c: common.ConfigDict, arm: str) -> None:
         c.rised.update(teacher="all", anti_patterns=False)
     else:
         raise ValueError(f"configs/rised.py: unknown arm {arm!r}")
+
+
+def apply_single_env(c: common.ConfigDict, env: str | bool, *, every: int | None = None) -> None:
+    """Single-environment training for the transfer analysis (module docstring, ``single_env``):
+    ``env``'s training tasks only, every evaluation set still covering every environment."""
+    if env is True or not str(env).strip():
+        raise ValueError("configs/rised.py: single_env needs an environment, single_env=<env>")
+    c.rised.train_env = str(env).strip()
+    every = TRANSFER_EVERY if every is None else int(every)
+    c.checkpoint.update(every=every, keep=TRANSFER_KEEP, final=True)
+    c.domain.n_validation = max(int(c.domain.n_validation), TRANSFER_VALIDATION)
+    c.eval.splits.validation = every

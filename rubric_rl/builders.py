@@ -760,19 +760,22 @@ def skillrl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
     return [SkillRLController(sc, style_for(domain), domain.criteria_library)]
 
 
-def _grpo_sampler(config: ConfigDict, domain: Domain) -> list[Controller]:
+def _grpo_sampler(
+    config: ConfigDict, domain: Domain, train: Sequence[Task] | None = None
+) -> list[Controller]:
+    """The step's sampler over ``train`` (default: the domain's training tasks)."""
     from rubric_rl.controllers import rised_selectors  # noqa: F401  (registers "env_quota")
+
+    train = list(domain.train if train is None else train)
 
     if config.controllers.sampler == "sec":
         from rubric_rl.controllers.sec import SECConfig, SECSampler
 
         sec = _from_section(SECConfig, config, "sec")
         batch, seed = int(config.rollout.tasks_per_step), int(config.train.seed)
-        return [SECSampler(domain.train, batch, seed=seed, config=sec)]
+        return [SECSampler(train, batch, seed=seed, config=sec)]
     sampler_cls = SAMPLERS.get(config.controllers.sampler)
-    return [
-        sampler_cls(domain.train, int(config.rollout.tasks_per_step), seed=int(config.train.seed))
-    ]
+    return [sampler_cls(train, int(config.rollout.tasks_per_step), seed=int(config.train.seed))]
 
 
 @CONTROLLER_BUILDERS.register("arise")
@@ -874,7 +877,25 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
         render=embedded_renderer if embedded else generic_renderer,
         describe=embedded_description if embedded else None,
     )  # fmt: skip
-    return [*_grpo_sampler(config, domain), ctl]
+    return [*_grpo_sampler(config, domain, _rised_train(config, domain)), ctl]
+
+
+def _rised_train(config: ConfigDict, domain: Domain) -> list[Task]:
+    """The training tasks RISED samples: all, or one environment's (``rised.train_env``, the
+    transfer analysis's single-environment runs; evaluation still covers every environment)."""
+    from rubric_rl.evaluation import env_of
+
+    env = str(config.rised.get("train_env", "") or "")
+    if not env:
+        return list(domain.train)
+    kept = [t for t in domain.train if env_of(t) == env]
+    if not kept:
+        envs = sorted({env_of(t) for t in domain.train})
+        raise ValueError(
+            f"config.rised.train_env={env!r}: no training task of that environment; the "
+            f"training tasks' environments are {envs}"
+        )
+    return kept
 
 
 @CONTROLLER_BUILDERS.register("arise_rl")

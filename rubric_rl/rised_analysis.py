@@ -13,7 +13,7 @@ the share of that step's (successfully tagged) rollouts that show each rubric. F
 - :func:`half_lives`: every negative rubric of a vocabulary per environment.
 
 The transfer analysis (single-environment training, rubric-profile vs gradient similarity as
-predictors of the most improved environment) is not built yet.
+predictors of the most improved environment) is ``rubric_rl/rised_transfer.py``.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ import numpy as np
 from rubric_rl.controllers.harness.proposer import Candidate
 from rubric_rl.controllers.harness.rubric_ops import RubricOp, checks_the_same
 from rubric_rl.rubrics.types import Criterion, Task
+from rubric_rl.stats import spearman  # re-exported (moved to rubric_rl/stats.py)
 
 RULE = "evorubric"
 
@@ -42,29 +43,6 @@ def zero_variance(met_row: Sequence[float]) -> bool:
     x = np.asarray(met_row, np.float64)
     x = x[~np.isnan(x)]
     return x.size >= 2 and bool(np.all(x == x[0]))
-
-
-def _ranks(x: np.ndarray) -> np.ndarray:
-    """Average ranks (ties share their mean rank), as Spearman's ρ needs."""
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x), np.float64)
-    ranks[order] = np.arange(len(x), dtype=np.float64)
-    for v in np.unique(x):
-        tie = x == v
-        ranks[tie] = ranks[tie].mean()
-    return ranks
-
-
-def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Spearman's ρ over the positions both define; None when either side is constant or
-    fewer than two positions are defined."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    ok = ~(np.isnan(a) | np.isnan(b))
-    a, b = a[ok], b[ok]
-    if a.size < 2 or np.all(a == a[0]) or np.all(b == b[0]):
-        return None
-    ra, rb = _ranks(a), _ranks(b)
-    return float(np.corrcoef(ra, rb)[0, 1])
 
 
 def prune_ops(criteria: Sequence[Criterion], met: np.ndarray, ids: Sequence[str]) -> list[RubricOp]:
