@@ -34,7 +34,17 @@ Variants (comma-separated, big_vision style):
   the cycle's start), ``hard_gate`` (the seed's eq. 12 gate 1[Δr > τ], not the authors' sigmoid),
   ``final_turn`` (distil only the last assistant turn of a multi-turn rollout), ``placement=
   last_user`` (m appended to the last user message instead of the system message),
-  ``estimator=full|topk|sampled``.
+  ``estimator=full|topk|sampled``;
+- ``sql``: the generator role over the SQL env (``arise_rl.generator_domain="sql"``,
+  rubric_rl/envs/sql_generator.py): the generator explores a training-split database with the
+  env's read-only tools and writes ``<question>`` + ``<rubric>`` of checkable items
+  (``answer_equals`` grounded in its own tool observations, ``queried_tables``, ``no_write``…);
+  the solver runs agent episodes in the SQL env (``rollout.mode="agent"``, configs/grpo.py's
+  ``apply_tool_domain``) for its trained rollouts, K attempts, memory rollouts and base probe.
+  Meant for a real model: ``sql,gpu`` (``gpu=<checkpoint dir>`` or $QWEN3_4B_PATH, SGLang, as
+  configs/grpo.py:gpu); ``sql,smoke`` is the CPU check. Ours: the whole variant (the seed's
+  tools are web search / maps / OTA tools), its generator turn budget (160 tokens embedded,
+  ``rollout.max_new_tokens`` with ``gpu``), no generator warm-start demonstrations.
 
 Ours on the embedded default (the seed states none of it): 3 cycles of 10 generator and 30
 solver steps, 16 tasks x 8 rollouts per step, pool 128 from 256 refresh rollouts, 4 memory
@@ -51,7 +61,7 @@ from configs import common, grpo
 VARIANTS = (
     "smoke", "model", "protocol", "seed_scale", "no_rgsed", "no_gate", "no_tool", "no_difficulty",
     "dr_zero", "absolute_zero", "hard_gate", "final_turn", "placement", "estimator",
-    "current_solver", "opcd", "gkd", "solver_grpo",
+    "current_solver", "opcd", "gkd", "solver_grpo", "sql", "gpu",
 )  # fmt: skip
 ARMS = (
     "no_rgsed", "no_gate", "no_tool", "no_difficulty", "dr_zero", "absolute_zero", "opcd", "gkd",
@@ -94,6 +104,9 @@ def get_arise_rl_section() -> common.ConfigDict:
     a.decay_steps = 120
     a.decay_floor = 0.1
     a.sd_scope = "all"  # all | final_turn
+    # Where the generator writes tasks (controllers/arise_rl_domain.py): "constraint" (the
+    # embedded constraint domain) | "sql" (the SQL env; the ``sql`` variant sets the rest).
+    a.generator_domain = "constraint"
     return a
 
 
@@ -138,6 +151,13 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
     if "protocol" in variants:
         common.apply_protocol(c)
         c.rollout.update(tasks_per_step=16, samples_per_task=8)
+    if "gpu" in variants:
+        if "sql" not in variants:
+            raise ValueError(
+                "configs/arise_rl.py: 'gpu' is for the 'sql' variant (the constraint generator "
+                "domain needs the embedded tokenizer); use 'sql,gpu'"
+            )
+        grpo.apply_gpu(c, variants["gpu"])
     if "smoke" in variants:
         grpo.apply_smoke(c)
         c.model.update(max_prompt_len=192, prompt_buckets=(32, 64, 128), max_teacher_prompt_len=256)
@@ -150,6 +170,27 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
         )  # fmt: skip
         c.domain.generator_negatives = 1
         c.rollout.agent.max_total_tokens = 256
+    if "sql" in variants:
+        c.arise_rl.generator_domain = "sql"
+        grpo.apply_tool_domain(c, "sql", embedded="gpu" not in variants, smoke="smoke" in variants)
+        c.domain.update(generator_demos=0.0, generator_negatives=0)  # the constraint domain's
+        if "gpu" not in variants:
+            # The embedded tokenizer: the generator's words are tokens (builders._tool_domain),
+            # and an episode has room for the role prompt (~550 tokens with the tools block and
+            # the negatives; ours) and 3 turns.
+            c.domain.generator_units = True
+            c.rollout.agent.max_total_tokens = 1152
+            c.model.update(
+                max_prompt_len=1152, max_teacher_prompt_len=1408,
+                prompt_buckets=(512, 640, 896, 1152),
+            )  # fmt: skip
+        c.arise_rl.generator_max_new_tokens = (
+            int(c.rollout.max_new_tokens) if "gpu" in variants else 160
+        )
+        if "smoke" in variants:
+            c.rollout.agent.update(max_turns=3)
+        # Every criterion of an SQL task (designed or generated) is a rule checker: no LLM judge.
+        c.judge.kind = "programmatic"
     if "no_rgsed" in variants:
         c.loss.update(sd_estimator="none", sd_coef=0.0)
     if "no_gate" in variants:

@@ -291,6 +291,12 @@ def _tool_domain(name: str, cfg: ConfigDict) -> Domain:
 
     env_cls = ENVS.get(name)
     seed = int(cfg.seed)
+    vocabulary = tool_domain.vocabulary(name)
+    if name == "sql" and bool(cfg.get("generator_units", False)):
+        # ARISE-RL's SQL generator (configs/arise_rl.py:sql): its role prompt's units appended.
+        from rubric_rl.envs.sql_generator import generator_units
+
+        vocabulary = (*vocabulary, *sorted(set(generator_units()) - set(vocabulary)))
     return Domain(
         name=name,
         train=tuple(env_cls.task_bank("train", int(cfg.n_train), seed)),
@@ -298,7 +304,7 @@ def _tool_domain(name: str, cfg: ConfigDict) -> Domain:
         ood=tuple(env_cls.task_bank("ood", int(cfg.n_ood), seed)),
         verify=tool_domain.VERIFIERS[name],
         corpus=lambda n, s, p_keep, copy_fraction: tool_domain.warmstart_corpus(name, n, s, p_keep),
-        vocabulary=tool_domain.vocabulary(name),
+        vocabulary=vocabulary,
         make_env=lambda task: env_cls(),
         embedded_tokenizer="spaced",
     )
@@ -902,18 +908,27 @@ def _rised_train(config: ConfigDict, domain: Domain) -> list[Task]:
 def arise_rl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
     """ARISE-RL (configs/arise_rl.py): one controller that is the sampler (the cycle schedule:
     generator tasks, then the pool of generated tasks) and owns R_G, the solver reward and
-    RG-SED. The generator role is built for the embedded constraint domain."""
+    RG-SED. The generator role writes tasks of ``config.arise_rl.generator_domain``: the
+    embedded constraint domain or the SQL env (controllers/arise_rl_domain.py)."""
     from rubric_rl.controllers.arise_rl import AriseRLConfig, AriseRLController
-    from rubric_rl.envs.generator_domain import forbidden_signatures
+    from rubric_rl.controllers.arise_rl_domain import build_generator_domain
 
-    if domain.name != "constraints":
-        raise ValueError(
-            f"config.method='arise_rl': the generator role is built for the embedded "
-            f"'constraints' domain (envs/generator_domain.py), not {domain.name!r}"
-        )
     a = config.arise_rl.to_dict()
     a["rgsed_roles"] = tuple(a["rgsed_roles"])
     cfg = AriseRLConfig(**a)
+    solver_domain = {"constraint": "constraints", "sql": "sql"}[cfg.generator_domain]
+    if domain.name != solver_domain:
+        raise ValueError(
+            f"config.arise_rl.generator_domain={cfg.generator_domain!r} writes tasks of the "
+            f"{solver_domain!r} domain, but config.domain.name={domain.name!r}"
+        )
+    mode = str(config.rollout.get("mode", "auto"))
+    if cfg.generator_domain == "sql" and mode not in ("agent", "auto"):
+        raise ValueError(
+            f"config.arise_rl.generator_domain='sql': the solver answers SQL tasks in agent "
+            f"episodes; config.rollout.mode must be 'agent', got {mode!r}"
+        )
+    generator_domain = build_generator_domain(cfg.generator_domain, domain.train)
     external = bool(config.get("teacher") is not None and config.teacher.model)
     if (cfg.teacher != "self") != external:
         raise ValueError(
@@ -922,7 +937,7 @@ def arise_rl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]
             "(config.teacher.model and .params), RG-SED ('self') must not have one"
         )
     # Generated tasks train the solver, which is evaluated on these: never generate one of them.
-    forbidden = forbidden_signatures([*domain.heldout, *domain.validation])
+    forbidden = generator_domain.forbidden_signatures([*domain.heldout, *domain.validation])
     return [
         AriseRLController(
             cfg,
@@ -930,6 +945,7 @@ def arise_rl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]
             forbidden=forbidden,
             tasks_per_step=int(config.rollout.tasks_per_step),
             seed=int(config.train.seed),
+            generator_domain=generator_domain,
         )  # fmt: skip
     ]
 

@@ -339,10 +339,12 @@ class Services:
         stream: str = "probe",
         params: SamplingParams | None = None,
         make_env: Any = None,
+        policy: str | None = None,
     ) -> tuple[list[tuple[int, ...]], list[list[Trajectory]]]:
         """``n`` multi-turn episodes per task over the domain's environment (``make_env``: a
-        ``Task -> Env`` factory in its place, e.g. ARISE-RL's generator role): (prompt ids per
-        task, trajectories per task). Tool outputs and template tokens get loss mask 0."""
+        ``Task -> Env`` factory in its place, e.g. ARISE-RL's generator role), on the current
+        policy or on the held policy ``policy`` (``hold_policy``): (prompt ids per task,
+        trajectories per task). Tool outputs and template tokens get loss mask 0."""
         from rubric_rl.rollout.agent import AgentConfig, ChatFormat, run_agent
 
         make_env = make_env if make_env is not None else self.domain.make_env
@@ -358,13 +360,15 @@ class Services:
         flat_tasks = [t for t in tasks for _ in range(n)]
         envs = [make_env(t) for t in flat_tasks]
         params = dataclasses.replace(params, n=1) if params else self.sampling_params(1)
+        held = self.engine.serving(self._held_snapshot(policy)) if policy else None
         with self._timed():
             try:
-                trajs = run_agent(
-                    self.engine, chat, envs, flat_tasks, params, acfg, step=self.step,
-                    task_indices=[base + g for g in range(len(tasks)) for _ in range(n)],
-                    sample_indices=[j for _ in tasks for j in range(n)],
-                )  # fmt: skip
+                with held if held is not None else contextlib.nullcontext():
+                    trajs = run_agent(
+                        self.engine, chat, envs, flat_tasks, params, acfg, step=self.step,
+                        task_indices=[base + g for g in range(len(tasks)) for _ in range(n)],
+                        sample_indices=[j for _ in tasks for j in range(n)],
+                    )  # fmt: skip
             finally:
                 for e in envs:
                     e.close()

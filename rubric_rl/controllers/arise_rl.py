@@ -47,10 +47,20 @@ probe** (``base_probe_tasks`` > 0): the policy of step 1 (the warm start) is hel
 at each refresh, answers up to that many fresh generated tasks once (``pool/base_pass_rate``: the
 seed's Fig. 4, whose generator makes the frozen base policy's pass rate fall cycle to cycle).
 
+**The generator domain** (``arise_rl.generator_domain``, ``arise_rl_domain.py``): the role
+prompt, tool env, parse, signature, pool records and coach hints the controller calls through
+one interface — ``"constraint"`` (the default: ``envs/generator_domain.py``, single-turn solver
+samples) or ``"sql"`` (``envs/sql_generator.py``: the generator explores a training database
+with the SQL env's read-only tools; the K attempts, memory rollouts and base probe are agent
+episodes in the SQL env, ``Services.run_agent``, frozen solver included, and a teacher's prompt
+is the agent's first messages with m in the system message before the tools block, as its memory
+rollouts saw it).
+
 What is ours (the seed does not state it): ``generator_steps`` per cycle (20), the tool-grounded
 filter of the refresh, ``pool_fill`` and ``pool_min``, the sampling of pool tasks, the generator
 coach's rules, the base probe's single sample at the rollout temperature, the solver coach's
-threshold (rgsed_coach).
+threshold (rgsed_coach), the SQL generator domain as a whole (the seed's tools are web search,
+maps and OTA tools; its own "ours" are listed in ``envs/sql_generator.py``).
 """
 
 from __future__ import annotations
@@ -65,6 +75,13 @@ import numpy as np
 
 from rubric_rl.controllers import arise_rl_rewards as rw
 from rubric_rl.controllers import rgsed
+from rubric_rl.controllers.arise_rl_domain import (
+    GENERATOR_DOMAINS,
+    GENERATOR_ENVS,
+    GENERATOR_HINTS,
+    GeneratorDomain,
+    build_generator_domain,
+)
 from rubric_rl.controllers.base import Controller, TaskBatch
 from rubric_rl.controllers.rgsed_coach import coach_memory
 from rubric_rl.rollout.batch import Group, Messages, Rollouts, Trajectory
@@ -127,6 +144,7 @@ class AriseRLConfig:
     decay_floor: float = rgsed.DECAY_FLOOR
     sd_scope: str = "all"
     teacher: str = "self"
+    generator_domain: str = "constraint"
 
     def __post_init__(self):
         object.__setattr__(self, "rgsed_roles", tuple(self.rgsed_roles))
@@ -148,6 +166,7 @@ class AriseRLConfig:
             ("memory_placement", self.memory_placement, PLACEMENTS),
             ("solver_policy", self.solver_policy, SOLVER_POLICIES),
             ("teacher", self.teacher, TEACHERS),
+            ("generator_domain", self.generator_domain, GENERATOR_DOMAINS),
             ("shape", self.shape, tuple(rw.DIFFICULTY_SHAPES.names())),
         )
         for name, v, allowed in checks:
@@ -263,23 +282,17 @@ class GeneratorScore:
 
 # --- the generator's coach -----------------------------------------------------------------------
 
-# Every word is in the generator's vocabulary (the role prompt's and the domain's); tested.
-GENERATOR_HINTS: dict[str, str] = {
-    "format": (
-        "write the question in <question> </question> and each rule in <criterion> </criterion> "
-        ", all in <rubric> </rubric>"
-    ),
-    "tool": "first use the tool lookup to see the words of each category you use",
-    "too_easy": "write a question with many requirements",
-    "too_hard": "write a question with only one rule",
-}
+# GENERATOR_HINTS (the constraint domain's coach hints) live in arise_rl_domain.py.
 
 
-def generator_memory(scores: Sequence[GeneratorScore], k: int) -> str | None:
+def generator_memory(
+    scores: Sequence[GeneratorScore], k: int, hints: Mapping[str, str] | None = None
+) -> str | None:
     """The generator group's memory m (seed App. E fig. 17: the coach summarises the group's
     authoring failures — format errors, queries every solver attempt solves or none does): a
     ``<coach>`` text with the hints for the failures of most of the group (strictly more than
     half), in the order format, tool, too easy, too hard; None when no failure is that common.
+    ``hints``: the generator domain's (default: the constraint domain's ``GENERATOR_HINTS``).
     Ours: the rule and the wording (the seed's coach is an LLM)."""
     from rubric_rl.envs.constraint_corpus import format_coach
 
@@ -290,8 +303,9 @@ def generator_memory(scores: Sequence[GeneratorScore], k: int) -> str | None:
     tool = sum(s.fmt_reason is None and not s.tool for s in scores)
     easy = sum(s.c is not None and s.c == k for s in scores)
     hard = sum(s.c is not None and s.c == 0 for s in scores)
+    table = GENERATOR_HINTS if hints is None else hints
     hints = [
-        GENERATOR_HINTS[name]
+        table[name]
         for name, count in (("format", fmt), ("tool", tool), ("too_easy", easy), ("too_hard", hard))
         if count > n / 2
     ]
@@ -328,9 +342,15 @@ class AriseRLController(Controller):
         forbidden: frozenset[str] = frozenset(),
         tasks_per_step: int = 16,
         seed: int = 0,
+        generator_domain: GeneratorDomain | None = None,
     ):
         self.cfg = cfg
         self.fallback_tasks = tuple(fallback_tasks)
+        # the generator domain (arise_rl_domain.py): config.arise_rl.generator_domain's, over the
+        # solver domain's training tasks, unless given
+        self.generator_domain = generator_domain or build_generator_domain(
+            cfg.generator_domain, self.fallback_tasks
+        )
         self.forbidden = frozenset(forbidden)
         self.tasks_per_step = int(tasks_per_step)
         self.seed = int(seed)
@@ -347,23 +367,14 @@ class AriseRLController(Controller):
     # --- sampling ------------------------------------------------------------------------------
 
     def sample_tasks(self, step: int, rng: np.random.Generator) -> TaskBatch:
-        from rubric_rl.envs.generator_domain import GENERATOR_TASK_TYPES, generator_task
-
         self.phase = ph = phase(step, self.cfg)
         self._memory, self._dr = {}, None
         n = self.tasks_per_step
         self._hold_policies(step, ph)
         if ph.role == "generator":
-            types = rng.choice(len(GENERATOR_TASK_TYPES), size=n)
-            tasks = [
-                generator_task(
-                    GENERATOR_TASK_TYPES[int(t)],
-                    self.recent,
-                    index=step * n + g,
-                    n_negatives=self.cfg.n_negatives,
-                )  # fmt: skip
-                for g, t in enumerate(types)
-            ]
+            tasks = self.generator_domain.generator_tasks(
+                rng, n, self.recent, first_index=step * n, n_negatives=self.cfg.n_negatives
+            )
             return TaskBatch(tasks, np.ones(n))
         if self.pool_cycle != ph.cycle:
             self.refresh_pool(ph.cycle, step, rng)
@@ -406,10 +417,7 @@ class AriseRLController(Controller):
     def base_probe(self, tasks: Sequence[Task]) -> float:
         """The frozen base policy's single-shot pass rate (one sample at the rollout temperature;
         solver reward ≥ γ) on ``tasks`` (seed Fig. 4: on fresh generator tasks, per cycle)."""
-        _, trajs = self.services.generate(
-            [t.messages for t in tasks], 1, stream=BASE_PROBE_STREAM,
-            names=[t.id for t in tasks], policy=BASE_POLICY,
-        )  # fmt: skip
+        _, trajs = self._solve(tasks, 1, BASE_PROBE_STREAM, policy=BASE_POLICY)
         verdicts = self.services.judge(tasks, [[t.response for t in ts] for ts in trajs])
         pairs = zip(tasks, verdicts, strict=True)
         r = np.concatenate([solver_rewards(t, vs, self.cfg.alpha) for t, vs in pairs])
@@ -417,24 +425,15 @@ class AriseRLController(Controller):
 
     def refresh_pool(self, cycle: int, step: int, rng: np.random.Generator) -> None:
         """Seed App. D.5: a new pool of deduplicated generated tasks (module docstring)."""
-        from rubric_rl.envs.generator_domain import GENERATOR_TASK_TYPES, generator_task
-
         cfg = self.cfg
         pool: dict[str, Task] = {}
         counts: collections.Counter = collections.Counter()
         done = 0
         while done < cfg.refresh_rollouts and len(pool) < cfg.pool_size:
             b = min(cfg.refresh_batch, cfg.refresh_rollouts - done)
-            types = rng.choice(len(GENERATOR_TASK_TYPES), size=b)
-            tasks = [
-                generator_task(
-                    GENERATOR_TASK_TYPES[int(t)],
-                    self.recent,
-                    index=done + i,
-                    n_negatives=cfg.n_negatives,
-                )  # fmt: skip
-                for i, t in enumerate(types)
-            ]
+            tasks = self.generator_domain.generator_tasks(
+                rng, b, self.recent, first_index=done, n_negatives=cfg.n_negatives
+            )
             _, trajs = self._run_generator(tasks, 1, REFRESH_STREAM)
             for (t,) in trajs:
                 s = self._parse(t.response)
@@ -445,7 +444,7 @@ class AriseRLController(Controller):
                     continue
                 if s.task is None:
                     continue
-                key = _signature(s.task)
+                key = self.generator_domain.signature(s.task)
                 if key in pool:
                     counts["duplicates"] += 1
                     continue
@@ -496,17 +495,35 @@ class AriseRLController(Controller):
     # --- generator episodes --------------------------------------------------------------------
 
     def _run_generator(self, tasks: Sequence[Task], n: int, stream: str):
-        from rubric_rl.envs.generator_domain import GeneratorEnv
-
         params = self.services.sampling_params(1, max_new_tokens=self.cfg.generator_max_new_tokens)
         return self.services.run_agent(
-            tasks, n, stream=stream, params=params, make_env=lambda t: GeneratorEnv()
+            tasks, n, stream=stream, params=params, make_env=self.generator_domain.make_env
+        )
+
+    def _solve(
+        self,
+        tasks: Sequence[Task],
+        n: int,
+        stream: str,
+        *,
+        prompts: Sequence[Messages] | None = None,
+        policy: str | None = None,
+    ):
+        """``n`` solver rollouts per task (never trained): single-turn samples of ``prompts``
+        (default: the tasks' messages), or, in a domain whose solver is an agent
+        (``solver_agent``), episodes in the solver domain's env whose first messages are
+        ``prompts``."""
+        if self.generator_domain.solver_agent:
+            if prompts is not None:
+                tasks = [_with_prompt(t, p) for t, p in zip(tasks, prompts, strict=True)]
+            return self.services.run_agent(tasks, n, stream=stream, policy=policy)
+        prompts = [t.messages for t in tasks] if prompts is None else prompts
+        return self.services.generate(
+            prompts, n, stream=stream, names=[t.id for t in tasks], policy=policy
         )
 
     def _parse(self, response: str) -> GeneratorScore:
-        from rubric_rl.envs.generator_domain import episode_outcome
-
-        parsed, outcome = episode_outcome(response, forbidden=self.forbidden)
+        parsed, outcome = self.generator_domain.episode_outcome(response, forbidden=self.forbidden)
         return GeneratorScore(
             reward=0.0, fmt_reason=outcome.fmt_reason, tool=outcome.tool_observed,
             task=parsed.task, question=parsed.question, num_unknown=parsed.num_unknown,
@@ -523,10 +540,9 @@ class AriseRLController(Controller):
         ]  # fmt: skip
         if solve:
             tasks = [s.task for s in solve]
-            _, trajs = self.services.generate(
-                [t.messages for t in tasks], cfg.k_attempts, stream=ATTEMPTS_STREAM,
-                names=[t.id for t in tasks], policy=self._solver_policy(),
-            )  # fmt: skip
+            _, trajs = self._solve(
+                tasks, cfg.k_attempts, ATTEMPTS_STREAM, policy=self._solver_policy()
+            )
             verdicts = self.services.judge(tasks, [[t.response for t in ts] for ts in trajs])
             for s, task, vs in zip(solve, tasks, verdicts, strict=True):
                 r = solver_rewards(task, vs, cfg.alpha)
@@ -604,7 +620,7 @@ class AriseRLController(Controller):
                 continue
             if g.role == "generator":
                 scores = [_score_of(t) for t in g.trajectories]
-                text = generator_memory(scores, self.cfg.k_attempts)
+                text = generator_memory(scores, self.cfg.k_attempts, self.generator_domain.hints)
             else:
                 text = coach_memory(
                     g.task, [t.response for t in g.trajectories],
@@ -616,9 +632,7 @@ class AriseRLController(Controller):
 
     def memory_prompt(self, group: Group, memory: str) -> Messages:
         """The group's prompt with m rendered as a ``<coach>`` block (``memory_placement``)."""
-        from rubric_rl.envs.constraint_corpus import render_guidance
-
-        block = render_guidance("coach", memory)
+        block = self.generator_domain.render_memory(memory)
         if self.cfg.memory_placement == "system":
             return append_to_system(group.messages, block)
         return append_to_last_user(group.messages, block, what=f"task {group.task.id}")
@@ -642,22 +656,16 @@ class AriseRLController(Controller):
             gen = [gi for gi in self._memory if rollouts.groups[gi].role == "generator"]
             if sol:
                 prompts = [self.memory_prompt(rollouts.groups[gi], self._memory[gi]) for gi in sol]
-                _, trajs = self.services.generate(
-                    prompts, jm, stream=MEMORY_STREAM,
-                    names=[rollouts.groups[gi].task.id for gi in sol],
-                )  # fmt: skip
                 tasks = [rollouts.groups[gi].task for gi in sol]
+                _, trajs = self._solve(tasks, jm, MEMORY_STREAM, prompts=prompts)
                 verdicts = self.services.judge(tasks, [[t.response for t in ts] for ts in trajs])
                 for gi, task, vs in zip(sol, tasks, verdicts, strict=True):
                     mem[gi] = solver_rewards(task, vs, cfg.alpha)
             if gen:
                 tasks = [
-                    dataclasses.replace(
+                    _with_prompt(
                         rollouts.groups[gi].task,
-                        prompt=tuple(
-                            Message(m["role"], m["content"])
-                            for m in self.memory_prompt(rollouts.groups[gi], self._memory[gi])
-                        ),
+                        self.memory_prompt(rollouts.groups[gi], self._memory[gi]),
                     )
                     for gi in gen
                 ]
@@ -712,11 +720,33 @@ class AriseRLController(Controller):
             if text is None and not external:
                 continue
             prompt = self.memory_prompt(g, text) if text else [dict(m) for m in g.messages]
+            if self.generator_domain.solver_agent:
+                prompt = self._agent_messages(g, prompt)
             for t in g.trajectories:
                 t.teacher_prompt = prompt
                 t.teacher_placement = self.cfg.memory_placement
                 if self.cfg.sd_scope == "final_turn":
                     t.sd_mask = final_turn_mask(t.loss_mask, len(t.tokens))
+
+    def _agent_messages(self, group: Group, prompt: Messages) -> Messages:
+        """An agent episode's first messages for ``group``'s task with ``prompt`` in its place,
+        the tools block written after the system message (so after a memory placed there): the
+        teacher sees what the group's memory rollouts saw. Ours: the block is always written
+        into the system message (``tool_calls.tools_system_block``, Qwen3's template's wording),
+        also when the student's chat template took ``tools=`` (``rollout.agent.tools_in_system``
+        off: a real checkpoint), since a teacher prompt is encoded from messages alone; the two
+        renderings are the same text only as far as that block matches the template's."""
+        task = _with_prompt(group.task, prompt)
+        make_env = (
+            self.generator_domain.make_env if group.role == "generator"
+            else self.services.domain.make_env
+        )  # fmt: skip
+        env = make_env(task)
+        try:
+            obs = env.reset(task)
+        finally:
+            env.close()
+        return obs.chat_messages(tools_in_system=True)
 
     # --- state ---------------------------------------------------------------------------------
 
@@ -726,7 +756,7 @@ class AriseRLController(Controller):
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "pool": [_task_record(t) for t in self.pool],
+            "pool": [self.generator_domain.task_record(t) for t in self.pool],
             "pool_cycle": self.pool_cycle,
             "pool_stats": dict(self.pool_stats),
             "recent": list(self.recent),
@@ -735,7 +765,10 @@ class AriseRLController(Controller):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         by_id = {t.id: t for t in self.fallback_tasks}
-        self.pool = [_task_from_record(r, by_id, self.forbidden) for r in state.get("pool", [])]
+        self.pool = [
+            _task_from_record(self.generator_domain, r, by_id, self.forbidden)
+            for r in state.get("pool", [])
+        ]
         self.pool_cycle = int(state.get("pool_cycle", -1))
         self.pool_stats = {k: float(v) for k, v in dict(state.get("pool_stats", {})).items()}
         self.recent = [str(q) for q in state.get("recent", [])]
@@ -755,41 +788,26 @@ def _score_of(t: Trajectory) -> GeneratorScore:
     )  # fmt: skip
 
 
-def _signature(task: Task) -> str:
-    from rubric_rl.envs.generator_domain import task_signature
-
-    params = (task.raw or {}).get("params")
-    return task_signature(params) if params is not None else task.id
-
-
-def _task_record(task: Task) -> dict[str, Any]:
-    """A pool task as JSON: a generated one by its answer text (re-parsed on load), a domain
-    task by id."""
-    if (task.raw or {}).get("split") == "generated":
-        question = [m.content for m in task.prompt if m.role == "user"][-1]
-        return {"question": question, "criteria": [c.text for c in task.rubric.criteria]}
-    return {"id": task.id}
+def _with_prompt(task: Task, prompt: Messages) -> Task:
+    return dataclasses.replace(task, prompt=tuple(Message(m["role"], m["content"]) for m in prompt))
 
 
 def _task_from_record(
-    rec: Mapping[str, Any], by_id: Mapping[str, Task], forbidden: frozenset[str]
+    domain: GeneratorDomain,
+    rec: Mapping[str, Any],
+    by_id: Mapping[str, Task],
+    forbidden: frozenset[str],
 ) -> Task:
-    from rubric_rl.envs.generator_domain import format_generated, parse_generated
-
-    if "id" in rec:
-        if rec["id"] not in by_id:
-            raise ValueError(
-                f"arise_rl state: pool task {rec['id']!r} is not a training task of the domain"
-            )
-        return by_id[rec["id"]]
-    parsed = parse_generated(
-        format_generated(rec["question"], rec["criteria"]), forbidden=forbidden
-    )
-    if parsed.task is None:
+    """A pool task back from its record: a generated one re-parsed by the generator domain, a
+    domain task by id."""
+    task = domain.task_from_record(rec, forbidden)
+    if task is not None:
+        return task
+    if rec["id"] not in by_id:
         raise ValueError(
-            f"arise_rl state: pool task {rec['question']!r} no longer parses ({parsed.reason})"
+            f"arise_rl state: pool task {rec['id']!r} is not a training task of the domain"
         )
-    return parsed.task
+    return by_id[rec["id"]]
 
 
 def generator_metrics(infos: Sequence[Mapping[str, Any]], k: int) -> dict[str, float]:
@@ -832,11 +850,11 @@ def _controller(ctx: Any) -> AriseRLController:
 
 
 def assign_roles(rollouts: Rollouts) -> Rollouts:
-    """After the default ``sample``: a generator task's group has the generator role."""
-    from rubric_rl.envs.generator_domain import GENERATOR_ENV
-
+    """After the default ``sample``: a generator task's group has the generator role (the task
+    of any generator domain: ``arise_rl_domain.GENERATOR_ENVS``)."""
+    envs = frozenset(GENERATOR_ENVS.values())
     for g in rollouts.groups:
-        if g.task.env_name == GENERATOR_ENV:
+        if g.task.env_name in envs:
             g.role = "generator"
     return rollouts
 
@@ -878,6 +896,7 @@ def teacher_stage(rollouts: Rollouts, ctx: Any) -> Rollouts:
 
 
 __all__ = [
+    "GENERATOR_HINTS",
     "SIGNAL",
     "AriseRLConfig",
     "AriseRLController",
