@@ -29,7 +29,7 @@ Variants (comma-separated, big_vision style):
 - ``beta=<float>``: the overlap penalty;
 - ``single_env=<env>``: the transfer analysis's training run (seed §2.3, C.1: WebShop-only /
   DBBench-only training, every environment evaluated): only ``<env>``'s training tasks are
-  sampled (``rised.train_env``), a checkpoint every 25 steps is kept (the seed's
+  sampled (``rised.train_environment``), a checkpoint every 25 steps is kept (the seed's
   analysis steps: 25 the baseline, 50..500 the checkpoints; ``smoke``: every step), and the
   validation split (at least 64 tasks) is evaluated at every checkpoint. It combines with an
   arm: ``single_env=list,grpo_k`` trains plain GRPO, our reading of the seed's preliminary
@@ -82,7 +82,7 @@ def get_rised_section() -> common.ConfigDict:
     r.vocabulary = ""
     # The transfer analysis's single-environment runs (``single_env=<env>``): only this
     # environment's training tasks are sampled; "" = every environment.
-    r.train_env = ""
+    r.train_environment = ""
     r.llm = common.ConfigDict(dict(backend="", model="", base_url="", retry_candidates=24,
                                    refresh_every=10))  # fmt: skip
     return r
@@ -163,7 +163,7 @@ def apply_single_env(c: common.ConfigDict, env: str | bool, *, every: int | None
     ``env``'s training tasks only, every evaluation set still covering every environment."""
     if env is True or not str(env).strip():
         raise ValueError("configs/rised.py: single_env needs an environment, single_env=<env>")
-    c.rised.train_env = str(env).strip()
+    c.rised.train_environment = str(env).strip()
     every = TRANSFER_EVERY if every is None else int(every)
     c.checkpoint.update(every=every, keep=TRANSFER_KEEP, final=True)
     c.domain.n_validation = max(int(c.domain.n_validation), TRANSFER_VALIDATION)

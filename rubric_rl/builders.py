@@ -887,19 +887,20 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
 
 
 def _rised_train(config: ConfigDict, domain: Domain) -> list[Task]:
-    """The training tasks RISED samples: all, or one environment's (``rised.train_env``, the
-    transfer analysis's single-environment runs; evaluation still covers every environment)."""
+    """The training tasks RISED samples: all, or one environment's (``rised.train_environment``,
+    the transfer analysis's single-environment runs; evaluation still covers every environment).
+    Not ``train_env``: a config key ending in ``_env`` names an environment variable (llm.py)."""
     from rubric_rl.evaluation import env_of
 
-    env = str(config.rised.get("train_env", "") or "")
+    env = str(config.rised.get("train_environment", "") or "")
     if not env:
         return list(domain.train)
     kept = [t for t in domain.train if env_of(t) == env]
     if not kept:
         envs = sorted({env_of(t) for t in domain.train})
         raise ValueError(
-            f"config.rised.train_env={env!r}: no training task of that environment; the "
-            f"training tasks' environments are {envs}"
+            f"config.rised.train_environment={env!r}: no training task of that environment; "
+            f"the training tasks' environments are {envs}"
         )
     return kept
 

@@ -211,11 +211,11 @@ def load_run_config(run_dir: str) -> tuple[ml_collections.ConfigDict, str]:
     if not record:
         raise FileNotFoundError(f"{os.path.join(run_dir, 'config.json')}: no run config")
     config = ml_collections.ConfigDict(record)
-    env = str((record.get("rised") or {}).get("train_env", "") or "")
+    env = str((record.get("rised") or {}).get("train_environment", "") or "")
     if record.get("method") != "rised" or not env:
         raise ValueError(
             f"{run_dir}: config.json is not a single-environment RISED run (method "
-            f"{record.get('method')!r}, rised.train_env {env!r}); train one with "
+            f"{record.get('method')!r}, rised.train_environment {env!r}); train one with "
             "--config=configs/rised.py:single_env=<env>"
         )
     return config, env

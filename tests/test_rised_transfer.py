@@ -235,7 +235,8 @@ def test_single_env_variant_trains_one_environment_and_evaluates_all():
     from rubric_rl import builders, evaluation
 
     c = rised_config.get_config("smoke,single_env=list")
-    assert c.rised.train_env == "list" and rised_config.get_config("smoke").rised.train_env == ""
+    assert c.rised.train_environment == "list"
+    assert rised_config.get_config("smoke").rised.train_environment == ""
     assert c.checkpoint.every == 1 and c.checkpoint.keep >= c.train.steps
     assert rised_config.get_config("single_env=format").checkpoint.every == 25
     assert c.eval.splits.validation == c.checkpoint.every and c.domain.n_validation >= 64
@@ -252,7 +253,7 @@ def test_single_env_variant_trains_one_environment_and_evaluates_all():
     }  # fmt: skip
     assert "validation" in evaluation.due_splits(c, 3, final=False)
     bad = rised_config.get_config("smoke,single_env=webshop")
-    with pytest.raises(ValueError, match="train_env='webshop': no training task"):
+    with pytest.raises(ValueError, match="train_environment='webshop': no training task"):
         builders.build_controllers(bad, builders.build_domain(bad))
     with pytest.raises(ValueError, match="single_env needs an environment"):
         rised_config.get_config("single_env")
