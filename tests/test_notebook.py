@@ -134,10 +134,38 @@ def write_synthetic_run(d: str) -> None:
             freq = {"praise_opener": PRAISE[step - 1], "count_followed": step / 12}
             row = {"step": step, "env": "list", "rollouts": 8, "failed": 0, "freq": freq}
             f.write(json.dumps(row) + "\n")
+    write_transfer(d)
     with open(os.path.join(d, "controllers", "arise.jsonl"), "w") as f:
         for step, entry, event, old, new in EVENTS:
             ev = {"step": step, "entry": entry, "event": event, "from": old, "to": new}
             f.write(json.dumps({**ev, "evidence": {"pass_rate": 0.5}}) + "\n")
+
+
+# A RISED transfer analysis's outputs (section 9): trained on "list", checkpoints 2 and 3.
+TRANSFER_RUBRIC = {"list": 0.9, "format": 0.6, "rewrite": 0.3}
+TRANSFER_GAIN = {2: {"list": 0.2, "format": 0.05, "rewrite": -0.05},
+                 3: {"list": 0.3, "format": 0.00, "rewrite": 0.02}}  # fmt: skip
+
+
+def transfer_rows() -> list[dict]:
+    from rubric_rl import rised_transfer_stats as rts
+
+    rows = []
+    for step, gains in TRANSFER_GAIN.items():
+        for env, gain in gains.items():
+            sims = {s: TRANSFER_RUBRIC[env] for s in rts.PROFILE_SIGNALS}
+            sims["gradient"] = 0.1 * step - TRANSFER_RUBRIC[env]
+            rows.append({"step": step, "env": env, "held_out": env != "list",
+                         "improvement": gain, **sims})  # fmt: skip
+    return rows
+
+
+def write_transfer(d: str) -> None:
+    from rubric_rl import rised_transfer_stats as rts
+
+    rows = transfer_rows()
+    summary = {"train_env": "list", "baseline_step": 1, "signals": rts.summarize(rows)}
+    rts.write_outputs(os.path.join(d, rts.TRANSFER_DIR), rows, summary)
 
 
 def execute(run_dir: str, fig_dir: str) -> str:
@@ -181,7 +209,9 @@ def test_notebook_on_synthetic_run(tmp_path):
     text = execute(run_dir, fig_dir)
     check_figures(
         fig_dir,
-        FIGURES + ("failure_classes.png", "harness.png", "rised_behaviours.png", "arise_rl.png"),
+        FIGURES
+        + ("failure_classes.png", "harness.png", "rised_behaviours.png", "arise_rl.png")
+        + ("rised_transfer.png",),
     )
     lines = set(text.splitlines())
     expected = {
@@ -210,6 +240,10 @@ def test_notebook_on_synthetic_run(tmp_path):
         "SUMMARY arise_rl c_distribution=0.250,0.750",
         "SUMMARY arise_rl rgsed above mean=0.7500",
         "SUMMARY arise_rl base_pass_rate=0.600,0.400",
+        # held-out pairs (format, rewrite) x steps 2, 3: rubric ranks 3.5 1.5 3.5 1.5, gain ranks
+        # 4 1 2 3 -> rho = 2 / (2 sqrt 5); gradient ranks 1 3 2 4 -> rho = -2 / 5
+        "SUMMARY rised transfer held_out rubric_all spearman=+0.447",
+        "SUMMARY rised transfer held_out gradient spearman=-0.400",
     }
     assert expected <= lines, sorted(expected - lines)
     assert "WARNING pool metrics" not in text
@@ -238,6 +272,8 @@ def test_notebook_on_a_run_without_arise_logs(tmp_path):
     assert "no controllers/rised/behaviours.jsonl" in text
     assert not os.path.exists(tmp_path / "figs" / "rised_behaviours.png")
     assert "no arise_rl/* metrics in metrics.jsonl" in text
+    assert "no transfer/transfer_summary.json" in text
+    assert not os.path.exists(tmp_path / "figs" / "rised_transfer.png")
     assert not os.path.exists(tmp_path / "figs" / "arise_rl.png")
 
 
