@@ -6,12 +6,15 @@ import os
 def launch_env(cache_dir) -> dict[str, str]:
     """One CPU device (fastest on the 2-core machine) and a shared persistent compilation cache:
     the processes of one test (uninterrupted, killed, resumed) run the same executables, so they
-    compute the same numbers, and a resumed run does not recompile."""
+    compute the same numbers, and a resumed run does not recompile. The cache is the session's
+    (conftest.py: every test's launches share it, so a program compiles once per session) unless
+    ``RUBRIC_RL_TEST_JAX_CACHE=off``, when it is `cache_dir`, the test's own."""
+    session = os.environ.get("RUBRIC_RL_TEST_JAX_CACHE", "off")
     env = dict(os.environ)
     env.update(
         XLA_FLAGS="",
         JAX_PLATFORMS="cpu",
-        JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+        JAX_COMPILATION_CACHE_DIR=str(cache_dir) if session == "off" else session,
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
     )
