@@ -258,13 +258,12 @@ def _config():
     return c
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    workdir = str(tmp_path_factory.mktemp("arise_rl"))
-    config = _config()
+def scripted_steps(workdir: str, config, engine_cls, steps):
+    """Runs the real pipeline for ``steps`` on a ``engine_cls(tokenizer)`` scripted engine;
+    returns (services, controllers, domain, {step: (rollouts, ctx, engine requests)}, engine)."""
     domain = builders.build_domain(config)
     tok = builders.build_tokenizer(config, domain, workdir)
-    engine = ScriptEngine(tok)
+    engine = engine_cls(tok)
     services = Services(
         config, engine, tok, builders.build_judge(config, workdir), domain, workdir,
         functools.partial(builders.prompt_buckets, config),
@@ -272,14 +271,24 @@ def run(tmp_path_factory):
     controllers = builders.build_controllers(config, domain)
     controllers.bind(services, f"{workdir}/controllers")
     pipeline = build_pipeline(config)
-    steps = {}
-    for step in (1, 2, 3):
+    out = {}
+    for step in steps:
         engine.requests.clear()
         services.begin_step(step)
         ctx = StepContext(
             step, config, np.random.default_rng([0, step]), services, controllers, domain
         )
-        steps[step] = (pipeline(ctx), ctx, list(engine.requests))
+        out[step] = (pipeline(ctx), ctx, list(engine.requests))
+    return services, controllers, domain, out, engine
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    config = _config()
+    workdir = str(tmp_path_factory.mktemp("arise_rl"))
+    services, controllers, _, steps, engine = scripted_steps(
+        workdir, config, ScriptEngine, (1, 2, 3)
+    )
     yield config, services, controllers, steps
     engine.close()
 

@@ -3,7 +3,6 @@ generator step, one pool refresh and one solver step through the real pipeline, 
 loop, SQL env, spaced tokenizer and programmatic judge, with a scripted engine standing in for
 the tiny policy (deterministic, seconds). The interface's flag and its errors."""
 
-import functools
 import math
 import re
 
@@ -22,10 +21,9 @@ from rubric_rl.envs import generator_domain, sql_generator
 from rubric_rl.envs.sql_data import SYSTEM_PROMPT, database_rows
 from rubric_rl.envs.sql_generator import COACH_HINTS, SqlGeneratorDomain, format_generated
 from rubric_rl.envs.tool_calls import render_tool_call
-from rubric_rl.services import _STREAM_STRIDE, Services, stream_base
-from rubric_rl.step import StepContext, build_pipeline
+from rubric_rl.services import _STREAM_STRIDE, stream_base
 from rubric_rl.trainer_batch import rollouts_to_batch
-from tests.controllers.test_arise_rl import ScriptEngine
+from tests.controllers.test_arise_rl import ScriptEngine, scripted_steps
 
 K = 4
 J = 5
@@ -98,26 +96,11 @@ def _config():
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    workdir = str(tmp_path_factory.mktemp("arise_rl_sql"))
     config = _config()
-    domain = builders.build_domain(config)
-    tok = builders.build_tokenizer(config, domain, workdir)
-    engine = SqlScriptEngine(tok)
-    services = Services(
-        config, engine, tok, builders.build_judge(config, workdir), domain, workdir,
-        functools.partial(builders.prompt_buckets, config),
-    )  # fmt: skip
-    controllers = builders.build_controllers(config, domain)
-    controllers.bind(services, f"{workdir}/controllers")
-    pipeline = build_pipeline(config)
-    steps = {}
-    for step in (1, 2):
-        engine.requests.clear()
-        services.begin_step(step)
-        ctx = StepContext(
-            step, config, np.random.default_rng([0, step]), services, controllers, domain
-        )
-        steps[step] = (pipeline(ctx), ctx, list(engine.requests))
+    workdir = str(tmp_path_factory.mktemp("arise_rl_sql"))
+    services, controllers, domain, steps, engine = scripted_steps(
+        workdir, config, SqlScriptEngine, (1, 2)
+    )
     yield config, services, controllers, domain, steps
     engine.close()
 
