@@ -656,6 +656,7 @@ def build_engine(config: ConfigDict, model: Qwen3ForCausalLM, tokenizer: Tokeniz
                 device="cuda",
                 mem_fraction_static=float(s.mem_fraction),
                 max_total_tokens=None,
+                sleep_on_idle=bool(s.get("sleep_on_idle", True)),
             )
         ).start()
     return SGLangEngine([target], request_timeout_s=float(s.timeout_s))

@@ -126,6 +126,9 @@ def get_base_config() -> ConfigDict:
             host="127.0.0.1",
             port=30000,
             mem_fraction=0.8,
+            # ours (SGLang's default is off): an idle scheduler blocks on its sockets instead of
+            # spinning a core while the trainer runs (rollout/sglang_server.py)
+            sleep_on_idle=True,
             weight_sync_dir="",  # versioned safetensors for /update_weights_from_disk
             timeout_s=600.0,
         ),

@@ -6,7 +6,10 @@ over HTTP. On `device="cpu"` the launch adds the flags and environment measured 
 (shared notes sglang-on-cpu.md): torch_native attention, pytorch sampling, no overlap schedule,
 `OMP_NUM_THREADS=1` (else throughput swings 40×: the scheduler spins a core),
 `SGLANG_USE_CPU_ENGINE=1`, and our adapters (stand-in sgl_kernel, torchvision schema shim) on
-PYTHONPATH.
+PYTHONPATH. On every device the scheduler sleeps when idle (`--sleep-on-idle`, default on — ours;
+SGLang's default is off): without it each scheduler busy-polls one core at ~100 % between
+requests, which an RL loop's trainer phase, sharing the host, pays for (measured on the test
+server: see `sleep_on_idle`).
 """
 
 from __future__ import annotations
@@ -68,6 +71,11 @@ class SGLangServerConfig:
 
     `port=0` picks a free port at each start. `python=None` uses `default_server_python()`.
     `extra_flags` are appended verbatim (e.g. `("--enable-deterministic-inference",)`).
+    `sleep_on_idle` (ours, default on; SGLang's is off) makes an idle scheduler block on its
+    request sockets instead of spinning: SGLang's `IdleSleeper` polls them with a 1 s timeout and
+    wakes as soon as a request arrives, so a request waits no longer; what it saves is the core
+    an idle scheduler otherwise holds (a whole one per tensor-parallel rank) while the trainer
+    runs between rollout phases.
     """
 
     model_path: str
@@ -81,6 +89,7 @@ class SGLangServerConfig:
     skip_tokenizer_init: bool = True
     weight_version: int = 0
     random_seed: int | None = 0
+    sleep_on_idle: bool = True
     extra_flags: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
     python: str | None = None
@@ -148,6 +157,8 @@ class SGLangServer:
         if c.random_seed is not None:
             cmd += ["--random-seed", str(c.random_seed)]
         cmd += ["--weight-version", str(c.weight_version)]
+        if c.sleep_on_idle:
+            cmd += ["--sleep-on-idle"]
         if c.device == "cpu":
             cmd += ["--attention-backend", "torch_native", "--sampling-backend", "pytorch"]
             cmd += ["--disable-overlap-schedule"]
