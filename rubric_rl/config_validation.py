@@ -109,6 +109,29 @@ def _bands(config: ConfigDict, prefix: str = "") -> list[tuple[str, tuple]]:
     return out
 
 
+def _check_async(r: ConfigDict, num_devices: int | None) -> None:
+    """``rollout.max_staleness`` / ``rollout.async_overlap`` (rubric_rl/async_rollouts.py)."""
+    k = r.get("max_staleness", 0)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        _fail("rollout.max_staleness", f"must be an int >= 0 (0 = synchronous), got {k!r}")
+    overlap = r.get("async_overlap", True)
+    if not isinstance(overlap, bool):
+        _fail("rollout.async_overlap", f"must be True or False, got {overlap!r}")
+    if k > 0 and overlap and r.engine == "jax" and (num_devices or 1) > 1:
+        import jax
+
+        if jax.default_backend() == "cpu":
+            # XLA:CPU can deadlock on independent programs with collectives in flight at once
+            # (core/sharding.settle), which generation beside an update on one mesh would be.
+            _fail(
+                "rollout.async_overlap",
+                f"rollouts cannot overlap the update on a CPU mesh of {num_devices} devices "
+                "with the in-process engine (XLA:CPU collectives of concurrent programs can "
+                "deadlock); use one CPU device, a GPU/TPU, the SGLang engine, or "
+                "rollout.async_overlap=False (same schedule, no overlap)",
+            )
+
+
 def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> None:
     """Start-up checks; raises ValueError("config.<field>: ...") on the first problem."""
     check_env_settings(config)  # a key pasted into a *_env setting; a variable that is not set
@@ -144,6 +167,7 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         )
     if not isinstance(r.get("ignore_eos", False), bool):
         _fail("rollout.ignore_eos", f"must be True or False, got {r.ignore_eos!r}")
+    _check_async(r, num_devices)
     pb = [int(x) for x in config.model.prompt_buckets]
     if pb != sorted(set(pb)) or (pb and pb[0] < 1):
         _fail("model.prompt_buckets", f"must be strictly increasing positive ints, got {pb}")

@@ -112,6 +112,11 @@ def get_base_config() -> ConfigDict:
         # "auto": multi-turn agent episodes on a tool-environment domain (sql, inventory: the
         # domains with ``make_env``), single-turn otherwise; or force "single" / "agent".
         mode="auto",
+        # Asynchronous rollouts (rubric_rl/async_rollouts.py): the next steps' pipelines run
+        # while the update runs, sampled by a policy at most max_staleness updates old (0 =
+        # synchronous, the default). async_overlap=False runs the same schedule without a thread.
+        max_staleness=0,
+        async_overlap=True,
         # Agent episodes (rollout/agent.py): each model turn samples up to max_new_tokens; an
         # episode ends on a final answer, after max_turns model turns, or at max_total_tokens
         # (prompt, turns and tool outputs). With the embedded tokenizer the longest reference

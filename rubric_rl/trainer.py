@@ -10,6 +10,7 @@ restored checkpoint (metrics, controller logs and directories) are rolled back.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -23,8 +24,9 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from rubric_rl import builders, evaluation, logs, run_dir, run_files, warmstart
+from rubric_rl import async_rollouts, builders, evaluation, logs, run_dir, run_files, warmstart
 from rubric_rl import reward_fns as reward_fns_lib
+from rubric_rl.async_rollouts import Weights
 from rubric_rl.checkpoint import RunCheckpointer, key_from_json, key_to_json
 from rubric_rl.config_validation import validate_config
 from rubric_rl.controllers.base import Controller
@@ -44,6 +46,19 @@ from rubric_rl.services import ComponentError, Services
 from rubric_rl.step import Pipeline, StepContext, build_pipeline
 from rubric_rl.step_metrics import oracle_diagnostics, rollout_rows, step_metrics
 from rubric_rl.trainer_batch import rollouts_to_batch, update_batches
+
+
+@dataclasses.dataclass
+class _Produced:
+    """One step's pipeline result with what it measured while it ran."""
+
+    rollouts: Any
+    ctx: StepContext
+    controller_seconds: float
+    service_seconds: dict[str, float]
+    events: Mapping[str, Any]
+    weight_version: int
+    seconds: float
 
 
 class NonFiniteLossError(RuntimeError):
@@ -232,6 +247,10 @@ class Trainer:
         # bypass mode feeds π_old = π_rollout to the rejection bands unless the step-start
         # log-probs are computed: a preset that rejects gets them every step.
         self._rejects = losses.rejects(str(config.loss.rollout_correction))
+        # Asynchronous rollouts (rollout.max_staleness > 0): the pipelines run ahead of the update.
+        self._prefetch = async_rollouts.Prefetcher(
+            self._produce, overlap=bool(config.rollout.get("async_overlap", True))
+        )
 
     # ------------------------------------------------------------------ tasks, rewards
 
@@ -374,9 +393,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
 
-    def train_one_step(self) -> dict[str, Any]:
-        step = self.step + 1
-        t_start = time.perf_counter()
+    def _produce(self, step: int, weights: Weights | None = None) -> _Produced:
+        """Step ``step``'s pipeline (everything before the update) on the engine; with
+        ``weights`` (asynchronous rollouts) the engine serves that copy first. Runs on the
+        prefetch thread when rollouts overlap the update: it touches the engine, the services,
+        the controllers and the key, which nothing on the trainer's thread uses meanwhile."""
+        t0 = time.perf_counter()
+        if weights is not None:
+            self._serve(weights)
         self.rng, key = jax.random.split(self.rng)
         np_rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).tolist())
         self.controllers.pop_seconds()
@@ -387,6 +411,73 @@ class Trainer:
             reward_fns=self.reward_fns,
         )  # fmt: skip
         rollouts = self.pipeline(ctx)
+        return _Produced(
+            rollouts=rollouts,
+            ctx=ctx,
+            controller_seconds=self.controllers.pop_seconds(),
+            service_seconds=self.services.pop_seconds(),
+            events=self.controllers.pop_events(),
+            weight_version=int(self.engine.weight_version),
+            seconds=time.perf_counter() - t0,
+        )
+
+    def _serve(self, weights: Weights) -> None:
+        """The engine serves ``weights`` (a copy, see ``_weights_copy``) from now on."""
+        if self.weight_sync is not None:
+            model = nnx.merge(self.graphdef, weights.params, weights.rest)
+            self.weight_sync.sync(self.engine, model, weights.version)
+        else:
+            self.engine.update_weights(weights, weights.version)
+
+    def _weights_copy(self) -> Weights:
+        """The live policy copied (the next update donates its buffers), complete before the
+        update is dispatched."""
+        params = jax.tree.map(jnp.copy, self.state.params)
+        rest = jax.tree.map(jnp.copy, self.state.rest)
+        jax.block_until_ready((params, rest))
+        return Weights(params, rest, int(self.step))
+
+    def _max_staleness(self) -> int:
+        return int(self.config.rollout.get("max_staleness", 0))
+
+    def _is_sync_point(self, step: int) -> bool:
+        """After ``step`` the engine must be idle and the controllers quiescent: an evaluation,
+        a checkpoint or the run's last step follows (``async_rollouts``)."""
+        total = int(self.config.train.steps)
+        if step >= total:
+            return True
+        return bool(evaluation.due_splits(self.config, step, final=False)) or (
+            self._checkpoint_due_at(step, total)
+        )
+
+    def _next_sync(self, step: int) -> int:
+        while not self._is_sync_point(step):
+            step += 1
+        return step
+
+    def _rollouts_for(self, step: int) -> tuple[_Produced, float]:
+        """Step ``step``'s pipeline result and the seconds the trainer waited for it; with
+        ``rollout.max_staleness`` = k > 0, first starts the pipelines k steps ahead."""
+        k = self._max_staleness()
+        if k == 0:
+            return self._produce(step), 0.0
+        t0 = time.perf_counter()
+        p = self._prefetch.take(step) if self._prefetch.has(step) else self._produce(step)
+        waited = time.perf_counter() - t0
+        ahead = async_rollouts.prefetch_steps(
+            step, k, self._next_sync(step), self._prefetch.submitted
+        )
+        if len(ahead):
+            weights = self._weights_copy()  # version step - 1 = w(s) for every s ahead
+            for s in ahead:
+                self._prefetch.submit(s, weights)
+        return p, waited
+
+    def train_one_step(self) -> dict[str, Any]:
+        step = self.step + 1
+        t_start = time.perf_counter()
+        p, waited = self._rollouts_for(step)
+        rollouts, ctx = p.rollouts, p.ctx
         tb = rollouts_to_batch(rollouts, self.services, self.tcfg.needs_teacher, self.mesh)
         t0 = time.perf_counter()
         train_m, measured = self._update(tb, step)
@@ -394,20 +485,30 @@ class Trainer:
         self.step = step
         # Sync first, even on a skipped step: the train step donated the state the engine was
         # serving, so the engine must get the live one before anything else (an error included).
+        # Asynchronous rollouts: the engine serves copies, and gets the live state only at a sync
+        # point (the next pipeline then runs here, with the newest weights).
         t0 = time.perf_counter()
-        self._sync_weights()
+        async_k = self._max_staleness()
+        if async_k == 0 or self._is_sync_point(step):
+            self._sync_weights()
         t["sync"] = time.perf_counter() - t0
         self._check_nonfinite(step)
         oracle = oracle_diagnostics(rollouts, ctx, self.seed_by_id)
         t.update({"rollout": ctx.seconds.get("generate", 0.0), **ctx.seconds})
         t["judge"] = ctx.seconds.get("judge", 0.0) + ctx.seconds.get("reward", 0.0)
-        t["controllers"] = self.controllers.pop_seconds()
-        t.update({f"services/{k}": v for k, v in self.services.pop_seconds().items()})
+        t["controllers"] = p.controller_seconds
+        t.update({f"services/{k}": v for k, v in p.service_seconds.items()})
+        if async_k:
+            t["rollout_wait"] = waited  # the trainer's wait for this step's pipeline
+            t["pipeline"] = p.seconds  # the pipeline itself, wherever it ran
         t["step"] = time.perf_counter() - t_start
         m = step_metrics(rollouts, train_m, t, measured=measured)
         m.update(ctx.metrics)
         m.update(oracle)
-        for log, events in zip(self.controller_logs, self.controllers.pop_events().values()):
+        if async_k:
+            m["rollout/weight_version"] = float(p.weight_version)
+            m["rollout/staleness"] = float(step - 1 - p.weight_version)
+        for log, events in zip(self.controller_logs, p.events.values()):
             for e in map(dict, events):
                 e.pop("step", None)
                 log.log(step, str(e.pop("event", "event")), **e)
@@ -482,10 +583,13 @@ class Trainer:
         return m
 
     def _checkpoint_due(self, total: int) -> bool:
+        return self._checkpoint_due_at(self.step, total)
+
+    def _checkpoint_due_at(self, step: int, total: int) -> bool:
         """``checkpoint.every`` steps (0: never) and, with ``checkpoint.final``, the last one."""
         every = int(self.config.checkpoint.every)
         final = bool(self.config.checkpoint.get("final", True))
-        return (every > 0 and self.step % every == 0) or (final and self.step == total)
+        return (every > 0 and step % every == 0) or (final and step == total)
 
     def run(self, resume: bool = False) -> list[dict[str, Any]]:
         cfg = self.config
@@ -518,10 +622,12 @@ class Trainer:
                         logging.info(format_summary(self.step, m))
         finally:
             bar.close()
+            self._prefetch.drain()
             self.ckpt.wait()
         return rows
 
     def close(self) -> None:
+        self._prefetch.close()
         self.ckpt.close()
         self.metrics.close()
         self.engine.close()
