@@ -49,6 +49,15 @@ def apply_smoke(c: common.ConfigDict) -> None:
     c.logging.progress_bar = False
 
 
+def apply_sglang_cpu(c: common.ConfigDict) -> None:
+    """Rollouts from a real SGLang server on this CPU (third_party/sglang_cpu/install.sh's venv)
+    instead of the in-process engine: the GPU path's wiring (export, weight sync per step,
+    server log-probs) on any machine. The server starts from the model as built and gets every
+    new version from disk; its KV pool as in the recipe's tests (8192 tokens, float32)."""
+    c.rollout.engine = "sglang"
+    c.rollout.sglang.update(device="cpu", dtype="float32", mem_fraction=0.1, max_total_tokens=8192)
+
+
 def apply_gpu(c: common.ConfigDict, path: str | bool) -> None:
     """A real Qwen3 checkpoint, SGLang rollouts and an OpenAI-compatible LLM judge."""
     ckpt = path if isinstance(path, str) else os.environ.get("QWEN3_4B_PATH", "/ckpt/Qwen3-4B")
@@ -176,12 +185,15 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
     c = common.get_base_config()
     c.method = "grpo"
     c.controllers = dict(sampler="uniform")
-    known = {"smoke", "model", "gpu", "domain", "protocol", "sec", "ruscarl", "skillrl", "varsel"}
+    known = {
+        "smoke", "model", "gpu", "domain", "protocol", "sec", "ruscarl", "skillrl", "varsel",
+        "sglang_cpu",
+    }  # fmt: skip
     unknown = set(variants) - known
     if unknown:
         raise ValueError(
             f"configs/grpo.py: unknown variant(s) {sorted(unknown)}; known: smoke, model=, gpu, "
-            "domain=, protocol, sec, ruscarl, skillrl, varsel="
+            "domain=, protocol, sec, ruscarl, skillrl, varsel=, sglang_cpu"
         )
     if "skillrl" in variants:
         # SkillRL's skill bank (rubric_rl/controllers/skillrl.py): its update threshold 0.4 and
@@ -211,5 +223,7 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
         c.model.name = variants["model"]
     if "varsel" in variants:
         apply_variance_select(c, variants["varsel"])
+    if "sglang_cpu" in variants:
+        apply_sglang_cpu(c)
     c.lock()
     return c

@@ -629,14 +629,32 @@ def prompt_buckets(config: ConfigDict, cap: int | None = None) -> tuple[int, ...
     return tuple(int(b) for b in config.model.prompt_buckets if int(b) < cap) + (cap,)
 
 
-def build_engine(config: ConfigDict, model: Qwen3ForCausalLM, tokenizer: Tokenizer, mesh):
+def weight_sync_root(config: ConfigDict, workdir: str | None) -> str:
+    """Where versioned safetensors for the SGLang engine go: ``rollout.sglang.weight_sync_dir``,
+    else ``<workdir>/weights``."""
+    root = config.rollout.sglang.weight_sync_dir
+    if not root:
+        if not workdir:
+            raise ValueError("config.rollout.sglang.weight_sync_dir: empty and no workdir given")
+        root = os.path.join(workdir, "weights")
+    return str(root)
+
+
+def build_engine(
+    config: ConfigDict,
+    model: Qwen3ForCausalLM,
+    tokenizer: Tokenizer,
+    mesh,
+    workdir: str | None = None,
+):
     r = config.rollout
+    eos = (tokenizer.eos_id,) if tokenizer.eos_id is not None else ()
     if r.engine == "jax":
         from rubric_rl.rollout.jax_engine import JaxEngine, JaxEngineConfig
 
         ecfg = JaxEngineConfig(
             prompt_buckets=prompt_buckets(config),
-            eos_token_ids=(tokenizer.eos_id,) if tokenizer.eos_id is not None else (),
+            eos_token_ids=eos,
             pad_id=int(tokenizer.pad_id or 0),
         )
         return JaxEngine(model, ecfg, mesh=mesh)
@@ -648,18 +666,36 @@ def build_engine(config: ConfigDict, model: Qwen3ForCausalLM, tokenizer: Tokeniz
     else:
         from rubric_rl.rollout.sglang_server import SGLangServer, SGLangServerConfig
 
+        model_path = s.model_path
+        if not model_path:
+            # No checkpoint to serve (a preset or shape built here, e.g. the embedded default):
+            # the server starts from the model as built, exported like every later version.
+            from rubric_rl.rollout.weight_sync import export_checkpoint
+
+            model_path = str(
+                export_checkpoint(model, os.path.join(weight_sync_root(config, workdir), "init"))
+            )
+        log = os.path.join(workdir, "sglang_server.log") if workdir else None
         target = SGLangServer(
             SGLangServerConfig(
-                model_path=s.model_path,
+                model_path=model_path,
                 host=s.host,
                 port=int(s.port),
-                device="cuda",
+                device=str(s.get("device", "cuda")),
+                dtype=str(s.get("dtype", "auto")),
                 mem_fraction_static=float(s.mem_fraction),
-                max_total_tokens=None,
+                max_total_tokens=int(s.get("max_total_tokens", 0)) or None,
                 sleep_on_idle=bool(s.get("sleep_on_idle", True)),
+                log_path=log,
             )
         ).start()
-    return SGLangEngine([target], request_timeout_s=float(s.timeout_s))
+    return SGLangEngine(
+        [target],
+        request_timeout_s=float(s.timeout_s),
+        eos_token_ids=eos,
+        owns_servers=not s.url,
+        vocab_size=getattr(getattr(model, "config", None), "vocab_size", None),
+    )
 
 
 def build_judge(config: ConfigDict, workdir: str):

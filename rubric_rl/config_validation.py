@@ -274,8 +274,8 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         _validate_dataset_domain(config)
     _validate_rollout_mode(config)
     _validate_model(config)
-    if r.engine == "sglang" and not (r.sglang.url or r.sglang.model_path):
-        _fail("rollout.sglang.url", "sglang engine needs a server url or a model_path to serve")
+    if r.engine == "sglang" and r.sglang.get("device", "cuda") not in ("cuda", "cpu"):
+        _fail("rollout.sglang.device", f"must be 'cuda' or 'cpu', got {r.sglang.device!r}")
     for field, band in _bands(config):
         if len(band) != 2 or float(band[0]) > float(band[1]):
             _fail(field, f"an acceptance band must be (low, high) with low <= high, got {band}")

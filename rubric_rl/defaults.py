@@ -126,8 +126,13 @@ def get_base_config() -> ConfigDict:
         # system message (the embedded chat template takes no tools= argument).
         agent=dict(max_turns=8, max_total_tokens=2048, tools_in_system=True),
         sglang=dict(
-            url="",  # "" = start a server from ``launch`` settings below
+            url="",  # "" = start a server from the settings below (stopped with the trainer)
+            # "" = the model as built here (a preset / shape, e.g. the embedded default),
+            # exported to <weight_sync_dir>/init for the server to start from
             model_path="",
+            device="cuda",  # "cpu": third_party/sglang_cpu's recipe (configs/grpo.py:sglang_cpu)
+            dtype="auto",
+            max_total_tokens=0,  # KV-cache tokens; 0 = SGLang's choice from mem_fraction
             host="127.0.0.1",
             port=30000,
             mem_fraction=0.8,

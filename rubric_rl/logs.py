@@ -1,13 +1,14 @@
 """Library log lines that are not the run's: quiet by default, for the launcher and for a script
 that builds a ``Trainer`` itself.
 
-orbax logs several INFO lines per checkpoint save and optax one for every constant schedule it
-builds from a zero-length warm-up; at INFO they drown the run's one summary line per step.
-``quiet_library_info`` drops the INFO (and DEBUG) records logged from inside those packages;
-warnings and errors always pass. ``set_library_info(enabled)`` installs it (``enabled=False``, the
-default of ``config.logging.library_info``) or removes it (True) on the loggers those libraries
-log through (absl's ``absl`` logger and the root logger) and on absl's handler, so it applies
-whichever handler prints the records: absl's (the launcher) or the script's own.
+orbax logs several INFO lines per checkpoint save, optax one for every constant schedule it
+builds from a zero-length warm-up, httpx one per HTTP request (the SGLang engine's); at INFO they
+drown the run's one summary line per step. ``quiet_library_info`` drops the INFO (and DEBUG)
+records logged from inside those packages; warnings and errors always pass.
+``set_library_info(enabled)`` installs it (``enabled=False``, the default of
+``config.logging.library_info``) or removes it (True) on the loggers those libraries log through
+(absl's ``absl`` logger and the root logger) and on absl's handler, so it applies whichever
+handler prints the records: absl's (the launcher) or the script's own.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import os
 from absl import logging as absl_logging
 
 # Path fragments of the packages whose INFO lines are dropped (matched on the record's file).
-QUIET_LIBRARIES = (f"{os.sep}orbax{os.sep}", f"{os.sep}optax{os.sep}")
+# httpx logs one INFO line per HTTP request: with the SGLang engine, five per step and server.
+QUIET_LIBRARIES = (f"{os.sep}orbax{os.sep}", f"{os.sep}optax{os.sep}", f"{os.sep}httpx{os.sep}")
 
 
 def quiet_library_info(record: logging.LogRecord) -> bool:

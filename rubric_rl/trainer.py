@@ -206,7 +206,7 @@ class Trainer:
         self.train_step = make_train_step(
             self.tcfg, self.graphdef, self.mesh, teacher_graphdef=teacher_graphdef
         )
-        self.engine = builders.build_engine(config, model, self.tokenizer, self.mesh)
+        self.engine = builders.build_engine(config, model, self.tokenizer, self.mesh, self.workdir)
         judge = judge if judge is not None else builders.build_judge(config, self.workdir)
         buckets = functools.partial(builders.prompt_buckets, config)
         self.services = Services(
@@ -242,8 +242,7 @@ class Trainer:
         if config.rollout.engine == "sglang":
             from rubric_rl.rollout.weight_sync import WeightSync
 
-            root = config.rollout.sglang.weight_sync_dir or os.path.join(self.workdir, "weights")
-            self.weight_sync = WeightSync(root)
+            self.weight_sync = WeightSync(builders.weight_sync_root(config, self.workdir))
         # bypass mode feeds π_old = π_rollout to the rejection bands unless the step-start
         # log-probs are computed: a preset that rejects gets them every step.
         self._rejects = losses.rejects(str(config.loss.rollout_correction))

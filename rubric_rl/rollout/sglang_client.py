@@ -168,6 +168,8 @@ class SGLangEngine(RolloutEngine):
         weight_update_urls: Sequence[str] = (),
         vocab_size: int | None = None,
         weight_sync: WeightSync | None = None,
+        eos_token_ids: Sequence[int] = (),
+        owns_servers: bool = False,
     ) -> None:
         if not targets:
             raise ValueError("SGLangEngine: targets is empty (give SGLangServer objects or URLs)")
@@ -183,6 +185,10 @@ class SGLangEngine(RolloutEngine):
         self.weight_update_urls = tuple(u.rstrip("/") for u in weight_update_urls)
         self.vocab_size = vocab_size
         self.weight_sync = weight_sync
+        # Stop tokens of every request besides the request's own and the checkpoint's EOS (as the
+        # JAX engine's eos_token_ids): the tokenizer's EOS when the checkpoint names none.
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.owns_servers = owns_servers  # close() stops the SGLangServer targets
         self._weight_version = weight_version
         self._weights_path: str | None = None  # last synced checkpoint, for restarts
         self._loop_state: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient, Any]] = {}
@@ -289,8 +295,9 @@ class SGLangEngine(RolloutEngine):
             "min_new_tokens": params.min_new_tokens,
             "ignore_eos": params.ignore_eos,
         }
-        if params.stop_token_ids:
-            sp["stop_token_ids"] = list(params.stop_token_ids)
+        stop = list(dict.fromkeys((*params.stop_token_ids, *self.eos_token_ids)))
+        if stop:
+            sp["stop_token_ids"] = stop
         return sp
 
     async def _generate_one(
@@ -433,8 +440,9 @@ class SGLangEngine(RolloutEngine):
         return True
 
     def close(self) -> None:
-        """Closes the HTTP clients. Managed servers are stopped by their owner
-        (`SGLangServer.stop()` / its context manager), not here."""
+        """Closes the HTTP clients; with `owns_servers` (servers the trainer started) also stops
+        the `SGLangServer` targets, else they are stopped by their owner (`SGLangServer.stop()`
+        / its context manager). A server runs in its own process group: nothing else ends it."""
 
         async def _aclose(clients: list[httpx.AsyncClient]) -> None:
             for c in clients:
@@ -444,3 +452,7 @@ class SGLangEngine(RolloutEngine):
         mine = [c for (loop, c, _) in self._loop_state.values() if loop is sync_loop]
         self._loop_state.clear()
         self._close_sync_loop(_aclose(mine) if mine else None)
+        if self.owns_servers:
+            for ep in self.endpoints:
+                if ep.server is not None:
+                    ep.server.stop()

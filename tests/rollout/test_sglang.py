@@ -251,6 +251,24 @@ def test_request_carries_min_new_tokens_and_ignore_eos():
         srv.close()
 
 
+def test_engine_eos_ids_join_each_requests_stop_tokens_once():
+    """The tokenizer's EOS (the JAX engine's eos_token_ids) is a stop token of every request,
+    merged with the request's own without duplicates."""
+    srv = _FlakyServer(fail_first=0)
+    req = GenerationRequest((5, 6), "a")
+    try:
+        with SGLangEngine([srv.url], seed_mode="none", eos_token_ids=(1,)) as engine:
+            engine.generate([req], SamplingParams(max_new_tokens=2))
+            engine.generate([req], SamplingParams(max_new_tokens=2, stop_token_ids=(7, 1)))
+        with SGLangEngine([srv.url], seed_mode="none") as engine:
+            engine.generate([req], SamplingParams(max_new_tokens=2))
+        eos_only, merged, none = (c["sampling_params"] for c in srv.calls)
+        assert eos_only["stop_token_ids"] == [1] and merged["stop_token_ids"] == [7, 1]
+        assert "stop_token_ids" not in none
+    finally:
+        srv.close()
+
+
 def test_client_error_is_not_retried_and_exhaustion_raises():
     srv = _FlakyServer(fail_first=100, fail_status=400)
     try:
