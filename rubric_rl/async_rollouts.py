@@ -94,6 +94,16 @@ class Prefetcher:
     def has(self, step: int) -> bool:
         return step in self._pending
 
+    def pending(self) -> bool:
+        """Whether any submitted pipeline has not been taken yet."""
+        return bool(self._pending)
+
+    def wait(self) -> None:
+        """Waits until no submitted pipeline is running (results are kept for ``take``; an
+        error stays with its step)."""
+        if self._pool is not None:
+            concurrent.futures.wait(list(self._pending.values()))
+
     def take(self, step: int) -> Any:
         """Step ``step``'s pipeline result (waits for it; re-raises its error)."""
         item = self._pending.pop(step)

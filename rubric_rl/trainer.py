@@ -382,6 +382,13 @@ class Trainer:
             self.engine.update_weights(self.state, int(self.step))
 
     def save(self, wait: bool = False) -> None:
+        if self._prefetch.pending():
+            raise RuntimeError(
+                f"Trainer.save at step {self.step}: pipelines of later steps have already run "
+                "(rollout.max_staleness > 0), so the controllers' state is not step "
+                f"{self.step}'s and a resume would not be exact; save at a sync point (run() "
+                "does: checkpoint.every)"
+            )
         run_state = {
             "step": int(self.step),
             "controllers": self.controllers.state_dict(),
@@ -567,6 +574,11 @@ class Trainer:
             )
 
     def evaluate(self, splits: Sequence[str] = evaluation.EVAL_SPLITS) -> dict[str, float]:
+        if self._prefetch.pending():
+            # Called between sync points (run() never does): let the running pipeline finish,
+            # then evaluate the live policy (the pipelines still pending install their own).
+            self._prefetch.wait()
+            self._sync_weights()
         return evaluation.evaluate(
             self.services, self.domain, self.config, splits,
             reward_fns=self.reward_fns, step=self.step,

@@ -96,6 +96,54 @@ def test_prefetcher_runs_in_order_on_its_thread_and_reraises(overlap):
         p.close()
 
 
+def test_prefetcher_wait_keeps_results():
+    gate = threading.Event()
+
+    def produce(step, weights):
+        gate.wait(5)
+        return step
+
+    p = Prefetcher(produce, overlap=True)
+    try:
+        p.submit(1, Weights(None, None, 0))
+        assert p.pending()
+        gate.set()
+        p.wait()
+        assert p.pending() and p.take(1) == 1 and not p.pending()
+    finally:
+        p.close()
+
+
+def test_between_sync_points_save_refuses_and_evaluate_uses_the_live_policy(tmp_path):
+    """A manual save() mid-segment would checkpoint controllers that already saw later steps:
+    refused, naming why. A manual evaluate() mid-segment evaluates the live policy; the pending
+    pipeline keeps the weights it was scheduled with (staleness as scheduled afterwards)."""
+    from configs import grpo
+    from rubric_rl.trainer import Trainer
+
+    c = grpo.get_config("smoke")
+    c.warmstart.steps = 0
+    c.eval.at_start, c.eval.every = False, 0
+    c.checkpoint.update(every=0, final=False)
+    c.train.steps = 10
+    c.rollout.update(max_staleness=1, async_overlap=False)  # this session's 8 CPU devices
+    t = Trainer(c, str(tmp_path))
+    try:
+        t._restore_or_warmstart(resume=False)
+        t.train_one_step()
+        t.train_one_step()
+        assert t._prefetch.has(3)
+        with pytest.raises(RuntimeError, match="Trainer.save at step 2.*sync point"):
+            t.save()
+        m = t.evaluate(["heldout"])
+        assert 0.0 <= m["eval/heldout/pass_rate"] <= 1.0
+        assert t.engine.weight_version == 2  # the live policy served for the evaluation
+        third = t.train_one_step()
+        assert third["rollout/weight_version"] == 1 and third["rollout/staleness"] == 1
+    finally:
+        t.close()
+
+
 def test_config_checks_name_the_field():
     from configs import grpo
     from rubric_rl.config_validation import validate_config
