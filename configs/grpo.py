@@ -17,7 +17,9 @@ rubric scaffold, ``rubric_rl/controllers/ruscarl.py``; ``g_t <- RuscaRL`` is
 teacher, ``rubric_rl/controllers/skillrl.py``), ``varsel=top|top_env|targeted|targeted_env``
 (RISED's reward-variance selector baselines, ``rubric_rl/controllers/rised_selectors.py``: per
 environment quotas in sampling (``env_quota``), ``tasks_per_step`` candidate groups, half of them
-trained by within-group reward variance, globally or per environment).
+trained by within-group reward variance, globally or per environment), ``sglang_cpu``
+(rollouts from a CPU SGLang server started by the trainer), ``async1`` (asynchronous rollouts one
+update behind: ``rollout.max_staleness=1``, ``benchmarks/protocol_async.md``).
 """
 
 from __future__ import annotations
@@ -187,13 +189,13 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
     c.controllers = dict(sampler="uniform")
     known = {
         "smoke", "model", "gpu", "domain", "protocol", "sec", "ruscarl", "skillrl", "varsel",
-        "sglang_cpu",
+        "sglang_cpu", "async1",
     }  # fmt: skip
     unknown = set(variants) - known
     if unknown:
         raise ValueError(
             f"configs/grpo.py: unknown variant(s) {sorted(unknown)}; known: smoke, model=, gpu, "
-            "domain=, protocol, sec, ruscarl, skillrl, varsel=, sglang_cpu"
+            "domain=, protocol, sec, ruscarl, skillrl, varsel=, sglang_cpu, async1"
         )
     if "skillrl" in variants:
         # SkillRL's skill bank (rubric_rl/controllers/skillrl.py): its update threshold 0.4 and
@@ -225,5 +227,8 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
         apply_variance_select(c, variants["varsel"])
     if "sglang_cpu" in variants:
         apply_sglang_cpu(c)
+    if "async1" in variants:
+        # Asynchronous rollouts one update behind (benchmarks/protocol_async.md's arm).
+        c.rollout.max_staleness = 1
     c.lock()
     return c
