@@ -118,16 +118,24 @@ def _check_async(r: ConfigDict, num_devices: int | None) -> None:
     if not isinstance(overlap, bool):
         _fail("rollout.async_overlap", f"must be True or False, got {overlap!r}")
     if k > 0 and overlap and r.engine == "jax" and (num_devices or 1) > 1:
+        # Generation beside an update are two multi-device programs dispatched from two
+        # threads: their per-device launches can interleave in different orders, which
+        # deadlocks collectives (XLA:CPU, as core/sharding.settle says; NCCL alike).
+        _fail(
+            "rollout.async_overlap",
+            f"rollouts cannot overlap the update on a mesh of {num_devices} devices with the "
+            "in-process engine (concurrent multi-device programs can deadlock on their "
+            "collectives); use one device, the SGLang engine, or rollout.async_overlap=False "
+            "(same schedule, no overlap)",
+        )
+    if k > 0 and overlap:
         import jax
 
-        if jax.default_backend() == "cpu":
-            # XLA:CPU can deadlock on independent programs with collectives in flight at once
-            # (core/sharding.settle), which generation beside an update on one mesh would be.
+        if jax.process_count() > 1:
             _fail(
                 "rollout.async_overlap",
-                f"rollouts cannot overlap the update on a CPU mesh of {num_devices} devices "
-                "with the in-process engine (XLA:CPU collectives of concurrent programs can "
-                "deadlock); use one CPU device, a GPU/TPU, the SGLang engine, or "
+                f"rollouts cannot overlap the update on {jax.process_count()} processes (every "
+                "host must issue its programs in the same order); use "
                 "rollout.async_overlap=False (same schedule, no overlap)",
             )
 

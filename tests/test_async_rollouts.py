@@ -156,7 +156,7 @@ def test_config_checks_name_the_field():
     # This session's 8 CPU devices: the in-process engine may not overlap the update there.
     c = grpo.get_config("smoke")
     c.rollout.max_staleness = 1
-    with pytest.raises(ValueError, match="rollout.async_overlap.*deadlock"):
+    with pytest.raises(ValueError, match="rollout.async_overlap.*8 devices.*deadlock"):
         validate_config(c, num_devices=8)
     c.rollout.async_overlap = False  # the same schedule without a thread is fine
     validate_config(c, num_devices=8)
