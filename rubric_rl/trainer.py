@@ -430,6 +430,8 @@ class Trainer:
     def _serve(self, weights: Weights) -> None:
         """The engine serves ``weights`` (a copy, see ``_weights_copy``) from now on."""
         if self.weight_sync is not None:
+            if self.engine.weight_version == weights.version:
+                return  # the server already holds this version (its own copy, on disk)
             model = nnx.merge(self.graphdef, weights.params, weights.rest)
             self.weight_sync.sync(self.engine, model, weights.version)
         else:
