@@ -546,11 +546,16 @@ def test_idle_server_does_not_spin_a_core(sglang_server):
     assert "--sleep-on-idle" in sglang_server.command(1)
     assert sglang_server.alive()
     pgid = sglang_server.pid  # the server is its own process group (SGLangServer.start)
-    time.sleep(1.0)  # let any request handled before this test finish
-    cpu0, t0 = _group_cpu_seconds(pgid), time.monotonic()
-    time.sleep(4.0)
-    used = (_group_cpu_seconds(pgid) - cpu0) / (time.monotonic() - t0)
-    assert used < 0.25, f"the idle server used {used:.0%} of a core"
+    # Up to three 4-second windows: a server still finishing earlier work (a restart by an
+    # earlier test) settles within one; a spinning scheduler never goes under the bound.
+    used = []
+    for _ in range(3):
+        cpu0, t0 = _group_cpu_seconds(pgid), time.monotonic()
+        time.sleep(4.0)
+        used.append((_group_cpu_seconds(pgid) - cpu0) / (time.monotonic() - t0))
+        if used[-1] < 0.25:
+            break
+    assert min(used) < 0.25, f"the idle server used {[f'{u:.0%}' for u in used]} of a core"
 
 
 @pytest.mark.sglang
