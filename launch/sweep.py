@@ -1,6 +1,6 @@
 """Sweeps: configs × variants × grid overrides × seeds -> one run (and workdir) each.
 
-    # 3 seeds of ARISE and its ablations, 2 at a time on this machine:
+    # 3 seeds of ARISE and its ablations, 2 at a time on this machine (seed by seed: --order):
     python launch/sweep.py --root runs/arise --config configs/arise.py \\
         --variant "" --variant no_skills --variant outcome_only --seeds 0,1,2 --jobs 2
     # a learning-rate grid, printed one command per line for a cluster launcher:
@@ -154,6 +154,14 @@ def expand(
     return runs
 
 
+def seed_major(runs: Sequence[RunSpec]) -> list[RunSpec]:
+    """The runs ordered seed by seed (every arm of the first seed, then the next seed; the arms
+    in ``expand``'s order within a seed), as the protocols run them: whenever a session stops,
+    the seeds that finished are complete across arms, and a seed's arms share the machine."""
+    order = {s: i for i, s in enumerate(dict.fromkeys(r.seed for r in runs))}
+    return sorted(runs, key=lambda r: order[r.seed])  # stable: expand's order within a seed
+
+
 def with_seed(text: str, seed: int) -> str:
     """``text`` with ``{seed}`` replaced by the run's seed: a variant or override that names
     another run of the same seed (``frozen_rubrics=runs/p/arise/seed{seed}``, the paired
@@ -245,6 +253,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], help="key=value for every run")
     p.add_argument("--print", action="store_true", help="print one command per line, run none")
     p.add_argument("--jobs", type=int, default=1, help="local runs at a time")
+    p.add_argument(
+        "--order",
+        choices=("seed", "config"),
+        default="seed",
+        help="seed: every arm of a seed before the next seed (default; the protocols' order); "
+        "config: every seed of an arm before the next arm",
+    )
     p.add_argument("--force", action="store_true", help="rerun finished runs (deletes workdir)")
     p.add_argument("--python", default=None, help="interpreter (default: python / this one)")
     return p
@@ -260,6 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parse_grid(args.grid),
         [parse_assignment(s, "--set") for s in args.set],
     )
+    if args.order == "seed":
+        runs = seed_major(runs)
     if args.print:
         for line in print_commands(runs, args.force, args.python or "python"):
             print(line)

@@ -65,6 +65,21 @@ def test_two_grids_cross_and_config_with_own_variant():
     assert runs[0].config == "configs/grpo.py:smoke" and runs[4].config == "configs/arise.py"
 
 
+def test_seed_major_order_keeps_the_arms_order_within_a_seed():
+    runs = sweep.expand("/r", ["configs/arise.py"], ["", "no_skills"], seeds=[2, 0, 1])
+    assert [(r.seed, os.path.basename(os.path.dirname(r.workdir))) for r in runs][:3] == [
+        (2, "arise"),
+        (0, "arise"),
+        (1, "arise"),
+    ]  # expand: config-major
+    ordered = sweep.seed_major(runs)
+    assert [(r.seed, os.path.basename(os.path.dirname(r.workdir))) for r in ordered] == [
+        (2, "arise"), (2, "arise-no_skills"), (0, "arise"), (0, "arise-no_skills"),
+        (1, "arise"), (1, "arise-no_skills"),
+    ]  # fmt: skip
+    assert sorted(map(id, ordered)) == sorted(map(id, runs))
+
+
 def test_bad_inputs_name_the_flag():
     with pytest.raises(ValueError, match="--grid 'optim.lr': expected key=value"):
         sweep.parse_grid(["optim.lr"])
