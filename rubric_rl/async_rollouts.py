@@ -33,6 +33,26 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from rubric_rl import evaluation, run_dir
+
+
+def is_sync_point(config: Any, step: int) -> bool:
+    """After ``step`` the engine must be idle and the controllers quiescent: an evaluation, a
+    checkpoint or the run's last step follows."""
+    total = int(config.train.steps)
+    if step >= total:
+        return True
+    return bool(evaluation.due_splits(config, step, final=False)) or run_dir.checkpoint_due(
+        config.checkpoint, step, total
+    )
+
+
+def next_sync_point(config: Any, step: int) -> int:
+    """The first sync point >= ``step``."""
+    while not is_sync_point(config, step):
+        step += 1
+    return step
+
 
 def weight_version(step: int, max_staleness: int, last_sync: int) -> int:
     """w(s) = max(s − 1 − k, c): the weight version that samples step ``step``'s rollouts."""

@@ -50,6 +50,14 @@ def writes_no_checkpoint(checkpoint: Mapping[str, Any]) -> bool:
     return int(checkpoint.get("every", 1)) == 0 and checkpoint.get("final", True) is False
 
 
+def checkpoint_due(checkpoint: Mapping[str, Any], step: int, total: int) -> bool:
+    """Whether step ``step`` of a ``total``-step run saves a checkpoint: every
+    ``checkpoint.every`` steps (0: never) and, with ``checkpoint.final``, the last one."""
+    every = int(checkpoint.get("every", 1))
+    final = bool(checkpoint.get("final", True))
+    return (every > 0 and step % every == 0) or (final and step == total)
+
+
 # ------------------------------------------------------------------------------ naming
 
 

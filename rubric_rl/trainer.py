@@ -445,37 +445,18 @@ class Trainer:
         jax.block_until_ready((params, rest))
         return Weights(params, rest, int(self.step))
 
-    def _max_staleness(self) -> int:
-        return int(self.config.rollout.get("max_staleness", 0))
-
-    def _is_sync_point(self, step: int) -> bool:
-        """After ``step`` the engine must be idle and the controllers quiescent: an evaluation,
-        a checkpoint or the run's last step follows (``async_rollouts``)."""
-        total = int(self.config.train.steps)
-        if step >= total:
-            return True
-        return bool(evaluation.due_splits(self.config, step, final=False)) or (
-            self._checkpoint_due_at(step, total)
-        )
-
-    def _next_sync(self, step: int) -> int:
-        while not self._is_sync_point(step):
-            step += 1
-        return step
-
-    def _rollouts_for(self, step: int) -> tuple[_Produced, float]:
+    def _rollouts_for(self, step: int, k: int) -> tuple[_Produced, float]:
         """Step ``step``'s pipeline result and the seconds the trainer waited for it; with
         ``rollout.max_staleness`` = k > 0, first starts the pipelines k steps ahead."""
-        k = self._max_staleness()
         if k == 0:
             return self._produce(step), 0.0
         t0 = time.perf_counter()
         p = self._prefetch.take(step) if self._prefetch.has(step) else self._produce(step)
         waited = time.perf_counter() - t0
         ahead = async_rollouts.prefetch_steps(
-            step, k, self._next_sync(step), self._prefetch.submitted
+            step, k, async_rollouts.next_sync_point(self.config, step), self._prefetch.submitted
         )
-        if len(ahead):
+        if ahead:
             weights = self._weights_copy()  # version step - 1 = w(s) for every s ahead
             for s in ahead:
                 self._prefetch.submit(s, weights)
@@ -484,7 +465,8 @@ class Trainer:
     def train_one_step(self) -> dict[str, Any]:
         step = self.step + 1
         t_start = time.perf_counter()
-        p, waited = self._rollouts_for(step)
+        async_k = int(self.config.rollout.get("max_staleness", 0))
+        p, waited = self._rollouts_for(step, async_k)
         rollouts, ctx = p.rollouts, p.ctx
         tb = rollouts_to_batch(rollouts, self.services, self.tcfg.needs_teacher, self.mesh)
         t0 = time.perf_counter()
@@ -496,8 +478,7 @@ class Trainer:
         # Asynchronous rollouts: the engine serves copies, and gets the live state only at a sync
         # point (the next pipeline then runs here, with the newest weights).
         t0 = time.perf_counter()
-        async_k = self._max_staleness()
-        if async_k == 0 or self._is_sync_point(step):
+        if async_k == 0 or async_rollouts.is_sync_point(self.config, step):
             self._sync_weights()
         t["sync"] = time.perf_counter() - t0
         self._check_nonfinite(step)
@@ -596,13 +577,7 @@ class Trainer:
         return m
 
     def _checkpoint_due(self, total: int) -> bool:
-        return self._checkpoint_due_at(self.step, total)
-
-    def _checkpoint_due_at(self, step: int, total: int) -> bool:
-        """``checkpoint.every`` steps (0: never) and, with ``checkpoint.final``, the last one."""
-        every = int(self.config.checkpoint.every)
-        final = bool(self.config.checkpoint.get("final", True))
-        return (every > 0 and step % every == 0) or (final and step == total)
+        return run_dir.checkpoint_due(self.config.checkpoint, self.step, total)
 
     def run(self, resume: bool = False) -> list[dict[str, Any]]:
         cfg = self.config

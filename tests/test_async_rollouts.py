@@ -43,6 +43,20 @@ def test_prefetch_steps_hand_values():
     assert list(prefetch_steps(6, 1, next_sync=6, submitted=6)) == []
 
 
+def test_sync_points_are_evaluations_checkpoints_and_the_last_step():
+    from configs import grpo
+    from rubric_rl.async_rollouts import is_sync_point, next_sync_point
+
+    c = grpo.get_config("smoke")
+    c.train.steps = 7
+    c.eval.update(every=5, at_start=False)
+    c.checkpoint.update(every=3, final=True)
+    assert [s for s in range(1, 9) if is_sync_point(c, s)] == [3, 5, 6, 7, 8]
+    assert [next_sync_point(c, s) for s in (1, 4, 5, 7)] == [3, 5, 5, 7]
+    c.eval.every, c.checkpoint.every = 0, 0
+    assert [s for s in range(1, 8) if is_sync_point(c, s)] == [7]
+
+
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_the_trainers_schedule_gives_every_step_its_weight_version(k):
     """The trainer's loop, simulated: at the start of step t (state version t - 1) it submits
