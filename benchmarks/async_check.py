@@ -30,6 +30,9 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from rubric_rl.metrics import read_metrics  # noqa: E402
 
 
 def _run(workdir: str, config: str, steps: int, k: int, sets: list[str], cache: str) -> dict:
@@ -44,9 +47,7 @@ def _run(workdir: str, config: str, steps: int, k: int, sets: list[str], cache: 
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    rows = []
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    rows = read_metrics(os.path.join(workdir, "metrics.jsonl"))
     timed = [r for r in rows if r["step"] >= 3]
     if not timed:
         raise RuntimeError(f"{workdir}: no step >= 3 logged (use --steps >= 3)")

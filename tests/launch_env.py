@@ -21,6 +21,25 @@ def launch_env(cache_dir) -> dict[str, str]:
     return env
 
 
+# Wall-clock figures: they differ between any two runs, so run-equality checks leave them out.
+VOLATILE = ("time/", "perf/")
+
+
+def stable_rows(rows):
+    """Metrics rows without their ``VOLATILE`` (wall-clock) keys."""
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+
+
+def metric_diffs(a, b):
+    """(step, key, a's value, b's value) for every stable key where two runs' rows differ."""
+    return [
+        (ra["step"], k, ra.get(k), rb.get(k))
+        for ra, rb in zip(stable_rows(a), stable_rows(b))
+        for k in sorted(set(ra) | set(rb))
+        if ra.get(k) != rb.get(k)
+    ]
+
+
 def launch_train(workdir, steps: int, *overrides: str) -> None:
     """Runs ``python -m rubric_rl.launch`` for `steps` steps with a checkpoint every step in
     `workdir` (compilation cache next to it) and checks that it exited 0 and logged steps

@@ -14,10 +14,9 @@ import pytest
 
 from rubric_rl.async_rollouts import Prefetcher, Weights, prefetch_steps, weight_version
 from rubric_rl.metrics import read_metrics
-from tests.launch_env import kill_then_resume, launch_env
+from tests.launch_env import kill_then_resume, launch_env, metric_diffs, stable_rows
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VOLATILE = ("time/", "perf/")
 
 
 def test_weight_version_hand_values_and_errors():
@@ -196,10 +195,6 @@ def _cmd(workdir, *extra):
     ]  # fmt: skip
 
 
-def _stable(rows):
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("async")
@@ -227,15 +222,6 @@ def _rows(path):
     return read_metrics(str(path / "metrics.jsonl"))
 
 
-def _diffs(a, b):
-    return [
-        (ra["step"], k, ra.get(k), rb.get(k))
-        for ra, rb in zip(_stable(a), _stable(b))
-        for k in sorted(set(ra) | set(rb))
-        if ra.get(k) != rb.get(k)
-    ]
-
-
 def test_versions_and_staleness_follow_the_schedule(runs):
     rows = [r for r in _rows(runs["overlap"]) if r["step"] > 0]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
@@ -250,13 +236,13 @@ def test_versions_and_staleness_follow_the_schedule(runs):
 def test_overlapped_equals_the_same_schedule_inline(runs):
     a, b = _rows(runs["overlap"]), _rows(runs["inline"])
     assert len(a) == len(b) == STEPS + (1 if a[0]["step"] == 0 else 0)
-    diffs = _diffs(a, b)
+    diffs = metric_diffs(a, b)
     assert not diffs, f"overlapped vs inline (step, key, overlapped, inline): {diffs[:10]}"
 
 
 def test_sigkill_then_resume_equals_uninterrupted(runs):
     assert max(r["step"] for r in runs["rows_at_kill"]) < STEPS, "the run was not interrupted"
-    diffs = _diffs(_rows(runs["overlap"]), _rows(runs["killed"]))
+    diffs = metric_diffs(_rows(runs["overlap"]), _rows(runs["killed"]))
     assert [r["step"] for r in _rows(runs["killed"])] == [r["step"] for r in _rows(runs["overlap"])]
     assert not diffs, f"resumed vs uninterrupted (step, key, a, b): {diffs[:10]}"
 
@@ -265,8 +251,8 @@ def test_stale_weights_are_the_ones_sampled(runs):
     """Step 1 samples with version 0 in both runs: identical. Step 2 samples with version 0
     asynchronously and version 1 synchronously: its rollouts' log-probs, hence its loss and
     rollout-correction figures, differ."""
-    a = {r["step"]: r for r in _stable(_rows(runs["overlap"]))}
-    s = {r["step"]: r for r in _stable(_rows(runs["sync"]))}
+    a = {r["step"]: r for r in stable_rows(_rows(runs["overlap"]))}
+    s = {r["step"]: r for r in stable_rows(_rows(runs["sync"]))}
     one = {k: v for k, v in a[1].items() if not k.startswith("rollout/")}
     assert one == {k: v for k, v in s[1].items() if k in one}
     assert any(a[2][k] != s[2][k] for k in a[2] if k in s[2]), "step 2 equals the synchronous run"

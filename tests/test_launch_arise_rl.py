@@ -11,13 +11,12 @@ import sys
 import pytest
 
 from rubric_rl.metrics import read_metrics
-from tests.launch_env import kill_then_resume, launch_env
+from tests.launch_env import kill_then_resume, launch_env, stable_rows
 
 pytestmark = pytest.mark.slow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 6  # smoke: 2 cycles x (1 generator step + 2 solver steps)
-VOLATILE = ("time/", "perf/")
 
 
 def _cmd(workdir, *extra):
@@ -26,10 +25,6 @@ def _cmd(workdir, *extra):
         f"--config.train.steps={STEPS}", "--config.checkpoint.every=1",
         "--config.domain.n_heldout=8", "--config.eval.every=3", f"--workdir={workdir}", *extra,
     ]  # fmt: skip
-
-
-def _stable(rows):
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +60,8 @@ def test_arise_rl_smoke_cycles(runs):
 
 def test_arise_rl_sigkill_then_resume_equals_uninterrupted(runs):
     full, killed = runs
-    a = _stable(read_metrics(str(full / "metrics.jsonl")))
-    b = _stable(read_metrics(str(killed / "metrics.jsonl")))
+    a = stable_rows(read_metrics(str(full / "metrics.jsonl")))
+    b = stable_rows(read_metrics(str(killed / "metrics.jsonl")))
     assert [r["step"] for r in b] == list(range(STEPS + 1))
     assert a == b
     ev_a = open(full / "controllers" / "arise_rl.jsonl").read()

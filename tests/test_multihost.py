@@ -9,10 +9,9 @@ import subprocess
 import sys
 
 from rubric_rl.metrics import read_metrics
-from tests.launch_env import launch_env
+from tests.launch_env import VOLATILE, launch_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VOLATILE = ("time/", "perf/")
 
 
 def _cmd(workdir):

@@ -15,11 +15,10 @@ from configs import grpo
 from rubric_rl.metrics import read_metrics
 from rubric_rl.rubrics.judges import Judge
 from rubric_rl.rubrics.types import verdict_failed
-from tests.launch_env import kill_then_resume, launch_env
+from tests.launch_env import kill_then_resume, launch_env, metric_diffs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 5
-VOLATILE = ("time/", "perf/")  # wall-clock figures differ between any two runs
 
 
 def _cmd(workdir, *extra):
@@ -27,10 +26,6 @@ def _cmd(workdir, *extra):
         sys.executable, "-m", "rubric_rl.launch", "--config=configs/grpo.py:smoke",
         f"--config.train.steps={STEPS}", f"--workdir={workdir}", *extra,
     ]  # fmt: skip
-
-
-def _stable(rows):
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
 
 
 @pytest.fixture(scope="module")
@@ -89,15 +84,10 @@ def test_smoke_run_directory_and_metrics(runs):
 def test_sigkill_then_resume_equals_uninterrupted(runs):
     full, killed, rows_at_kill = runs
     assert max(r["step"] for r in rows_at_kill) < STEPS, "the run was not interrupted"
-    a = _stable(read_metrics(str(full / "metrics.jsonl")))
-    b = _stable(read_metrics(str(killed / "metrics.jsonl")))
+    a = read_metrics(str(full / "metrics.jsonl"))
+    b = read_metrics(str(killed / "metrics.jsonl"))
     assert [r["step"] for r in b] == list(range(STEPS + 1))
-    diffs = [
-        (ra["step"], k, ra.get(k), rb.get(k))
-        for ra, rb in zip(a, b)
-        for k in sorted(set(ra) | set(rb))
-        if ra.get(k) != rb.get(k)
-    ]
+    diffs = metric_diffs(a, b)
     assert not diffs, f"resumed metrics differ (step, key, uninterrupted, resumed): {diffs[:10]}"
 
 

@@ -11,11 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rubric_rl.rollout.sglang_server import (
-    SGLangServer,
-    SGLangServerConfig,
-    default_server_python,
-)
+from rubric_rl.rollout.sglang_server import SGLangServer, SGLangServerConfig
+from tests.rollout.sglang_env import require_sglang_venv
 
 # A model small enough for a 2-core CI machine; vocab above 256 so ids are not byte-like.
 TINY_QWEN3 = dict(
@@ -81,12 +78,7 @@ def tiny_checkpoints(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="session")
 def sglang_server(request, tmp_path_factory):
-    python = default_server_python()
-    if not python.exists():
-        pytest.skip(
-            f"SGLang server venv not found ({python}): run third_party/sglang_cpu/install.sh "
-            "(or set SGLANG_VENV)"
-        )
+    require_sglang_venv()
     tiny_checkpoints = request.getfixturevalue("tiny_checkpoints")
     log = tmp_path_factory.mktemp("sglang_log") / "server.log"
     server = SGLangServer(

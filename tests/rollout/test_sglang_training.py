@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from rubric_rl.metrics import read_metrics
-from rubric_rl.rollout.sglang_server import default_server_python
 from tests.launch_env import launch_env
+from tests.rollout.sglang_env import require_sglang_venv
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 6
@@ -21,11 +21,7 @@ STEPS = 6
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    if not default_server_python().exists():
-        pytest.skip(
-            f"SGLang server venv not found ({default_server_python()}): run "
-            "third_party/sglang_cpu/install.sh (or set SGLANG_VENV)"
-        )
+    require_sglang_venv()
     base = tmp_path_factory.mktemp("sglang_train")
     wd = base / "run"
     cmd = [
