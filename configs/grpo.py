@@ -132,6 +132,12 @@ _TOOL_SMOKE_LIMITS = {
 }
 
 
+def tool_limits(name: str, *, smoke: bool) -> dict:
+    """The embedded model's token limits for tool environment ``name`` (_TOOL_LIMITS, with
+    _TOOL_SMOKE_LIMITS under ``smoke``)."""
+    return {**_TOOL_LIMITS[name], **(_TOOL_SMOKE_LIMITS[name] if smoke else {})}
+
+
 def apply_tool_domain(c: common.ConfigDict, name: str, *, embedded: bool, smoke: bool) -> None:
     """A tool environment as the domain: multi-turn agent rollouts (rollout.mode="agent").
 
@@ -143,7 +149,7 @@ def apply_tool_domain(c: common.ConfigDict, name: str, *, embedded: bool, smoke:
         raise ValueError(
             f"configs/grpo.py: domain={name!r} is not a tool domain; known: {TOOL_DOMAINS}"
         )
-    lim = {**_TOOL_LIMITS[name], **(_TOOL_SMOKE_LIMITS[name] if smoke else {})}
+    lim = tool_limits(name, smoke=smoke)
     c.domain.name = name
     c.rollout.mode = "agent"
     c.rollout.agent.max_turns = lim["max_turns"]

@@ -27,6 +27,14 @@ Variants (comma-separated, big_vision style):
   ``positive_only`` (positive-rubric teacher, no anti-patterns), ``all_rubric`` (all-rubric
   teacher, no anti-patterns);
 - ``beta=<float>``: the overlap penalty;
+- ``tools=<env>[+<env>]`` (``sql``, ``inventory``, ``sql+inventory``): those tool environments
+  join the mix (``domain.tool_envs``, envs/mixed_domain.py): their tasks are agent episodes,
+  the constraint task types stay single-turn, one step batches both; the warm start gets their
+  reference episodes, the vocabulary their tool tagger's rubrics
+  (controllers/rised_tool_tagger.py), and the token limits are the largest environment's
+  (configs/grpo.py ``_TOOL_LIMITS``; every completion, a constraint answer too, may then run to
+  its ``max_new_tokens``: ours). Meant for the embedded model (``smoke,tools=sql`` is the CPU
+  check) and for the per-environment pass rates of a policy that can run the tools;
 - ``single_env=<env>``: the transfer analysis's training run (seed §2.3, C.1: WebShop-only /
   DBBench-only training, every environment evaluated): only ``<env>``'s training tasks are
   sampled (``rised.train_environment``), a checkpoint every 25 steps is kept (the seed's
@@ -49,7 +57,7 @@ from configs import common, grpo
 
 VARIANTS = (
     "smoke", "model", "hard", "protocol", "beta", "grpo_k", "grpo_2k", "top_var", "var_target",
-    "all_rubric_sd", "no_select", "no_sd", "positive_only", "all_rubric", "single_env",
+    "all_rubric_sd", "no_select", "no_sd", "positive_only", "all_rubric", "single_env", "tools",
 )  # fmt: skip
 ARMS = ("grpo_k", "grpo_2k", "top_var", "var_target", "all_rubric_sd", "no_select", "no_sd",
         "positive_only", "all_rubric")  # fmt: skip
@@ -125,8 +133,50 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
         c.model.name = variants["model"]
     if "single_env" in variants:
         apply_single_env(c, variants["single_env"], every=1 if "smoke" in variants else None)
+    if "tools" in variants:
+        apply_tools(c, variants["tools"], smoke="smoke" in variants)
     c.lock()
     return c
+
+
+def apply_tools(c: common.ConfigDict, names: str | bool, *, smoke: bool) -> None:
+    """``tools=sql+inventory``: tool environments mixed into the embedded domain (the module
+    docstring). The limits: the largest environment's (grpo.tool_limits) over the constraint
+    domain's own prompt buckets."""
+    envs = [n for n in str(names if isinstance(names, str) else "").split("+") if n]
+    if not envs:
+        raise ValueError("configs/rised.py: tools=<env>[+<env>] names tool environments, e.g. "
+                         "tools=sql")  # fmt: skip
+    for e in envs:
+        if e not in grpo.TOOL_DOMAINS:
+            raise ValueError(
+                f"configs/rised.py: tools={names!r}: {e!r} is not a tool environment; known: "
+                f"{', '.join(grpo.TOOL_DOMAINS)}"
+            )
+    lims = [grpo.tool_limits(e, smoke=smoke) for e in envs]
+    lim = max(lims, key=lambda x: x["max_total_tokens"])
+    total = lim["max_total_tokens"]
+    c.domain.tool_envs = ",".join(envs)
+    c.rollout.mode = "auto"  # agent episodes for the tool environments' tasks only
+    c.rollout.agent.update(
+        max_turns=max(x["max_turns"] for x in lims), max_total_tokens=total, tools_in_system=True
+    )
+    own = tuple(b for b in c.model.prompt_buckets if b < min(lim["prompt_buckets"]))
+    c.model.update(
+        max_prompt_len=total,
+        prompt_buckets=(*own, int(c.model.max_prompt_len), *lim["prompt_buckets"]),
+        max_teacher_prompt_len=total + 256,
+    )
+    own_rollout = tuple(b for b in c.rollout.buckets if b < lim["max_new_tokens"])
+    c.rollout.update(
+        max_new_tokens=lim["max_new_tokens"],
+        buckets=tuple(sorted({*own_rollout, *lim["buckets"]})),
+    )
+    ws = tuple(b for b in c.warmstart.prompt_buckets if b < min(lim["prompt_buckets"]))
+    c.warmstart.update(
+        max_prompt_len=lim["warmstart_prompt_len"],
+        prompt_buckets=(*ws, *lim["prompt_buckets"]),
+    )
 
 
 def apply_arm(c: common.ConfigDict, arm: str) -> None:

@@ -94,6 +94,9 @@ class Domain:
     # Tasks for choices (checkpoints, hyperparameters) that the held-out set must never make
     # (benchmarks/protocol.md); empty where the domain has no such split.
     validation: tuple[Task, ...] = ()
+    # Which tasks are rolled out as agent episodes in agent mode (None: every task). The embedded
+    # domain with tool environments mixed in (``domain.tool_envs``): their tasks only.
+    episodic: Callable[[Task], bool] | None = None
 
 
 DOMAINS: Registry[Callable[[ConfigDict], Domain]] = Registry("domain")
@@ -136,7 +139,26 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
         domain = with_generator_demonstrations(
             domain, fraction=demos, n_negatives=int(cfg.get("generator_negatives", 10))
         )
+    tools = tool_env_names(cfg)
+    if tools:
+        from rubric_rl.envs.mixed_domain import with_tool_envs
+
+        domain = with_tool_envs(domain, tools, int(cfg.seed), float(cfg.tool_demo_share))
     return domain
+
+
+def tool_env_names(cfg: ConfigDict) -> tuple[str, ...]:
+    """``domain.tool_envs`` ("sql,inventory"; "" = none) as names, each a tool environment."""
+    names = tuple(n.strip() for n in str(cfg.get("tool_envs", "") or "").split(",") if n.strip())
+    for n in names:
+        if n not in TOOL_DOMAINS:
+            raise ValueError(
+                f"config.domain.tool_envs: {n!r} is not a tool environment; known: "
+                f"{', '.join(TOOL_DOMAINS)}"
+            )
+    if len(set(names)) != len(names):
+        raise ValueError(f"config.domain.tool_envs: {cfg.tool_envs!r} names one twice")
+    return names
 
 
 # The files a directory given for a split holds for it: a word of their path inside the directory
@@ -872,6 +894,8 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
         embedded_description,
         embedded_renderer,
         generic_renderer,
+        mixed_description,
+        mixed_renderer,
     )
     from rubric_rl.controllers.rised_tagger import (
         LLMTagger,
@@ -882,10 +906,11 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
 
     r = config.rised
     embedded = domain.name == "constraints"
+    tools = tool_env_names(config.domain) if embedded else ()
     if r.vocabulary:
         vocab = Vocabulary.load(r.vocabulary)
     elif embedded:
-        vocab = embedded_vocabulary(int(config.domain.seed))
+        vocab = embedded_vocabulary(int(config.domain.seed), tool_envs=tools)
     else:
         raise ValueError(
             f"config.rised.vocabulary: the {domain.name!r} domain has no built-in RISED "
@@ -898,6 +923,10 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
                 f"not {domain.name!r}: use tagger='llm'"
             )
         tagger = ProgrammaticTagger(vocab)
+        if tools:  # the tool environments' episodes: their own tagger
+            from rubric_rl.controllers.rised_tool_tagger import MixedTagger, ToolTagger
+
+            tagger = MixedTagger(tagger, ToolTagger(vocab))
     elif r.tagger == "llm":
         from rubric_rl.rubrics.llm import client_from_settings
 
@@ -917,8 +946,8 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
     )  # fmt: skip
     ctl = RisedController(
         rc, vocab, tagger,
-        render=embedded_renderer if embedded else generic_renderer,
-        describe=embedded_description if embedded else None,
+        render=(mixed_renderer if tools else embedded_renderer) if embedded else generic_renderer,
+        describe=(mixed_description if tools else embedded_description) if embedded else None,
     )  # fmt: skip
     return [*_grpo_sampler(config, domain, _rised_train(config, domain)), ctl]
 

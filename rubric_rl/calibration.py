@@ -85,22 +85,21 @@ class CalibrationController(Controller):
         cfg = svc.config
         n = int(cfg.rollout.samples_per_task)
         chunk = int(cfg.rollout.tasks_per_step)  # the trained batch's shape: no new compile
-        agent = svc.rollout_mode() == "agent"  # tool domains: episodes, no guidance arm
-        guidance = None if agent else getattr(svc.domain, "guidance", None)
+        # Tool environments' tasks: episodes, and no guidance (a mixed domain's guided arm gives
+        # them their own prompt); a domain of tool tasks only has no guided arm.
+        episode = [svc.is_episode(t) for t in self.tasks]
+        guidance = None if all(episode) else getattr(svc.domain, "guidance", None)
         arms = {"unguided": [t.messages for t in self.tasks]}
         if guidance is not None:
-            arms["guided"] = [guidance(t) for t in self.tasks]
+            arms["guided"] = [
+                t.messages if e else guidance(t) for t, e in zip(self.tasks, episode, strict=True)
+            ]
         out: dict[str, Any] = {"tasks": [t.id for t in self.tasks], "rollouts_per_task": n}
         for arm, prompts in arms.items():
             responses: list[list[str]] = []
             for lo in range(0, len(prompts), chunk):
                 tasks = self.tasks[lo : lo + chunk]
-                if agent:
-                    _, trajs = svc.run_agent(tasks, n, stream=STREAM)
-                else:
-                    _, trajs = svc.generate(
-                        prompts[lo : lo + chunk], n, stream=STREAM, names=[t.id for t in tasks]
-                    )
+                _, trajs = svc.rollouts(tasks, n, stream=STREAM, prompts=prompts[lo : lo + chunk])
                 responses += [[x.response for x in ts] for ts in trajs]
             verdicts = svc.judge(self.judged, responses)
             out[arm] = summarise(self.judged, responses, verdicts, svc.task_verifier, self.tasks)

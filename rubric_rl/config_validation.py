@@ -513,22 +513,41 @@ def rollout_mode(config: ConfigDict) -> str:
 
     mode = config.rollout.mode
     if mode == "auto":
-        return "agent" if config.domain.name in TOOL_DOMAINS else "single"
+        return "agent" if config.domain.name in TOOL_DOMAINS or _mixed_tools(config) else "single"
     return mode
+
+
+def _mixed_tools(config: ConfigDict) -> tuple[str, ...]:
+    """The tool environments mixed into the constraints domain (``domain.tool_envs``)."""
+    if config.domain.name != "constraints":
+        return ()
+    from rubric_rl.builders import tool_env_names
+
+    try:
+        return tool_env_names(config.domain)
+    except ValueError as e:
+        _fail("domain.tool_envs", str(e).removeprefix("config.domain.tool_envs: "))
 
 
 def _validate_rollout_mode(config: ConfigDict) -> None:
     from rubric_rl.envs.tool_domain import EMBEDDED_SIZES, TOOL_DOMAINS
 
     r, name = config.rollout, config.domain.name
+    mixed = _mixed_tools(config)
+    if config.domain.get("tool_envs") and name != "constraints":
+        _fail("domain.tool_envs", f"mixes tool environments into the constraints domain only, "
+                                  f"not {name!r}")  # fmt: skip
     if r.mode not in ROLLOUT_MODES:
         _fail("rollout.mode", f"must be one of {ROLLOUT_MODES}, got {r.mode!r}")
-    if r.mode == "agent" and name not in TOOL_DOMAINS:
+    if r.mode == "agent" and name not in TOOL_DOMAINS and not mixed:
         _fail(
             "rollout.mode",
-            f"'agent' needs a tool-environment domain ({', '.join(TOOL_DOMAINS)}); domain "
-            f"{name!r} is single-turn (use 'auto' or 'single')",
+            f"'agent' needs a tool-environment domain ({', '.join(TOOL_DOMAINS)}) or "
+            f"domain.tool_envs; domain {name!r} is single-turn (use 'auto' or 'single')",
         )
+    if mixed and r.mode == "single":
+        _fail("rollout.mode", f"'single' cannot run the tool environments of domain.tool_envs="
+                              f"{config.domain.tool_envs!r} (use 'auto')")  # fmt: skip
     if rollout_mode(config) != "agent":
         return
     a = r.agent
@@ -537,7 +556,12 @@ def _validate_rollout_mode(config: ConfigDict) -> None:
     if config.model.tokenizer or config.model.name not in _EMBEDDED_PRESETS:
         return  # a checkpoint's own tokenizer: prompt sizes are checked when encoded
     # The embedded tokenizer's sizes are known (EMBEDDED_SIZES, measured on the task banks).
-    sizes, hint = EMBEDDED_SIZES[name], f"--config=configs/grpo.py:domain={name} sets them all"
+    if mixed:  # the largest of the mixed-in environments'
+        name = max(mixed, key=lambda e: EMBEDDED_SIZES[e].episode)
+        hint = f"--config=configs/rised.py:tools={config.domain.tool_envs} sets them all"
+    else:
+        hint = f"--config=configs/grpo.py:domain={name} sets them all"
+    sizes = EMBEDDED_SIZES[name]
     if not a.tools_in_system:
         _fail(
             "rollout.agent.tools_in_system",

@@ -257,6 +257,15 @@ def get_base_config() -> ConfigDict:
         # generator's units (configs/arise_rl.py sets it; 0 = the corpus of every other method).
         generator_demos=0.0,
         generator_negatives=10,
+        # The embedded domain only: tool environments mixed into its tasks ("sql", "inventory",
+        # "sql,inventory"; "" = none), each one more environment (its env_name) with its own
+        # verifier, rolled out as agent episodes (rollout.mode "auto" -> "agent" for their tasks
+        # only) — RISED's mixed single-/multi-turn setting (envs/mixed_domain.py). Each gets
+        # n_<split> // 4 tasks per split (about one task type's share; ours; no validation
+        # split) and tool_demo_share of the warm-start corpus (ours). configs/rised.py:tools=
+        # sets the token limits they need.
+        tool_envs="",
+        tool_demo_share=0.2,
         # For name="dataset": files or directories in a rubric_rl.rubrics.datasets format
         # (healthbench, rar, rubrichub, openrubrics, jsonl). No programmatic verifier, oracle or
         # warm-start corpus: judge with judge.kind="llm" (or rule criteria) and train a

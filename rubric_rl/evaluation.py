@@ -212,21 +212,12 @@ def evaluate(
     # The seed rubric's score; an outcome-only run (loss.reward="task_verifier") or one trained
     # on a reward function is scored with the weighted rubric reward.
     rubric_reward = config.loss.reward if config.loss.reward in REWARDS else "weighted"
-    agent = services.rollout_mode() == "agent"
     for split in splits:
         tasks = list(getattr(domain, split, None) or ())[:n]
         if not tasks:
             continue
-        if agent:  # a tool domain: one greedy episode per task
-            _, trajs = services.run_agent(tasks, 1, stream=f"eval/{split}", params=params)
-        else:
-            _, trajs = services.generate(
-                [t.messages for t in tasks],
-                1,
-                stream=f"eval/{split}",
-                params=params,
-                names=[t.id for t in tasks],
-            )
+        # one response per task: a greedy episode for a tool environment's task
+        _, trajs = services.rollouts(tasks, 1, stream=f"eval/{split}", params=params)
         responses = [g[0].response for g in trajs]
         judged = [i for i, t in enumerate(tasks) if len(t.rubric.evaluated())]
         verdicts = services.judge([tasks[i] for i in judged], [[responses[i]] for i in judged])

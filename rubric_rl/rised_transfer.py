@@ -187,12 +187,7 @@ def _gradient_cosine(a: np.ndarray | None, b: np.ndarray | None, chunk: int = 1 
 def sample_pool(services: Any, tasks: Sequence[Any], n: int, stream: str):
     """``n`` rollouts per task at the training sampling settings through the trainer's services,
     rewarded by the task verifier: (tasks, responses, rewards, rows), flat, task-major."""
-    if services.rollout_mode() == "agent":
-        prompt_ids, trajs = services.run_agent(tasks, n, stream=stream)
-    else:
-        prompt_ids, trajs = services.generate(
-            [t.messages for t in tasks], n, stream=stream, names=[t.id for t in tasks]
-        )
+    prompt_ids, trajs = services.rollouts(tasks, n, stream=stream)
     flat_tasks, responses, rewards, rows = [], [], [], []
     for task, pids, group in zip(tasks, prompt_ids, trajs, strict=True):
         for tr in group:

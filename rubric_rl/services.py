@@ -179,6 +179,52 @@ class Services:
             return "agent" if getattr(self.domain, "make_env", None) is not None else "single"
         return mode
 
+    def is_episode(self, task: Task) -> bool:
+        """Whether ``task``'s rollouts are multi-turn agent episodes: in agent mode, every task,
+        except on a domain that mixes tool environments into single-turn tasks
+        (``Domain.episodic``: the embedded domain with ``domain.tool_envs``), where only the
+        tool environments' tasks are."""
+        if self.rollout_mode() != "agent":
+            return False
+        episodic = getattr(self.domain, "episodic", None)
+        return True if episodic is None else bool(episodic(task))
+
+    def rollouts(
+        self,
+        tasks: Sequence[Task],
+        n: int,
+        *,
+        stream: str = "probe",
+        params: SamplingParams | None = None,
+        prompts: Sequence[Messages] | None = None,
+    ) -> tuple[list[tuple[int, ...]], list[list[Trajectory]]]:
+        """``n`` rollouts per task, each the way its task is rolled out (``is_episode``): agent
+        episodes (``run_agent``) or single-turn samples (``generate``), in task order. ``prompts``:
+        each task's messages in place of its own (a decorated prompt; an episode starts from
+        it). A batch of one kind is one call, exactly as calling that method; a mixed batch is
+        two (episodes first), each with its own seeds."""
+        prompts = [t.messages for t in tasks] if prompts is None else list(prompts)
+        if len(prompts) != len(tasks):
+            raise ValueError(f"rollouts: {len(prompts)} prompts for {len(tasks)} tasks")
+        episode = [self.is_episode(t) for t in tasks]
+        ids: list[Any] = [None] * len(tasks)
+        trajs: list[Any] = [None] * len(tasks)
+        for kind in (True, False):
+            idx = [i for i, e in enumerate(episode) if e is kind]
+            if not idx:
+                continue
+            if kind:
+                sub = [with_prompt(tasks[i], prompts[i]) for i in idx]
+                got = self.run_agent(sub, n, stream=stream, params=params)
+            else:
+                got = self.generate(
+                    [prompts[i] for i in idx], n, stream=stream, params=params,
+                    names=[tasks[i].id for i in idx],
+                )  # fmt: skip
+            for i, p, ts in zip(idx, *got, strict=True):
+                ids[i], trajs[i] = p, ts
+        return ids, trajs
+
     # --- tokens ----------------------------------------------------------------------------
 
     def encode_prompt(
@@ -511,3 +557,11 @@ def _judge_name(judge: Any) -> str:
 
 
 __all__ = ["TRAIN_STREAM", "ComponentError", "Services", "VerdictCache", "stream_base"]
+
+
+def with_prompt(task: Task, messages: Messages) -> Task:
+    """``task`` whose prompt is ``messages`` (an agent episode starts from its task's prompt);
+    the task itself when they are its own."""
+    if list(messages) == task.messages:
+        return task
+    return dataclasses.replace(task, prompt=tuple(dict(m) for m in messages))

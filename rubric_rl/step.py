@@ -152,19 +152,26 @@ def decorate(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
 
 
 def generate(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
-    """Trajectories for every group that has none: single-turn through the engine, or agent
-    episodes over the domain's environment (``rollout.mode``); seeds from the trained stream."""
+    """Trajectories for every group that has none: agent episodes over the task's environment
+    from the group's (decorated) prompt where the task is rolled out that way
+    (``Services.is_episode``: ``rollout.mode``, and on a mixed domain the task's environment),
+    else single-turn through the engine; seeds from the trained stream."""
     todo = [g for g in rollouts.groups if not g.trajectories]
     j_default = int(ctx.config.rollout.samples_per_task)
     by_n: dict[int, list[Group]] = {}
     for g in todo:
         by_n.setdefault(g.n or j_default, []).append(g)
-    agent = ctx.rollout_mode() == "agent"
-    for n, groups in by_n.items():
-        if agent:
-            ids, trajs = ctx.services.run_agent([g.task for g in groups], n, stream=TRAIN_STREAM)
-            for g, p, ts in zip(groups, ids, trajs, strict=True):
+    for n, all_groups in by_n.items():
+        episodes = [g for g in all_groups if ctx.services.is_episode(g.task)]
+        if episodes:
+            ids, trajs = ctx.services.rollouts(
+                [g.task for g in episodes], n, stream=TRAIN_STREAM,
+                prompts=[g.messages for g in episodes],
+            )  # fmt: skip
+            for g, p, ts in zip(episodes, ids, trajs, strict=True):
                 g.prompt_ids, g.trajectories = tuple(p), list(ts)
+        groups = [g for g in all_groups if not ctx.services.is_episode(g.task)]
+        if not groups:
             continue
         scaffolds = ctx.controllers.sample_prompts(
             ctx.step, [g.task for g in groups], [g.messages for g in groups], n

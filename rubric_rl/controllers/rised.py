@@ -124,6 +124,26 @@ def generic_renderer(task: Task, positives: Sequence[str], negatives: Sequence[s
     return append_to_last_user(task.messages, "\n\n".join(blocks), what=f"task {task.id!r}")
 
 
+def mixed_renderer(task: Task, positives: Sequence[str], negatives: Sequence[str]) -> Messages:
+    """The embedded domain with tool environments mixed in: a tool environment's task gets the
+    generic blocks (its episodes start from that prompt), any other the corpus's own."""
+    from rubric_rl.envs.base import is_tool_env
+
+    render = generic_renderer if is_tool_env(task.env_name) else embedded_renderer
+    return render(task, positives, negatives)
+
+
+def mixed_description(rubric_id: str, task: Task) -> str | None:
+    """``embedded_description`` for a constraint task, ``rised_tool_tagger.tool_description``
+    for a tool environment's."""
+    from rubric_rl.controllers.rised_tool_tagger import tool_description
+    from rubric_rl.envs.base import is_tool_env
+
+    if is_tool_env(task.env_name):
+        return tool_description(rubric_id, task)
+    return embedded_description(rubric_id, task)
+
+
 # Rubrics of this skill describe the outcome, not a behaviour: they count in the profiles (the
 # seed's tagger is reward-informed, E.4) but are never shown as a teacher's context or an
 # anti-pattern ("meet every requirement" is no behaviour to imitate or avoid). Ours.
@@ -464,5 +484,7 @@ __all__ = [
     "embedded_description",
     "embedded_renderer",
     "generic_renderer",
+    "mixed_description",
+    "mixed_renderer",
     "rised_teacher",
 ]

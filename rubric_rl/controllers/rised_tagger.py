@@ -30,13 +30,14 @@ catalogue and its descriptions, ``solved_threshold=0.5``, ``overlong_words=40`` 
 
 from __future__ import annotations
 
-import collections
 import os
+from collections.abc import Sequence
 
 import numpy as np
 
 from rubric_rl.controllers.rised_llm_tagger import LLMTagger, parse_tags
 from rubric_rl.controllers.rised_tags import (
+    DetectingTagger,
     RolloutTagger,
     Tags,
     group_profile,
@@ -234,7 +235,7 @@ def _miss(c: Constraint, body: list[str]) -> int:
     return 1
 
 
-class ProgrammaticTagger(RolloutTagger):
+class ProgrammaticTagger(DetectingTagger):
     """Tags embedded-domain rollouts by code (module docstring); deterministic and free.
 
     ``vocab``: the vocabulary names are mapped through (required unless ``discovery``);
@@ -301,25 +302,6 @@ class ProgrammaticTagger(RolloutTagger):
             out["task_solved" if solved else "task_failed"] = 1
         return out
 
-    def tag(self, task: Task, response: str, reward: float | None = None) -> Tags:
-        """The rollout's tags; a prompt the library cannot read is a failed tagging."""
-        try:
-            names = self.detect(task, response, reward)
-        except ValueError as e:
-            return Tags.failure(f"task {getattr(task, 'id', '?')!r}: {e}")
-        if self.discovery:
-            return Tags(names)
-        counts: collections.Counter[str] = collections.Counter()
-        discovered: collections.Counter[str] = collections.Counter()
-        for name, count in names.items():
-            rid = self.vocab.lookup(name)
-            (counts if rid is not None else discovered)[rid or name] += count
-        return Tags(dict(counts), dict(discovered))
-
-    def _tag_rollouts(self, tasks, responses, rewards, step) -> list[Tags]:
-        del step  # the programmatic tagger has no state that changes with the step
-        return [self.tag(t, r, w) for t, r, w in zip(tasks, responses, rewards, strict=True)]
-
 
 # --- the warm-up on the embedded domain ----------------------------------------------------------
 
@@ -360,6 +342,7 @@ def embedded_vocabulary(
     weak_per_task: int = 2,
     min_count: int = 1,
     cache_path: str | os.PathLike | None = None,
+    tool_envs: Sequence[str] = (),
 ) -> Vocabulary:
     """The RISED vocabulary of the embedded domain, by the warm-up (RISED A.1).
 
@@ -369,6 +352,9 @@ def embedded_vocabulary(
     with the task verifier's reward (the environment's reward, as a rollout would have it).
     With ``cache_path``, a file built with the same settings is loaded, else the result is
     written there. Reproduce: ``embedded_vocabulary(0, 200, cache_path="rised_vocabulary.json")``.
+    ``tool_envs`` (the domain's ``tool_envs``): those environments' warm-up joins
+    (``rised_tool_tagger.tool_warmup`` over their first ``n`` training tasks each) with their
+    catalogue.
     """
     from rubric_rl.envs.constraint_domain import task_bank, verify
 
@@ -379,6 +365,8 @@ def embedded_vocabulary(
         "weak_per_task": int(weak_per_task),
         "min_count": int(min_count),
     }
+    if tool_envs:
+        settings["tool_envs"] = list(tool_envs)
     if cache_path is not None and os.path.exists(cache_path):
         cached = Vocabulary.load(cache_path)
         if cached.provenance == settings:
@@ -394,10 +382,17 @@ def embedded_vocabulary(
             weak.append((env, list(tagger.tag(task, text, float(verify(task, text))).counts)))
         ref = task.reference_answer or ""
         strong.append((env, list(tagger.tag(task, ref, float(verify(task, ref))).counts)))
+    catalogue = constraint_catalogue()
+    if tool_envs:
+        from rubric_rl.controllers.rised_tool_tagger import tool_catalogue, tool_warmup
+
+        tool_weak, tool_strong = tool_warmup(tool_envs, domain_seed, n, weak_per_task)
+        weak, strong = weak + tool_weak, strong + tool_strong
+        catalogue = {**catalogue, **tool_catalogue(tool_envs)}
     vocab = build_vocabulary(
         weak,
         strong,
-        constraint_catalogue(),
+        catalogue,
         min_count,
         aliases=constraint_aliases(),
         provenance=settings,

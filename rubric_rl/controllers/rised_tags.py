@@ -10,6 +10,7 @@ out, so callers check ``Tags.failed`` to tell "no behaviour seen" from "not tagg
 from __future__ import annotations
 
 import abc
+import collections
 import dataclasses
 from collections.abc import Mapping, Sequence
 
@@ -18,6 +19,7 @@ import numpy as np
 from rubric_rl.rubrics.vocabulary import Vocabulary
 
 __all__ = [
+    "DetectingTagger",
     "RolloutTagger",
     "Tags",
     "batch_rewards",
@@ -121,6 +123,37 @@ class RolloutTagger(abc.ABC):
         rewards: list[float | None],
         step: int | None,
     ) -> list[Tags]: ...
+
+
+class DetectingTagger(RolloutTagger):
+    """A tagger by code: ``detect(task, response, reward)`` gives every name it finds with its
+    count (ValueError: a rollout it cannot read, recorded as a failed tagging); the names go
+    through ``vocab`` (unknown ones kept as discovered) unless ``discovery`` (the warm-up: every
+    name kept). Deterministic and stateless, so a retagging returns the first tagging."""
+
+    vocab: Vocabulary | None
+    discovery: bool
+
+    @abc.abstractmethod
+    def detect(self, task: object, response: str, reward: float | None) -> dict[str, int]: ...
+
+    def tag(self, task: object, response: str, reward: float | None = None) -> Tags:
+        try:
+            names = self.detect(task, response, reward)
+        except ValueError as e:
+            return Tags.failure(f"task {getattr(task, 'id', '?')!r}: {e}")
+        if self.discovery:
+            return Tags(names)
+        counts: collections.Counter[str] = collections.Counter()
+        discovered: collections.Counter[str] = collections.Counter()
+        for name, count in names.items():
+            rid = self.vocab.lookup(name)
+            (counts if rid is not None else discovered)[rid or name] += count
+        return Tags(dict(counts), dict(discovered))
+
+    def _tag_rollouts(self, tasks, responses, rewards, step) -> list[Tags]:
+        del step  # no state that changes with the step
+        return [self.tag(t, r, w) for t, r, w in zip(tasks, responses, rewards, strict=True)]
 
 
 def profile(tags: Tags, vocab: Vocabulary) -> np.ndarray:
