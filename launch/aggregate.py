@@ -38,8 +38,9 @@ Writes to ``--out`` (default ``<root>``) ``results.md`` (every table below) and 
   seed rubric over the last 10 % of steps, the reversal rate at the final step, the unguided share
   at 70 % of training, the peak guidance fields per task (± CI);
 - ``cost.csv`` (``--cost-reference G``) — per group, the median seconds per step over steps >= 2,
-  its ratio to group G's paired by seed, the harness cost split as fractions of the step, and the
-  guided rollouts' share of prompt tokens (an upper bound on their extra generation cost).
+  its ratio to group G's paired by seed, the harness cost split as fractions of the step, the
+  guided rollouts' share of prompt tokens (an upper bound on their extra generation cost), and
+  the median seconds of the rollout, train and teacher stages (``COST_STAGES``).
 
 ``--select`` (not the protocol): also report each set at a best step, for exploration. ``auto`` =
 the set's ``pass_rate`` when it logs one, else its ``score``; a metric name = that metric of each
@@ -451,6 +452,9 @@ DYNAMICS = (
 )
 COST_KEY = "time/step"
 COST_SPLIT = ("harness/time/critic", "harness/time/attributor_proposer", "harness/time/memory")
+# The step's stages, median seconds over steps >= 2 (where a ratio comes from: more rollouts,
+# longer prompts, a teacher's forward).
+COST_STAGES = ("time/rollout", "time/train", "time/teacher")
 # The guided rollouts' share of the step's prompt tokens (an upper bound on their extra cost).
 GUIDED_SHARE = "harness/guidance/prompt_token_share"
 
@@ -544,7 +548,21 @@ def step_cost(run: an.Run) -> dict[str, float]:
     s, v = run.series(GUIDED_SHARE)
     if (s >= 2).any():
         out["guided_prompt_tokens"] = float(np.mean(v[s >= 2]))
+    for key in COST_STAGES:
+        s, v = run.series(key)
+        if (s >= 2).any():
+            out[_stage(key)] = float(np.median(v[s >= 2]))
     return out
+
+
+def _stage(key: str) -> str:
+    return key.rsplit("/", 1)[-1] + "_s"
+
+
+COST_PARTS = (
+    "s/step", *(k.rsplit("/", 1)[-1] for k in COST_SPLIT), "guided_prompt_tokens",
+    *(_stage(k) for k in COST_STAGES),
+)  # fmt: skip
 
 
 def cost_rows(groups: Mapping[str, Sequence[an.Run]], reference: str) -> list[dict[str, Any]]:
@@ -555,7 +573,7 @@ def cost_rows(groups: Mapping[str, Sequence[an.Run]], reference: str) -> list[di
     for g, runs in groups.items():
         row: dict[str, Any] = {"group": g, "seeds": len(runs)}
         costs = {an.run_seed(r): step_cost(r) for r in runs}
-        for part in ("s/step", *(k.rsplit("/", 1)[-1] for k in COST_SPLIT), "guided_prompt_tokens"):
+        for part in COST_PARTS:
             vals = [c[part] for c in costs.values() if part in c]
             if vals:
                 row[part] = _ci(vals)
@@ -802,8 +820,7 @@ def report(
         ref = resolve_group(cost_reference, names, "--cost-reference")
         cost = cost_rows(groups, ref)
         write_csv(os.path.join(out_dir, "cost.csv"), cost)
-        parts = ["s/step", "ratio", *(k.rsplit("/", 1)[-1] for k in COST_SPLIT)]
-        parts.append("guided_prompt_tokens")
+        parts = ["s/step", "ratio", *COST_PARTS[1:]]
         md += [f"## Per-step cost (median {COST_KEY} over steps >= 2; ratio to {ref} by seed)", ""]
         body = [[r["group"], str(r["seeds"])] + _cells(r, parts) for r in cost]
         md += [markdown_table(["group", "seeds", *parts], body), ""]

@@ -461,6 +461,7 @@ def test_dynamics_windows_final_values_and_paired_cost_ratio(tmp_path):
                 "time/step": 100.0 if s == 1 else t + (s % 2),  # step 1 (compile) left out
                 "harness/time/critic": t / 2 + (s % 2) / 2,
                 "harness/guidance/prompt_token_share": 0.0 if s == 1 else 0.1,
+                "time/train": 50.0 if s == 1 else t / 4,
             },
         )
         _write_dynamics_run(
@@ -483,6 +484,8 @@ def test_dynamics_windows_final_values_and_paired_cost_ratio(tmp_path):
     assert cost["harness"]["pairs"] == 2 and cost["grpo"]["ratio"][0] == pytest.approx(1.0)
     assert cost["harness"]["critic"][0] == pytest.approx(0.5)
     assert cost["harness"]["guided_prompt_tokens"][0] == pytest.approx(0.1)  # steps >= 2
+    assert cost["harness"]["train_s"][0] == pytest.approx(np.mean([0.5, 1.0]))  # steps >= 2
+    assert "train_s" not in cost["grpo"] and "teacher_s" not in cost["harness"]
     text = aggregate.report(groups, str(tmp_path / "out"), dynamics=True, cost_reference="grpo")
     assert "## Training dynamics" in text and "## Per-step cost" in text
     assert os.path.exists(tmp_path / "out" / "dynamics.csv")
