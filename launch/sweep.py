@@ -22,6 +22,13 @@ run); the group name keeps the placeholder. A run is skipped when finished (``SW
 written after exit 0, or a checkpoint at its ``train.steps``) unless ``--force`` (which deletes
 its workdir first); a run with checkpoints but unfinished is continued with ``--resume``. Local
 runs log to ``<wd>/launch.log``.
+
+Local runs share one persistent XLA compilation cache (``--jax_cache``, default
+``<root>/jax_cache``; ``off`` for none; an explicit ``JAX_COMPILATION_CACHE_DIR`` in the
+environment is kept): the arms of a sweep compile the same programs (the train step for each
+shape bucket, the engine's prefill and decode), so only the first run pays for each. A cached
+executable is what the compiler produced for the same program, so results do not change (the
+test suite relies on the same). ``--print`` leaves the environment to the launcher.
 """
 
 from __future__ import annotations
@@ -218,20 +225,37 @@ def _finish(proc: subprocess.Popen) -> int:
     return rc
 
 
+CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+
+
+def with_jax_cache(env: dict[str, str], cache: str | None) -> dict[str, str]:
+    """``env`` with the runs' compilation cache: ``cache`` (a directory, created), ``"off"`` (no
+    cache: the variable removed), or None (the environment's own setting, unchanged)."""
+    env = dict(env)
+    if cache == "off":
+        env.pop(CACHE_ENV, None)
+    elif cache is not None:
+        os.makedirs(cache, exist_ok=True)
+        env[CACHE_ENV] = os.path.abspath(cache)
+    return env
+
+
 def run_local(
     runs: Sequence[RunSpec],
     jobs: int = 1,
     force: bool = False,
     python: str = sys.executable,
     env: dict[str, str] | None = None,
+    jax_cache: str | None = None,
 ) -> dict[str, int]:
-    """Runs the unfinished runs, ``jobs`` at a time; returns {workdir: return code}."""
+    """Runs the unfinished runs, ``jobs`` at a time; returns {workdir: return code}.
+    ``jax_cache``: the runs' shared compilation cache (``with_jax_cache``)."""
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
     todo, done = plan(runs, force)
     for r in done:
         print(f"[sweep] skip (finished): {r.workdir}", flush=True)
-    env = dict(os.environ if env is None else env)
+    env = with_jax_cache(dict(os.environ if env is None else env), jax_cache)
     pending, active, codes = list(todo), [], {}
     while pending or active:
         while pending and len(active) < jobs:
@@ -262,6 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--force", action="store_true", help="rerun finished runs (deletes workdir)")
     p.add_argument("--python", default=None, help="interpreter (default: python / this one)")
+    p.add_argument(
+        "--jax_cache",
+        default=None,
+        help="local runs' shared XLA compilation cache: a directory, or off (default: "
+        "$JAX_COMPILATION_CACHE_DIR when set, else <root>/jax_cache)",
+    )
     return p
 
 
@@ -281,7 +311,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in print_commands(runs, args.force, args.python or "python"):
             print(line)
         return 0
-    codes = run_local(runs, args.jobs, args.force, args.python or sys.executable)
+    cache = args.jax_cache
+    if cache is None and CACHE_ENV not in os.environ:
+        cache = os.path.join(os.path.abspath(args.root), "jax_cache")
+    codes = run_local(runs, args.jobs, args.force, args.python or sys.executable, jax_cache=cache)
     failed = [w for w, rc in codes.items() if rc != 0]
     print(f"[sweep] {len(codes) - len(failed)} ok, {len(failed)} failed", flush=True)
     return 1 if failed else 0

@@ -174,3 +174,30 @@ def test_run_local_parallel_logs_and_markers(tmp_path):
     log = open(os.path.join(runs[1].workdir, "launch.log")).read()
     assert log.startswith(f"$ {fake} -m rubric_rl.launch") and "boom" in log
     assert not os.path.exists(os.path.join(runs[2].workdir, "args.txt"))
+
+
+def test_local_runs_share_a_compilation_cache(tmp_path, monkeypatch):
+    # A stand-in interpreter that records the cache directory it was given.
+    fake = tmp_path / "fakepy"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do case $a in --workdir=*) wd=${a#--workdir=};; esac; done\n'
+        'echo "${JAX_COMPILATION_CACHE_DIR:-none}" > "$wd/cache.txt"\n'
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.delenv(sweep.CACHE_ENV, raising=False)
+
+    def cache_seen(root, *extra):
+        argv = ["--root", str(root), "--config", "configs/grpo.py:smoke", "--seeds", "0,1"]
+        assert sweep.main([*argv, "--python", str(fake), "--jobs", "2", *extra]) == 0
+        seen = {open(f"{root}/grpo-smoke/seed{k}/cache.txt").read().strip() for k in (0, 1)}
+        assert len(seen) == 1  # every run of the sweep: the same cache
+        return seen.pop()
+
+    assert cache_seen(tmp_path / "a") == str(tmp_path / "a" / "jax_cache")  # the default
+    assert os.path.isdir(tmp_path / "a" / "jax_cache")
+    assert cache_seen(tmp_path / "b", "--jax_cache", str(tmp_path / "c")) == str(tmp_path / "c")
+    assert cache_seen(tmp_path / "d", "--jax_cache", "off") == "none"
+    monkeypatch.setenv(sweep.CACHE_ENV, str(tmp_path / "mine"))  # the user's own: kept
+    assert cache_seen(tmp_path / "e") == str(tmp_path / "mine")
+    assert sweep.with_jax_cache({sweep.CACHE_ENV: "x", "A": "1"}, "off") == {"A": "1"}
