@@ -269,8 +269,6 @@ def transfer_analysis(
     logged = read_metrics(metrics_path) if os.path.exists(metrics_path) else []
     config.logging.update(tensorboard=False, wandb=False, progress_bar=False)
 
-    from rubric_rl.checkpoint import RunCheckpointer
-
     with tempfile.TemporaryDirectory(prefix="rised_transfer_") as scratch:
         trainer = Trainer(config, scratch)
         try:
@@ -287,15 +285,11 @@ def transfer_analysis(
             train_pool = train_pool[:pool_tasks]
             shards = int(trainer.mesh.shape["data"] * trainer.mesh.shape["fsdp"])
             per_call = -(-int(rows_per_call) // shards) * shards
-            ckpt = RunCheckpointer(os.path.join(run_dir, "checkpoints"), keep=None,
-                                   async_save=False)  # fmt: skip
             rates: dict[int, dict[str, float]] = {}
             sims: dict[int, dict[str, dict[str, float]]] = {}
             bar = tqdm(total=len(wanted), desc="transfer", dynamic_ncols=True)
             for step in wanted:
-                trainer.state, _ = ckpt.restore(trainer.state, step)
-                trainer.step = step
-                trainer._sync_weights()
+                trainer.load_policy(step, os.path.join(run_dir, "checkpoints"))
                 services.begin_step(step)
                 got = _pass_rates(logged, step, split)
                 if got is None:
@@ -308,7 +302,6 @@ def transfer_analysis(
                     )
                 bar.update(1)
             bar.close()
-            ckpt.close()
         finally:
             trainer.close()
     rows = transfer_rows(sims, rates, baseline, train_env)

@@ -381,6 +381,24 @@ class Trainer:
         else:
             self.engine.update_weights(self.state, int(self.step))
 
+    def load_policy(self, step: int, checkpoint_dir: str | None = None) -> None:
+        """Trains and serves the policy of checkpoint ``step`` from now on: this run's
+        (``<workdir>/checkpoints``) or another run's (``checkpoint_dir``, a run's
+        ``checkpoints`` directory of the same model and optimiser). The train state (parameters,
+        optimiser) and ``self.step`` are restored and the engine serves the parameters; the
+        controllers' state and the RNG are not (that is ``run(resume=True)``): for analyses of a
+        run's checkpoints (``rised_transfer``) and notebooks."""
+        if checkpoint_dir is None:
+            self.state, _ = self.ckpt.restore(self.state, int(step))
+        else:
+            other = RunCheckpointer(checkpoint_dir, keep=None, async_save=False)
+            try:
+                self.state, _ = other.restore(self.state, int(step))
+            finally:
+                other.close()
+        self.step = int(step)
+        self._sync_weights()
+
     def save(self, wait: bool = False) -> None:
         if self._prefetch.pending():
             raise RuntimeError(

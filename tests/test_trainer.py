@@ -605,3 +605,38 @@ def test_checkpoint_every_0_and_final_false_write_no_checkpoint(trainer):
     # every=0 with the final checkpoint: only the last step's
     rows = _run_steps(trainer, 2, every=0, final=True)
     assert checkpoint_steps(trainer.workdir) == [start + 4] == [rows[-1]["step"]]
+
+
+def test_load_policy_serves_a_checkpoint_of_this_run_or_another(trainer, tmp_path):
+    """(After the test above: its final checkpoint is the one loaded.) The restored parameters
+    are the checkpoint's, bit for bit, and the engine serves them at that step's version."""
+    import shutil
+
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from rubric_rl.run_dir import checkpoint_steps
+
+    (ck,) = checkpoint_steps(trainer.workdir)[-1:]
+    assert trainer.step == ck
+    want = jax.tree.map(np.asarray, trainer.state.params)
+
+    def move_on():  # another policy, served, at another step
+        halved = jax.tree.map(lambda x: x * 0.5, trainer.state.params)
+        trainer.state = trainer.state.replace(params=halved)
+        trainer.step = ck + 1
+        trainer.engine.update_weights(trainer.state, ck + 1)
+
+    def same(tree):
+        return all(jax.tree.leaves(jax.tree.map(np.array_equal, tree, want)))
+
+    other = tmp_path / "other_run_checkpoints"
+    shutil.copytree(f"{trainer.workdir}/checkpoints", other)
+    for where in (None, str(other)):
+        move_on()
+        assert not same(jax.tree.map(np.asarray, trainer.state.params))
+        trainer.load_policy(ck, where)
+        assert trainer.step == ck and trainer.engine.weight_version == ck
+        assert same(jax.tree.map(np.asarray, trainer.state.params))
+        assert same(jax.tree.map(np.asarray, nnx.state(trainer.engine.model(), nnx.Param)))
