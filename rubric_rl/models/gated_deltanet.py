@@ -174,6 +174,28 @@ def gated_delta_step(
     return out[:, 0], state
 
 
+def solve_unit_lower(strict: Array, rhs: Array) -> Array:
+    """X with (I + strict) X = rhs, ``strict`` strictly lower-triangular [..., C, C], ``rhs``
+    [..., C, D]: forward substitution, x_i = rhs_i − Σ_{j<i} strict_ij x_j, one row per step of a
+    ``fori_loop`` (the row order of transformers' torch rule).
+
+    Not ``lax.linalg.triangular_solve``: on XLA:CPU that is a LAPACK custom call which, with the
+    batch sharded over several host devices (``--xla_force_host_platform_device_count``), hung
+    about every other run on a 2-core machine (a sharded forward of a Qwen3.5 model: 3 of 3 runs
+    hung at T = 64, 0 of 4 with this loop; issue 14's (2, 4, 1)-mesh engine test). Plain matmuls
+    partition like every other op."""
+    c = strict.shape[-1]
+    cols = jnp.arange(c)
+
+    def row(i, x):
+        a_i = jnp.where(cols < i, jax.lax.dynamic_index_in_dim(strict, i, -2, keepdims=False), 0)
+        b_i = jax.lax.dynamic_index_in_dim(rhs, i, -2, keepdims=False)
+        x_i = b_i - jnp.einsum("...j,...jd->...d", a_i, x)
+        return jax.lax.dynamic_update_index_in_dim(x, x_i, i, -2)
+
+    return jax.lax.fori_loop(0, c, row, jnp.zeros_like(rhs))
+
+
 def chunk_gated_delta_rule(
     q: Array,
     k: Array,
@@ -226,11 +248,8 @@ def chunk_gated_delta_rule(
     decay = jnp.exp(diff)  # D [B, H, N, C, C], 0 above the diagonal
     k_beta = k * beta[..., None]
     strict = jnp.einsum("...id,...jd->...ij", k_beta, k) * decay * (~jnp.eye(c, dtype=bool))
-    a_mat = strict + jnp.eye(c, dtype=jnp.float32)
     rhs = jnp.concatenate([v * beta[..., None], k_beta * jnp.exp(gamma)[..., None]], axis=-1)
-    solved = jax.lax.linalg.triangular_solve(
-        a_mat, rhs, left_side=True, lower=True, unit_diagonal=True
-    )
+    solved = solve_unit_lower(strict, rhs)  # A⁻¹ rhs, A = I + strict
     u, w = solved[..., :dv], solved[..., dv:]
     attn = jnp.einsum("...id,...jd->...ij", q, k) * decay  # [B, H, N, C, C]
     q_decayed = q * jnp.exp(gamma)[..., None]

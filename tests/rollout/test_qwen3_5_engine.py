@@ -5,6 +5,7 @@ conv + recurrent state for the Gated DeltaNet ones, through the engine's unchang
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from rubric_rl.models import QWEN3_5_PRESETS, Qwen3_5ForCausalLM
@@ -73,3 +74,34 @@ def test_hybrid_greedy_equals_stepwise_argmax_and_logprobs():
         np.testing.assert_allclose(g.logprobs, wl, atol=LOGP_ATOL, rtol=0)
         np.testing.assert_allclose(sc, wl, atol=1e-5, rtol=0)  # score: the full forward
     assert len({t for w in want for t in w}) > 2  # not a degenerate constant output
+
+
+@pytest.mark.parametrize("axes", [(2, 4, 1), (1, 2, 4)])
+def test_hybrid_engine_on_a_mesh_equals_one_device(axes):
+    """(data, fsdp, tensor) meshes of 8 CPU devices: rows split over (data, fsdp), the model
+    sharded as in training (Gated DeltaNet heads over tensor, FSDP over fsdp) — the same greedy
+    tokens as the 1-device engine, log-probs within the hybrid's float32 tolerance."""
+    from rubric_rl.core.sharding import make_mesh, shard_model
+
+    data, fsdp, tensor = axes
+    rs = np.random.RandomState(11)
+    reqs = [
+        GenerationRequest(tuple(int(t) for t in rs.randint(1, 128, n)), f"m{i}", step=0,
+                          task_index=i)
+        for i, n in enumerate((3, 9, 17, 5, 12, 7, 2, 20))
+    ]  # fmt: skip
+    params = SamplingParams(max_new_tokens=N_NEW, temperature=0.0)
+    cfg = JaxEngineConfig(prompt_buckets=(32,), batch_buckets=(8,), pad_id=0)
+    one = JaxEngine(_sharpened_model(2), cfg)
+    mesh = make_mesh(data=data, fsdp=fsdp, tensor=tensor)
+    sharded = JaxEngine(shard_model(_sharpened_model(2), mesh), cfg, mesh=mesh)
+    try:
+        want = one.generate(reqs, params)
+        got = sharded.generate(reqs, params)
+    finally:
+        one.close()
+        sharded.close()
+    assert [g[0].token_ids for g in got] == [w[0].token_ids for w in want]
+    for (g,), (w,) in zip(got, want):
+        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=LOGP_ATOL, rtol=0)
+    assert len({g[0].token_ids for g in want}) > 1
