@@ -72,6 +72,15 @@ after 7 minutes; a part it skipped says so, and a second call can run just those
 (``--parts=decode,loop --budget-s=400``) if device time is left (15 minutes per session, the
 machine's start included). ``--loop-preset=20m`` makes the loop a small embedded model when the
 28-layer compiles do not fit.
+
+FIRST H200 RUN (2026-12-04, benchmarks/results/gpu_check-2026-12-04.jsonl; two calls: all parts
+with ``--budget-s=380``, then ``--parts=decode,loop --loop-preset=20m --budget-s=140``): parity,
+attention (cuDNN too), log-prob memory and decode passed; train_step MFU 0.108 / 0.192 (0.6B /
+1.7B) with "auto" = jax's XLA attention (see `qwen3._use_fused`: "auto" is cuDNN from then on);
+the loop part never ran (skipped by budget; the tiny-shape loop on that GPU outlasted a 35-s
+window). The train step's four parts took 277 s, so a session should give the next run the
+skipped parts first: ``--parts=loop,train_step --loop-preset=20m`` (the cuDNN train-step figures
+and the loop), then the rest.
 """
 
 from __future__ import annotations
@@ -536,7 +545,7 @@ def _bench_train_preset(ctx: dict, name: str, batch: int) -> dict:
         num_micro_batches=ctx["args"].micro_batches,
     )
     dtype = jnp.bfloat16 if gpu else jnp.float32
-    model = _model(cfg, mesh, dtype=dtype, impl="auto", remat=gpu)
+    model = _model(cfg, mesh, dtype=dtype, impl=ctx["args"].train_attention, remat=gpu)
     graphdef, state = ts.init_train_state(model, config, mesh)
     del model
     step = ts.make_train_step(config, graphdef, mesh)
@@ -564,6 +573,7 @@ def _bench_train_preset(ctx: dict, name: str, batch: int) -> dict:
         "batch": batch,
         "seq": seq,
         "tokens_per_step": batch * seq,
+        "attention_impl": ctx["args"].train_attention,
         "params": cfg.num_params(),
         "matmul_params": matmul_params(cfg),
         "compile_plus_first_step_s": round(compile_s, 2),
@@ -791,6 +801,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--train-batch", type=int, default=0, help="0 = the mode's default")
     ap.add_argument("--micro-batches", type=int, default=1, help="train_step part")
+    ap.add_argument(
+        "--train-attention",
+        choices=("auto", "cudnn", "xla"),
+        default="auto",
+        help="train_step part's attention_impl (auto: cudnn on GPU, xla on CPU)",
+    )
     ap.add_argument("--loop-preset", default="", help="loop part's model; '' = the mode's")
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="0 = by device kind")
     ap.add_argument("--bandwidth-tbs", type=float, default=0.0, help="0 = by device kind")
@@ -830,7 +846,9 @@ def main(argv: list[str] | None = None) -> dict:
         "deadline": start + budget,
         "peak_flops": peak * 1e12 if peak else None,
         "bandwidth": bw * 1e12 if bw else None,
-        "attention_auto": "cudnn (jax's choice)" if jax.default_backend() == "gpu" else "xla",
+        # what qwen3's "auto" resolves to for bf16 and head_dim 128 (`qwen3._use_fused`). Until
+        # 2026-12-04 "auto" meant jax's implementation=None: its XLA path on GPU, not cuDNN.
+        "attention_auto": "cudnn" if jax.default_backend() == "gpu" else "xla",
     }
     t0 = time.perf_counter()
     ctx["matmul_flops"] = measured_matmul_flops(mode)

@@ -70,6 +70,7 @@ def apply_gpu(c: common.ConfigDict, path: str | bool) -> None:
         max_prompt_len=1024,
         prompt_buckets=(128, 256, 512),
         max_teacher_prompt_len=2048,
+        attention_impl="auto",  # cuDNN flash attention for the bf16 full-sequence forwards
     )
     c.warmstart.max_prompt_len = 1024
     c.mesh.update(data=1, fsdp=-1, tensor=1)

@@ -39,6 +39,7 @@ from rubric_rl.models import (
 from rubric_rl.models.config import checkpoint_shape_error, with_shape
 from rubric_rl.models.hf_io import load_config
 from rubric_rl.models.layer_stack import REMAT_POLICIES
+from rubric_rl.models.qwen3 import ATTENTION_IMPLS
 from rubric_rl.models.qwen3_5_config import ALL_PRESETS as PRESETS
 from rubric_rl.registry import Registry
 from rubric_rl.rubrics.types import Task
@@ -539,6 +540,11 @@ def build_model(config: ConfigDict, tokenizer: Tokenizer, mesh) -> Qwen3ForCausa
     remat = config.model.get("remat", "none")
     if remat not in REMAT_POLICIES:
         raise ValueError(f"config.model.remat: {remat!r}; expected one of {REMAT_POLICIES}")
+    attention_impl = config.model.get("attention_impl", "xla")
+    if attention_impl not in ATTENTION_IMPLS:
+        raise ValueError(
+            f"config.model.attention_impl: {attention_impl!r}; expected one of {ATTENTION_IMPLS}"
+        )
     if name not in PRESETS:
         from rubric_rl.models import from_pretrained
 
@@ -549,6 +555,7 @@ def build_model(config: ConfigDict, tokenizer: Tokenizer, mesh) -> Qwen3ForCausa
             name, mesh=mesh, dtype=dtype, scan_layers=getattr(cfg, "scan_layers", False)
         )
         model.remat = remat
+        model.attention_impl = attention_impl
         return model
     cfg = model_config(config, tokenizer)
     param_dtype = jnp.dtype(config.model.param_dtype)
@@ -560,6 +567,7 @@ def build_model(config: ConfigDict, tokenizer: Tokenizer, mesh) -> Qwen3ForCausa
             dtype=dtype,
             param_dtype=param_dtype,
             remat=remat,
+            attention_impl=attention_impl,
         ),
         mesh,
     )

@@ -45,6 +45,11 @@ def get_base_config() -> ConfigDict:
         # (each layer recomputed) or "dots" (matmul outputs kept, the rest recomputed);
         # rubric_rl.models.layer_stack.REMAT_POLICIES.
         remat="none",
+        # Attention of the full-sequence forwards (training, scoring, the teacher; KV-cache
+        # decoding always uses the XLA path): "xla" (hand-written, the CPU choice), "cudnn" (flash
+        # attention, bf16/fp16 on NVIDIA GPUs) or "auto" (cudnn where it applies on a GPU, else
+        # xla: rubric_rl.models.qwen3._use_fused). The `gpu` variants set "auto".
+        attention_impl="xla",
         # Fields of the preset replaced (rubric_rl.models.SHAPE_FIELDS: hidden_size,
         # num_hidden_layers, vocab_size, ...): a random-init model of that shape, seeded by
         # init_seed, e.g. name="tiny", shape=dict(hidden_size=256, intermediate_size=768). Not

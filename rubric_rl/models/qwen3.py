@@ -217,18 +217,41 @@ def causal_blocks_for(t: int) -> int:
     return 1
 
 
-def _use_fused(impl: str) -> bool:
-    return impl == "cudnn" or (impl == "auto" and jax.default_backend() == "gpu")
+# cuDNN's fused attention as jax exposes it: bf16/fp16 inputs, head_dim a multiple of 8 up to 128.
+_CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+
+
+def _use_fused(impl: str, q: Array) -> bool:
+    """Whether the full-sequence forward takes `fused_attention(..., "cudnn")`.
+
+    "cudnn" always; "auto" on a GPU when q's dtype and head_dim suit cuDNN (else "xla"). "auto"
+    resolves here, not in jax: `jax.nn.dot_product_attention(implementation=None)` is jax's XLA
+    path in jax 0.10-0.11 (its source: "defaults to XLA for now"), not cuDNN. Seen on an H200
+    (benchmarks/results/gpu_check-2026-12-04.jsonl): cuDNN with fully padded query rows matched
+    the float64 reference (outputs and gradients); the train-step figures there predate this
+    (their "auto" was jax's XLA attention)."""
+    if impl == "cudnn":
+        return True
+    hd = q.shape[-1]
+    return (
+        impl == "auto"
+        and jax.default_backend() == "gpu"
+        and q.dtype in _CUDNN_DTYPES
+        and hd % 8 == 0
+        and hd <= 128
+    )
 
 
 def fused_attention(q: Array, k: Array, v: Array, mask: Array, impl: str) -> Array:
-    """`jax.nn.dot_product_attention` (cuDNN flash attention on GPU) with the same contract as
-    `attention`. UNTESTED on GPU (this repo's CI is CPU-only). cuDNN wants bf16/fp16 inputs and
-    takes GQA directly (KV heads divide H); the bool mask is passed as [B, 1, T, S]."""
+    """`jax.nn.dot_product_attention` with the same contract as `attention`; impl "cudnn" (flash
+    attention on NVIDIA GPUs) or "xla" (jax's own XLA formulation, for comparison). cuDNN wants
+    bf16/fp16 inputs and takes GQA directly (KV heads divide H); the bool mask is passed as
+    [B, 1, T, S]."""
+    if impl not in ("cudnn", "xla"):
+        raise ValueError(f"fused_attention: impl={impl!r}; expected 'cudnn' or 'xla'")
     mask = jnp.asarray(mask)
     mask = jnp.broadcast_to(mask, (q.shape[0], *mask.shape[1:]))[:, None]
-    implementation = None if impl == "auto" else impl
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=impl)
 
 
 class Attention(nnx.Module):
@@ -312,8 +335,8 @@ class DecoderLayer(nnx.Module):
         new_cache = None
         if kv_cache is not None:
             k, v, new_cache = write_kv_cache(kv_cache, k, v, cache_index)
-        if kv_cache is None and _use_fused(attention_impl):
-            o = fused_attention(q, k, v, mask, attention_impl)
+        if kv_cache is None and _use_fused(attention_impl, q):
+            o = fused_attention(q, k, v, mask, "cudnn")
         else:
             o = attention(q, k, v, mask, causal_blocks=causal_blocks)
         x = x + self.attn.out(o)
@@ -391,8 +414,10 @@ class Qwen3ForCausalLM(nnx.Module):
         attention_impl (full-sequence forward only; KV-cache decoding always uses "xla"):
           "xla"   — `attention`, hand-written for XLA (the fast choice on CPU; the default);
           "cudnn" — `jax.nn.dot_product_attention(implementation="cudnn")`: flash attention on
-                    NVIDIA GPUs with a bf16/fp16 compute dtype; UNTESTED here (CPU-only CI);
-          "auto"  — jax's own choice (cuDNN when usable) on GPU, "xla" elsewhere.
+                    NVIDIA GPUs with a bf16/fp16 compute dtype (numerics checked on an H200 by
+                    benchmarks/gpu_check.py; CI is CPU-only);
+          "auto"  — "cudnn" on a GPU when the compute dtype is bf16/fp16 and head_dim a
+                    multiple of 8 up to 128, "xla" otherwise (see `_use_fused`).
         """
         check_attention_impl("Qwen3ForCausalLM", attention_impl)
         remat_policy(remat)  # a bad setting fails here, not at the first backward pass

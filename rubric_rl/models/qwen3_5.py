@@ -166,8 +166,8 @@ class HybridDecoderLayer(nnx.Module):
             if cache is not None:
                 k, v, new_cache = write_kv_cache(cache, k, v, cache_index)
                 o = attention(q, k, v, attn_mask)
-            elif _use_fused(attention_impl):
-                o = fused_attention(q, k, v, attn_mask, attention_impl)
+            elif _use_fused(attention_impl, q):
+                o = fused_attention(q, k, v, attn_mask, "cudnn")
             else:
                 o = attention(q, k, v, attn_mask, causal_blocks=causal_blocks)
             h = self.attn.out(o, gate)

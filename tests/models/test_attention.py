@@ -103,3 +103,53 @@ def test_attention_impl_option():
     auto = Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0), attention_impl="auto")
     # On CPU "auto" is the hand-written path: identical logits.
     np.testing.assert_array_equal(np.asarray(auto(ids)), np.asarray(xla(ids)))
+
+
+@pytest.mark.parametrize(
+    "impl, backend, dtype, head_dim, fused",
+    [
+        ("xla", "gpu", jnp.bfloat16, 128, False),
+        ("cudnn", "cpu", jnp.float32, 16, True),  # explicit: always (cuDNN itself then decides)
+        ("auto", "cpu", jnp.bfloat16, 128, False),
+        ("auto", "gpu", jnp.bfloat16, 128, True),
+        ("auto", "gpu", jnp.float16, 64, True),
+        ("auto", "gpu", jnp.float32, 128, False),  # cuDNN takes no float32
+        ("auto", "gpu", jnp.bfloat16, 256, False),  # above the head_dim we hand to cuDNN
+        ("auto", "gpu", jnp.bfloat16, 36, False),  # not a multiple of 8
+    ],
+)
+def test_auto_resolves_to_cudnn_only_where_it_applies(
+    monkeypatch, impl, backend, dtype, head_dim, fused
+):
+    # "auto" is resolved by us: jax's implementation=None is its XLA path (jax 0.10-0.11).
+    monkeypatch.setattr(qwen3.jax, "default_backend", lambda: backend)
+    q = jnp.zeros((1, 4, 2, head_dim), dtype)
+    assert qwen3._use_fused(impl, q) is fused
+
+
+def test_fused_attention_takes_only_concrete_impls():
+    q = jnp.zeros((1, 4, 2, 8))
+    with pytest.raises(ValueError, match="impl='auto'"):
+        qwen3.fused_attention(q, q[:, :, :1], q[:, :, :1], jnp.ones((1, 4, 4), bool), "auto")
+
+
+def test_builder_passes_the_attention_impl_and_the_gpu_variant_sets_auto():
+    from rubric_rl import builders
+    from rubric_rl.core import sharding
+    from rubric_rl.defaults import get_base_config
+
+    config = get_base_config()
+    tok = type("Tok", (), {"vocab_size": 100, "eos_id": 2})()
+    config.model.name = "tiny"
+    mesh = sharding.make_mesh(1, 1, 1, jax.devices()[:1])
+    assert builders.build_model(config, tok, mesh).attention_impl == "xla"  # the default
+    config.model.attention_impl = "auto"
+    assert builders.build_model(config, tok, mesh).attention_impl == "auto"
+    config.model.attention_impl = "flash"
+    with pytest.raises(ValueError, match="config.model.attention_impl: 'flash'"):
+        builders.build_model(config, tok, mesh)
+    from configs import arise_rl, grpo
+
+    for cfg in (grpo.get_config("gpu"), arise_rl.get_config("sql,gpu")):
+        assert cfg.model.attention_impl == "auto"
+    assert grpo.get_config("").model.attention_impl == "xla"
