@@ -40,7 +40,10 @@ Writes to ``--out`` (default ``<root>``) ``results.md`` (every table below) and 
 - ``cost.csv`` (``--cost-reference G``) — per group, the median seconds per step over steps >= 2,
   its ratio to group G's paired by seed, the harness cost split as fractions of the step, the
   guided rollouts' share of prompt tokens (an upper bound on their extra generation cost), and
-  the median seconds of the rollout, train and teacher stages (``COST_STAGES``).
+  the median seconds of the rollout, train and teacher stages (``COST_STAGES``); for runs that
+  log a role per step (ARISE-RL's ``arise_rl/generator_phase``: 1 generator, 0 solver) also the
+  median seconds per generator step and per solver step, each as a ratio to G's median s/step
+  by seed (``benchmarks/protocol_arise_rl.md``'s cost; G = solver-only GRPO there).
 
 ``--select`` (not the protocol): also report each set at a best step, for exploration. ``auto`` =
 the set's ``pass_rate`` when it logs one, else its ``score``; a metric name = that metric of each
@@ -457,6 +460,8 @@ COST_SPLIT = ("harness/time/critic", "harness/time/attributor_proposer", "harnes
 COST_STAGES = ("time/rollout", "time/train", "time/teacher")
 # The guided rollouts' share of the step's prompt tokens (an upper bound on their extra cost).
 GUIDED_SHARE = "harness/guidance/prompt_token_share"
+# A step's role where a method has two (ARISE-RL: 1 = generator step, 0 = solver step).
+ROLE_KEY, ROLES = "arise_rl/generator_phase", {"generator": 1.0, "solver": 0.0}
 
 
 def _run_steps(run: an.Run) -> int | None:
@@ -552,6 +557,15 @@ def step_cost(run: an.Run) -> dict[str, float]:
         s, v = run.series(key)
         if (s >= 2).any():
             out[_stage(key)] = float(np.median(v[s >= 2]))
+    s, role = run.series(ROLE_KEY)
+    if s.size:
+        by_step = dict(zip(s.tolist(), role.tolist(), strict=True))
+        for name, flag in ROLES.items():
+            sel = [
+                x for st, x in zip(steps, secs, strict=True) if st >= 2 and by_step.get(st) == flag
+            ]
+            if sel:
+                out[f"{name}_s/step"] = float(np.median(sel))
     return out
 
 
@@ -561,7 +575,7 @@ def _stage(key: str) -> str:
 
 COST_PARTS = (
     "s/step", *(k.rsplit("/", 1)[-1] for k in COST_SPLIT), "guided_prompt_tokens",
-    *(_stage(k) for k in COST_STAGES),
+    *(_stage(k) for k in COST_STAGES), *(f"{r}_s/step" for r in ROLES),
 )  # fmt: skip
 
 
@@ -581,6 +595,11 @@ def cost_rows(groups: Mapping[str, Sequence[an.Run]], reference: str) -> list[di
         if ratios:
             row["ratio"] = _ci(ratios)
             row["pairs"] = len(ratios)
+        for r in ROLES:
+            part = f"{r}_s/step"
+            rs = [c[part] / ref[k] for k, c in costs.items() if part in c and ref.get(k)]
+            if rs:
+                row[f"{r}_ratio"] = _ci(rs)
         rows.append(row)
     return rows
 
@@ -821,6 +840,8 @@ def report(
         cost = cost_rows(groups, ref)
         write_csv(os.path.join(out_dir, "cost.csv"), cost)
         parts = ["s/step", "ratio", *COST_PARTS[1:]]
+        if any(f"{r}_ratio" in row for row in cost for r in ROLES):
+            parts += [f"{r}_ratio" for r in ROLES]
         md += [f"## Per-step cost (median {COST_KEY} over steps >= 2; ratio to {ref} by seed)", ""]
         body = [[r["group"], str(r["seeds"])] + _cells(r, parts) for r in cost]
         md += [markdown_table(["group", "seeds", *parts], body), ""]

@@ -493,6 +493,33 @@ def test_dynamics_windows_final_values_and_paired_cost_ratio(tmp_path):
         aggregate.report(groups, str(tmp_path / "out"), cost_reference="nope")
 
 
+def test_cost_by_role_for_arise_rl(tmp_path):
+    r = tmp_path / "sweep"
+    # 12 steps: generator steps 1-4 and 9-10 (10 s, 12 s), solver steps 5-8, 11-12 (2 s, 3 s);
+    # step 1 (compile) is left out of every median.
+    for seed, scale in enumerate([1.0, 2.0]):
+        _write_dynamics_run(
+            r / "arise_rl" / f"seed{seed}",
+            12,
+            lambda s, k=scale: {
+                "arise_rl/generator_phase": 1.0 if s <= 4 or s in (9, 10) else 0.0,
+                "time/step": k
+                * (999.0 if s == 1 else (10.0 + 2 * (s > 4)) if s <= 4 or s in (9, 10) else 2.0),
+            },
+        )
+        _write_dynamics_run(r / "solver" / f"seed{seed}", 12, lambda s, k=scale: {"time/step": k})
+    groups = aggregate.load_groups(str(r))
+    cost = {row["group"]: row for row in aggregate.cost_rows(groups, "solver")}
+    # generator steps 2-4, 9-10: [10, 10, 10, 12, 12] -> median 10; solver steps: 2
+    assert cost["arise_rl"]["generator_s/step"][0] == pytest.approx(np.mean([10.0, 20.0]))
+    assert cost["arise_rl"]["solver_s/step"][0] == pytest.approx(np.mean([2.0, 4.0]))
+    assert cost["arise_rl"]["generator_ratio"] == (pytest.approx(10.0), 0.0)
+    assert cost["arise_rl"]["solver_ratio"] == (pytest.approx(2.0), 0.0)
+    assert "generator_ratio" not in cost["solver"] and "solver_s/step" not in cost["solver"]
+    text = aggregate.report(groups, str(tmp_path / "out"), cost_reference="solver")
+    assert "generator_ratio" in text and "solver_ratio" in text
+
+
 def test_rised_dynamics_are_means_over_every_step(tmp_path):
     r = tmp_path / "sweep"
     for seed, base in enumerate([0.5, 0.7]):
