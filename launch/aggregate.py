@@ -575,8 +575,10 @@ def _stage(key: str) -> str:
 
 COST_PARTS = (
     "s/step", *(k.rsplit("/", 1)[-1] for k in COST_SPLIT), "guided_prompt_tokens",
-    *(_stage(k) for k in COST_STAGES), *(f"{r}_s/step" for r in ROLES),
+    *(_stage(k) for k in COST_STAGES),
 )  # fmt: skip
+# Only runs that log ROLE_KEY have these; the table shows them only where some group does.
+ROLE_PARTS = tuple(f"{r}_s/step" for r in ROLES)
 
 
 def cost_rows(groups: Mapping[str, Sequence[an.Run]], reference: str) -> list[dict[str, Any]]:
@@ -587,7 +589,7 @@ def cost_rows(groups: Mapping[str, Sequence[an.Run]], reference: str) -> list[di
     for g, runs in groups.items():
         row: dict[str, Any] = {"group": g, "seeds": len(runs)}
         costs = {an.run_seed(r): step_cost(r) for r in runs}
-        for part in COST_PARTS:
+        for part in (*COST_PARTS, *ROLE_PARTS):
             vals = [c[part] for c in costs.values() if part in c]
             if vals:
                 row[part] = _ci(vals)
@@ -840,8 +842,8 @@ def report(
         cost = cost_rows(groups, ref)
         write_csv(os.path.join(out_dir, "cost.csv"), cost)
         parts = ["s/step", "ratio", *COST_PARTS[1:]]
-        if any(f"{r}_ratio" in row for row in cost for r in ROLES):
-            parts += [f"{r}_ratio" for r in ROLES]
+        if any(part in row for row in cost for part in ROLE_PARTS):
+            parts += [*ROLE_PARTS, *(f"{r}_ratio" for r in ROLES)]
         md += [f"## Per-step cost (median {COST_KEY} over steps >= 2; ratio to {ref} by seed)", ""]
         body = [[r["group"], str(r["seeds"])] + _cells(r, parts) for r in cost]
         md += [markdown_table(["group", "seeds", *parts], body), ""]

@@ -488,6 +488,7 @@ def test_dynamics_windows_final_values_and_paired_cost_ratio(tmp_path):
     assert "train_s" not in cost["grpo"] and "teacher_s" not in cost["harness"]
     text = aggregate.report(groups, str(tmp_path / "out"), dynamics=True, cost_reference="grpo")
     assert "## Training dynamics" in text and "## Per-step cost" in text
+    assert "generator_s/step" not in text  # no group logs a role: no role columns
     assert os.path.exists(tmp_path / "out" / "dynamics.csv")
     with pytest.raises(ValueError, match="--cost-reference"):
         aggregate.report(groups, str(tmp_path / "out"), cost_reference="nope")
