@@ -32,9 +32,11 @@ def byte_bpe(path):
 
 
 def main(a):
-    c = grpo_config()  # the peer shape (3.3M params), raw prompts, 8 x 4 completions of 64 tokens
+    # The peer shape (3.3M params), raw prompts of 8 tokens padded to a bucket of 8 (Tunix's side
+    # sets max_prompt_length to the longest prompt), 8 x 4 completions of 64 tokens.
+    c = grpo_config()
     c.model.update(name="peer-3m", tokenizer=byte_bpe(f"{a.workdir}/bpe"), chat_template="raw",
-                   vocab_multiple=1)  # fmt: skip
+                   vocab_multiple=1, max_prompt_len=16, prompt_buckets=(8,))  # fmt: skip
     c.rollout.update(tasks_per_step=8, samples_per_task=4, max_new_tokens=64, ignore_eos=True)
     c.loss.update(reward="peer_reward", advantage="grpo", mismatch_every=0)  # no KL, token-mean
     c.optim.update(lr=1e-5, schedule="constant", mini_batches=1)  # one AdamW update per step
