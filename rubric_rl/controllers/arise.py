@@ -161,6 +161,8 @@ class AriseController(Controller):
         self.pool = RubricSkillPool(config, bank)
         self.task_verifier = task_verifier or _default_verifier(tasks)
         self.window: collections.deque = collections.deque(maxlen=config.reflection_window_steps)
+        # Skills left out of prompts since the last observe (logged there, then reset).
+        self._dropped = collections.Counter({"cap": 0, "length": 0})
         if config.evolve and reflection is None:
             raise ValueError("AriseController: evolve=True needs a reflection")
 
@@ -182,18 +184,40 @@ class AriseController(Controller):
         return TaskBatch(tuple(self.with_pool_rubric(t) for t in batch.tasks), batch.weights)
 
     def decorate(self, tasks: Sequence[Task], prompts: Sequence[Messages]) -> list[Messages]:
+        """Each task's prompt with its active skills (``max_skills`` at most, pool order); skills
+        are dropped from the end until the prompt fits ``model.max_prompt_len`` (counted)."""
         out = [[dict(m) for m in p] for p in prompts]
         if not self.config.inject_skills:
             return out
+        cap = int(self.config.max_skills)
         for g, task in enumerate(tasks):
             skills = self.pool.skills_for(self.base_task(task))
-            if skills:
-                out[g] = append_to_last_user(
+            if cap and len(skills) > cap:
+                self._dropped["cap"] += len(skills) - cap
+                skills = skills[:cap]
+            while skills:
+                decorated = append_to_last_user(
                     out[g],
                     _skills_block(task, skills),
                     what=f"AriseController.decorate: task {task.id!r}",
                 )
+                if self._fits(decorated):
+                    out[g] = decorated
+                    break
+                self._dropped["length"] += 1
+                skills = skills[:-1]
         return out
+
+    def _fits(self, messages: Messages) -> bool:
+        """The prompt is within ``model.max_prompt_len`` (the check generation makes); True
+        without services (a controller used on its own)."""
+        if self.services is None:
+            return True
+        try:
+            self.services.encode_prompt(messages)
+        except ValueError:
+            return False
+        return True
 
     def task_rewards(self, tasks: Sequence[Task], responses: Sequence[Sequence[str]]) -> np.ndarray:
         """``[G, J]`` task verifier rewards (NaN where the verifier failed)."""
@@ -226,6 +250,10 @@ class AriseController(Controller):
     def observe(self, evidence: Rollouts) -> dict[str, float]:
         cfg = self.config
         metrics = {f"sampler/{k}": v for k, v in (self.sampler.observe(evidence) or {}).items()}
+        if self.config.inject_skills:
+            for why in ("cap", "length"):
+                metrics[f"skills_dropped_{why}"] = float(self._dropped[why])
+            self._dropped = collections.Counter({"cap": 0, "length": 0})
         computed = any(
             "task_verifier" in t.signals for g in evidence.groups for t in g.trajectories
         )

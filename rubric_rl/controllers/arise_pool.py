@@ -82,6 +82,11 @@ class AriseConfig:
     retire_window: int = 8
     evolve: bool = True  # False: the pool is frozen (no reflection, no transitions)
     inject_skills: bool = True  # False: the "no skill injection" ablation
+    # Ours (the seed states no limit; ARISE shows every active pair's skill for the task): at
+    # most this many skills in one prompt, in pool order (0 = all). Whatever the cap, skills are
+    # dropped from the end of the block until the prompt fits model.max_prompt_len, counted as
+    # arise/skills_dropped_length (before, such a prompt stopped the run with an error).
+    max_skills: int = 0
     w_rubric: float = 1.0
     success_threshold: float = 1.0  # a rollout succeeds when its task reward reaches this
     # Where candidate rubrics and bound entries' criteria come from (BANKS): "library" = the
@@ -96,7 +101,13 @@ class AriseConfig:
         for name in ("activate_window", "refine_window", "hide_window", "retire_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"AriseConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("pool_cap", "max_add_per_reflection", "min_evals", "max_refinements"):
+        for name in (
+            "pool_cap",
+            "max_add_per_reflection",
+            "min_evals",
+            "max_refinements",
+            "max_skills",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"AriseConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.reflect_every < 1 or self.reflection_window_steps < 1:

@@ -239,6 +239,59 @@ def test_pool_rubric_and_skills_target_type_and_criterion(tasks):
     assert ctl.with_pool_rubric(has[0]).rubric.criteria == ()
 
 
+class _PromptCap:
+    """Services' prompt check (``encode_prompt``): ValueError past ``cap`` words in the prompt."""
+
+    def __init__(self, cap):
+        self.cap = cap
+
+    def encode_prompt(self, messages, what="prompt", field="max_prompt_len"):
+        n = sum(len(m["content"].split()) for m in messages)
+        if n > self.cap:
+            raise ValueError(f"{what}: {n} tokens > config.model.{field}={self.cap}")
+        return tuple(range(n))
+
+
+def test_skills_are_capped_then_dropped_from_the_end_until_the_prompt_fits(tasks):
+    task = next(t for t in tasks if len({c.capability for c in t.rubric.criteria}) >= 3)
+    crits = list({c.capability: c for c in task.rubric.criteria if c.capability}.values())[:3]
+    skills = [f"skill number {i} for {c.capability}" for i, c in enumerate(crits)]
+
+    def controller(config):
+        ctl = _controller(tasks, config)
+        for c, skill in zip(crits, skills, strict=True):
+            key = f"{task.task_type}/{c.capability}/{c.id}"
+            e = ctl.pool.add(
+                _proposal(key, capability=c.capability, task_types=(task.task_type,),
+                          source_id=c.id, skill=skill), 0)  # fmt: skip
+            e.state = ACTIVE
+        return ctl
+
+    def shown(ctl):
+        out = ctl.decorate([task], [task.messages])[0][-1]["content"]
+        return [s for s in skills if s in out]
+
+    assert shown(controller(AriseConfig())) == skills  # every active skill, pool order
+    capped = controller(AriseConfig(max_skills=2))
+    assert shown(capped) == skills[:2]
+    words = sum(len(m["content"].split()) for m in task.messages)
+    block = len(" <skills> </skills>".split()) + sum(len(s.split()) + 1 for s in skills) - 1
+    ctl = controller(AriseConfig())
+    ctl.services = _PromptCap(words + block - 1)  # one word short of all three
+    assert shown(ctl) == skills[:2]
+    ctl.services = _PromptCap(words)  # not even one fits: the prompt as it was
+    assert ctl.decorate([task], [task.messages])[0] == task.messages
+    m = ctl.observe(Evidence(1, [task], [task.messages], [["x"]], None, None, None, None))
+    assert m["skills_dropped_length"] == 1 + 3 and m["skills_dropped_cap"] == 0
+    m = ctl.observe(Evidence(2, [task], [task.messages], [["x"]], None, None, None, None))
+    assert m["skills_dropped_length"] == 0  # reset each step
+    capped.decorate([task], [task.messages])
+    m = capped.observe(Evidence(1, [task], [task.messages], [["x"]], None, None, None, None))
+    assert m["skills_dropped_cap"] == 2  # two decorate calls above, one skill over each
+    with pytest.raises(ValueError, match="max_skills"):
+        AriseConfig(max_skills=-1)
+
+
 def test_bound_entry_targets_its_own_capability_cell(tasks):
     ctl = _controller(tasks)
     e = ctl.pool.add(
