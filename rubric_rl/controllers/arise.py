@@ -162,7 +162,7 @@ class AriseController(Controller):
         self.task_verifier = task_verifier or _default_verifier(tasks)
         self.window: collections.deque = collections.deque(maxlen=config.reflection_window_steps)
         # Skills left out of prompts since the last observe (logged there, then reset).
-        self._dropped = collections.Counter({"cap": 0, "length": 0})
+        self._dropped: collections.Counter = collections.Counter()
         if config.evolve and reflection is None:
             raise ValueError("AriseController: evolve=True needs a reflection")
 
@@ -253,7 +253,7 @@ class AriseController(Controller):
         if self.config.inject_skills:
             for why in ("cap", "length"):
                 metrics[f"skills_dropped_{why}"] = float(self._dropped[why])
-            self._dropped = collections.Counter({"cap": 0, "length": 0})
+            self._dropped.clear()
         computed = any(
             "task_verifier" in t.signals for g in evidence.groups for t in g.trajectories
         )
