@@ -12,6 +12,13 @@ with its own Python:
   tunix  benchmarks/peers/tunix_side.py   <venvs>/tunix/bin/python  (google-tunix 0.1.7, jax 0.10.2)
   trl    benchmarks/peers/trl_side.py     <venvs>/trl/bin/python    (trl 1.16, torch 2.13 CPU)
 
+Every JAX side sees ``--host_devices`` CPU devices (XLA's host-device count, default 1), or the
+count its ``--sides`` entry names (``ours@2,tunix@1,tunix@2,trl``): each side may run in several
+configurations in one run, and the ratios and goals compare each side at its best (lowest median
+step), the configurations named in the line. Our side splits its batch over the devices
+(data-parallel: one thread per device, which the decode's small dots need to use both cores);
+Tunix's side puts them on its fsdp axis (parameters and batch sharded); torch ignores the flag.
+
 ``--venvs`` defaults to ``$PEER_VENVS`` or ``peer-venvs`` beside the repository; the install lines
 are in ``benchmarks/peers/README.md``. A side whose Python (or script) is missing is reported as
 skipped, not an error; a side that fails is reported with its exit code and the tail of its stderr.
@@ -56,6 +63,12 @@ class Side:
     python: str
     script: str
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    devices: int | None = None  # CPU devices JAX sees (XLA's host-device count); None: as given
+
+    @property
+    def base(self) -> str:
+        """The side without its device count: "tunix" for "tunix@2"."""
+        return self.name.split("@")[0]
 
 
 def default_sides(venvs: str, python: str = sys.executable) -> dict[str, Side]:
@@ -108,11 +121,14 @@ def run_side(
         f"--warmup={warmup}",
         f"--workdir={workdir}",
     ]
+    env = {**env, **side.env}
+    if side.devices is not None:
+        env = with_host_devices(env, side.devices)
     start = time.perf_counter()
     try:
         proc = subprocess.run(
             cmd,
-            env={**env, **side.env},
+            env=env,
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -133,14 +149,17 @@ def run_side(
             else "no JSON line with " + ", ".join(FIGURES)
         )
         return dict(status="failed", error=f"{side.name}: {why}: {' '.join(cmd)}\n{tail}")
-    return dict(row, status="ok", wall_s=wall_s)
+    return dict(row, status="ok", wall_s=wall_s, given_devices=side.devices)
 
 
 def workload_checks(row: Mapping, tokenizer_digest: str | None = None) -> dict:
     """Did the run do the workload: exactly 64 new tokens per completion, rewards in [0, 1],
-    3,279,616 parameters, weights that moved, the tokenizer ``tokenizer_digest`` names (a side
-    that does not report a field is not judged on it)."""
+    3,279,616 parameters, weights that moved, the tokenizer ``tokenizer_digest`` names, on the
+    ``given_devices`` CPU devices its environment set (a side that does not report a field is not
+    judged on it)."""
     checks = {}
+    if row.get("devices") is not None and row.get("given_devices") is not None:
+        checks["devices"] = row["devices"] == row["given_devices"]
     if "completion_tokens_mean" in row:
         lengths = [
             row.get(k, row["completion_tokens_mean"])
@@ -168,7 +187,12 @@ def aggregate(
 ) -> dict:
     """The JSON line: per side the median over its ok rounds of each figure and every round's
     figures; for ours against each peer the ratios of those medians, the step ratio per round
-    (rounds where both ran) and the goal booleans (None when either side has no figures)."""
+    (rounds where both ran) and the goal booleans (None when either side has no figures).
+
+    A side may run in several configurations (``tunix@1``, ``tunix@2``: its CPU device counts);
+    the ratios and goals compare each side at its best — the configuration with the lowest
+    median step of ours against the peer's (``sides`` names them) — and ``step_by_side`` gives
+    ours' best over every configuration of the peer."""
     out: dict = {"sides": {}}
     for name, reason in skipped.items():
         out["sides"][name] = dict(status="skipped", reason=reason)
@@ -190,24 +214,46 @@ def aggregate(
         out["sides"][name] = side
     out["failed"] = sorted(n for n, side in out["sides"].items() if side["status"] == "failed")
     out["skipped"] = sorted(skipped)
-    ours = out["sides"].get("ours", {})
+    ours_name = _best(out["sides"], "ours")
+    ours = out["sides"].get(ours_name, {})
     for peer, goal in GOALS.items():
-        theirs = out["sides"].get(peer, {})
+        peer_name = _best(out["sides"], peer)
+        theirs = out["sides"].get(peer_name, {})
         ratios = {}
         for f in FIGURES:
             a, b = ours.get(f), theirs.get(f)
             ratios[f.replace("_s_median", "")] = a / b if a is not None and b else None
-        pairs = zip(runs.get("ours", []), runs.get(peer, []))
+        pairs = zip(runs.get(ours_name, []), runs.get(peer_name, []))
         per_round = [
             a["step_s_median"] / b["step_s_median"]
             for a, b in pairs
             if a.get("status") == b.get("status") == "ok"
         ]
-        out[f"ours_over_{peer}"] = dict(ratios, step_per_round=per_round)
+        by_side = {
+            name: ours["step_s_median"] / side["step_s_median"]
+            for name, side in out["sides"].items()
+            if name.split("@")[0] == peer
+            and side.get("step_s_median")
+            and ours.get("step_s_median") is not None
+        }
+        out[f"ours_over_{peer}"] = dict(
+            ratios, step_per_round=per_round, sides=[ours_name, peer_name], step_by_side=by_side
+        )
         out[f"goal_step_le_{goal}x_{peer}"] = (
             None if ratios["step"] is None else ratios["step"] <= goal
         )
     return out
+
+
+def _best(sides: Mapping[str, Mapping], base: str) -> str:
+    """The configuration of side ``base`` ("tunix", "tunix@2", ...) with the lowest median step
+    (``base`` itself when none has figures)."""
+    timed = [
+        (side["step_s_median"], name)
+        for name, side in sides.items()
+        if name.split("@")[0] == base and side.get("step_s_median") is not None
+    ]
+    return min(timed)[1] if timed else base
 
 
 def reference_digest(workdir: str) -> str | None:
@@ -224,6 +270,16 @@ def reference_digest(workdir: str) -> str | None:
         return None
 
 
+HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+
+
+def with_host_devices(env: Mapping[str, str], n: int) -> dict[str, str]:
+    """``env`` with XLA's host-device count set to ``n`` (any count already in XLA_FLAGS replaced,
+    its other flags kept): each JAX side then sees ``n`` CPU devices (torch ignores it)."""
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(HOST_DEVICES_FLAG)]
+    return {**env, "XLA_FLAGS": " ".join([*flags, f"{HOST_DEVICES_FLAG}={n}"])}
+
+
 def side_env(tcmalloc: bool, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The environment every side starts with: this one, tcmalloc preloaded if asked and found."""
     if tcmalloc:
@@ -234,6 +290,37 @@ def side_env(tcmalloc: bool, environ: Mapping[str, str] = os.environ) -> dict[st
         if env is not None:
             return env
     return dict(environ)
+
+
+def parse_sides(
+    text: str, known: Mapping[str, Side], host_devices: int
+) -> tuple[list[Side], list[str]]:
+    """``--sides``: comma-separated ``name`` or ``name@N`` (N CPU devices, or ``cores``) ->
+    the sides in order, each with its device count (``host_devices`` when not given), and the
+    entries that are not valid (unknown names, bad or repeated counts)."""
+    sides, bad = [], []
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        name, _, count = entry.partition("@")
+        devices = _devices(count) if count else host_devices
+        if name not in known or devices < 1:
+            bad.append(entry)
+            continue
+        sides.append(dataclasses.replace(known[name], name=entry, devices=devices))
+    names = [s.name for s in sides]
+    bad += sorted({n for n in names if names.count(n) > 1})
+    return sides, bad
+
+
+def _devices(text: str) -> int:
+    """A device count: a positive integer or ``cores`` (os.cpu_count()); 0 when neither."""
+    if text == "cores":
+        return os.cpu_count() or 1
+    try:
+        return int(text)
+    except ValueError:
+        return 0
 
 
 def run_rounds(
@@ -284,7 +371,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=12, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before them (compilation)")
     p.add_argument(
-        "--sides", default="ours,tunix,trl", help="comma-separated, run in this order each round"
+        "--sides",
+        default="ours,tunix,trl",
+        help="comma-separated, run in this order each round; name@N runs that side with N CPU "
+        "devices (e.g. ours@2,tunix@1,tunix@2,trl)",
     )
     venvs = os.environ.get("PEER_VENVS", os.path.join(os.path.dirname(ROOT), "peer-venvs"))
     p.add_argument(
@@ -297,6 +387,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
         default="auto",
         help="preload tcmalloc for every side",
     )
+    p.add_argument(
+        "--host_devices",
+        default="1",
+        help="CPU devices each JAX side sees unless its --sides entry says @N (XLA_FLAGS' "
+        "host-device count; 'cores' = os.cpu_count()); ours runs data-parallel over them, "
+        "Tunix's side puts them all on its fsdp axis; TRL's side is unaffected",
+    )
     p.add_argument("--timeout_s", type=float, default=1800, help="per run of one side")
     p.add_argument("--workdir", default=None, help="run directories (default: a temporary folder)")
     a = p.parse_args(argv)
@@ -305,13 +402,19 @@ def main(argv: Sequence[str] | None = None) -> dict:
             f"--rounds ({a.rounds}), --steps ({a.steps}) and --warmup ({a.warmup}) must be >= 1"
         )
     known = default_sides(a.venvs, a.python)
-    names = [n.strip() for n in a.sides.split(",") if n.strip()]
-    if unknown := [n for n in names if n not in known]:
-        p.error(f"--sides: unknown side(s) {unknown}; known: {sorted(known)}")
+    host_devices = _devices(a.host_devices)
+    if host_devices < 1:
+        p.error(f"--host_devices ({a.host_devices!r}) must be an integer >= 1 or 'cores'")
+    sides, bad = parse_sides(a.sides, known, host_devices)
+    if bad:
+        p.error(
+            f"--sides: {bad} not valid: each entry is a side ({sorted(known)}) with an optional "
+            "@N (N >= 1 CPU devices, or @cores), each configuration once"
+        )
     env = side_env(a.tcmalloc == "auto")
     with tempfile.TemporaryDirectory(prefix="peer_step_") as tmp:
         out = run_rounds(
-            [known[n] for n in names],
+            sides,
             rounds=a.rounds,
             steps=a.steps,
             warmup=a.warmup,

@@ -51,7 +51,8 @@ def main(a):
         completion_tokens_mean=statistics.mean(r["rollout/len_mean"] for r in timer.rows),
         reward_mean=statistics.mean(r["reward/peer_reward/mean"] for r in timer.rows),
         reward_fn_failed=max(r.get("reward_fn/peer_reward/failed", 0.0) for r in timer.rows),
-        params=sum(x.size for x in jax.tree.leaves(trainer.state.params)))))  # fmt: skip
+        params=sum(x.size for x in jax.tree.leaves(trainer.state.params)),
+        devices=jax.device_count())))  # fmt: skip
 
 
 if __name__ == "__main__":

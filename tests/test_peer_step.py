@@ -185,7 +185,7 @@ def test_workload_checks():
 
 
 SIDE_SCRIPT = """
-import json, sys
+import json, os, re, sys
 name, log = sys.argv[1], sys.argv[2]
 args = dict(a.lstrip("-").split("=", 1) for a in sys.argv[3:])
 open(log, "a").write(f"{name} {args['steps']} {args['warmup']}\\n")
@@ -193,11 +193,14 @@ if name == "broken":
     sys.exit("broken side: no model")
 print("some log line")
 step = {"ours": 0.5, "tunix": 1.0}[name]
-print(json.dumps(dict(step_s_median=step, gen_s_median=step / 2, train_s_median=step / 2)))
+count = re.search(r"host_platform_device_count=(\\d+)", os.environ.get("XLA_FLAGS", ""))
+devices = int(count.group(1)) if count else 1
+print(json.dumps(dict(step_s_median=step, gen_s_median=step / 2, train_s_median=step / 2,
+                      devices=devices)))
 """
 
 
-def _script_side(tmp_path, name: str) -> peer_step.Side:
+def _script_side(tmp_path, name: str, devices: int | None = None) -> peer_step.Side:
     """A side that is a small script (sys.argv: its name and the log it appends to, then the
     runner's flags); run through the real subprocess runner."""
     script = tmp_path / "side.py"
@@ -208,11 +211,11 @@ def _script_side(tmp_path, name: str) -> peer_step.Side:
         f"sys.argv = [{str(script)!r}, {name!r}, {str(tmp_path / 'log')!r}] + sys.argv[1:]\n"
         f"runpy.run_path({str(script)!r}, run_name='__main__')\n"
     )
-    return peer_step.Side(name, sys.executable, str(wrapper))
+    return peer_step.Side(name, sys.executable, str(wrapper), devices=devices)
 
 
 def test_rounds_alternate_the_sides_and_report_failures(tmp_path):
-    sides = [_script_side(tmp_path, n) for n in ("ours", "tunix", "broken")]
+    sides = [_script_side(tmp_path, n, devices=2) for n in ("ours", "tunix", "broken")]
     sides.append(
         peer_step.Side(
             "trl", str(tmp_path / "no-venv" / "bin" / "python"), str(tmp_path / "ours.py")
@@ -243,6 +246,9 @@ def test_rounds_alternate_the_sides_and_report_failures(tmp_path):
         and "no model" in out["sides"]["broken"]["errors"][0]
     )
     assert out["sides"]["ours"]["step_s_per_round"] == [0.5, 0.5]
+    # Each side saw the two host devices the environment gave it (the script reads XLA_FLAGS).
+    assert out["sides"]["ours"]["checks"] == out["sides"]["tunix"]["checks"] == dict(devices=True)
+    assert [r["devices"] for r in out["sides"]["ours"]["runs"]] == [2, 2]
     assert (
         out["ours_over_tunix"]["step"] == pytest.approx(0.5)
         and out["goal_step_le_0.8x_tunix"] is True
@@ -277,3 +283,63 @@ def test_missing_peer_venvs_are_skipped_not_errors(tmp_path, capsys):
     )
     with pytest.raises(SystemExit):
         peer_step.main(["--sides=ours,deepspeed"])
+
+
+def test_host_devices_per_side(tmp_path, capsys):
+    flag = "--xla_force_host_platform_device_count"
+    environ = {"XLA_FLAGS": f"--xla_cpu_foo=1 {flag}=8", "OTHER": "x"}
+    assert peer_step.with_host_devices(environ, 2) == {
+        "XLA_FLAGS": f"--xla_cpu_foo=1 {flag}=2",
+        "OTHER": "x",
+    }
+    assert peer_step.with_host_devices({}, 1) == {"XLA_FLAGS": f"{flag}=1"}
+    # A side reporting other devices than its environment gave it fails the check.
+    assert peer_step.workload_checks(dict(devices=1, given_devices=2)) == dict(devices=False)
+    assert peer_step.workload_checks(dict(devices=2, given_devices=2)) == dict(devices=True)
+    assert peer_step.workload_checks(dict(devices=2)) == {}
+    known = peer_step.default_sides(str(tmp_path))
+    sides, bad = peer_step.parse_sides("ours@2, tunix,tunix@cores,trl", known, host_devices=1)
+    assert [(s.name, s.base, s.devices) for s in sides] == [
+        ("ours@2", "ours", 2),
+        ("tunix", "tunix", 1),
+        ("tunix@cores", "tunix", os.cpu_count()),
+        ("trl", "trl", 1),
+    ]
+    assert sides[0].script == known["ours"].script and sides[0].env == known["ours"].env
+    for text, wrong in (
+        ("ours@0,trl", ["ours@0"]),
+        ("ours@two", ["ours@two"]),
+        ("ours,deepspeed@2", ["deepspeed@2"]),
+        ("ours@2,ours@2", ["ours@2"]),
+    ):
+        assert peer_step.parse_sides(text, known, host_devices=1)[1] == wrong
+    common = ["--sides=tunix,tunix@2", f"--venvs={tmp_path}", "--rounds=1", "--steps=1"]
+    line = peer_step.main([*common, "--host_devices=cores", f"--workdir={tmp_path}"])
+    assert sorted(line["sides"]) == ["tunix", "tunix@2"]
+    for bad_count in ("0", "two"):
+        with pytest.raises(SystemExit):
+            peer_step.main([*common, f"--host_devices={bad_count}"])
+    assert "--host_devices" in capsys.readouterr().err
+
+
+def test_each_side_is_compared_at_its_best_configuration():
+    runs = {
+        "ours": [_row(1.0, 0.4, 0.6), _row(1.0, 0.4, 0.6)],
+        "ours@2": [_row(0.7, 0.2, 0.5), _row(0.8, 0.3, 0.5)],
+        "tunix@1": [_row(1.0, 0.4, 0.6), _row(0.8, 0.3, 0.5)],
+        "tunix@2": [_row(1.2, 0.5, 0.7), _row(1.0, 0.5, 0.5)],
+        "trl": [_row(2.0, 1.2, 0.8), _row(1.6, 1.0, 0.6)],
+    }
+    out = peer_step.aggregate(runs, {})
+    # Medians by hand: ours 1.0, ours@2 0.75, tunix@1 0.9, tunix@2 1.1, trl 1.8.
+    assert out["ours_over_tunix"]["sides"] == ["ours@2", "tunix@1"]
+    assert out["ours_over_tunix"]["step"] == pytest.approx(0.75 / 0.9)
+    assert out["ours_over_tunix"]["gen"] == pytest.approx(0.25 / 0.35)
+    assert out["ours_over_tunix"]["step_per_round"] == pytest.approx([0.7, 1.0])
+    assert out["ours_over_tunix"]["step_by_side"] == pytest.approx(
+        {"tunix@1": 0.75 / 0.9, "tunix@2": 0.75 / 1.1}
+    )
+    assert out["goal_step_le_0.8x_tunix"] is False  # 0.833 against Tunix at its best
+    assert out["ours_over_trl"]["sides"] == ["ours@2", "trl"]
+    assert out["ours_over_trl"]["step"] == pytest.approx(0.75 / 1.8)
+    assert out["goal_step_le_0.5x_trl"] is True
