@@ -213,14 +213,14 @@ def settle(x: Any, mesh: Mesh) -> Any:
 
 
 def kv_cache_shardings(cache: Any, mesh: Mesh) -> Any:
-    """Shardings for a KV cache pytree of [B, S, KV, hd] arrays (`Qwen3ForCausalLM.init_cache`)
-    or, for a scanned model, [B, S, L, KV, hd]: batch over ("data", "fsdp") like the batch, kv
+    """Shardings for a KV cache pytree of [B, KV, S, hd] arrays (`Qwen3ForCausalLM.init_cache`)
+    or, for a scanned model, [B, L, KV, S, hd]: batch over ("data", "fsdp") like the batch, kv
     heads over "tensor" (divisibility fallback), the stacked layer axis replicated."""
 
     def one(x):
-        names = (BATCH_AXES, None, "tensor", None)
+        names = (BATCH_AXES, "tensor", None, None)
         if x.ndim == 5:
-            names = (BATCH_AXES, None, None, "tensor", None)
+            names = (BATCH_AXES, None, "tensor", None, None)
         return NamedSharding(mesh, spec_for(x.shape, names, mesh))
 
     return jax.tree.map(one, cache)

@@ -157,12 +157,25 @@ def rope(x: Array, positions: Array, theta: float) -> Array:
 
 
 ATTENTION_IMPLS = ("xla", "cudnn", "auto")
+# The slot axis of every KV-cache array ([B, KV, S, hd]; stacked [B, L, KV, S, hd]).
+KV_SLOT_AXIS = -2
 
 
-def attention(q: Array, k: Array, v: Array, mask: Array, *, causal_blocks: int = 1) -> Array:
+def attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Array,
+    *,
+    causal_blocks: int = 1,
+    kv_heads_major: bool = False,
+) -> Array:
     """Grouped-query attention with a float32 softmax (the XLA path, used on CPU).
 
-    q [B, T, H, hd]; k, v [B, S, KV, hd]; mask bool [B, T, S] or [1, T, S] (True = may attend).
+    q [B, T, H, hd]; k, v [B, S, KV, hd], or [B, KV, S, hd] with ``kv_heads_major`` (the KV
+    cache's layout: the matmuls read it as it is, where the token-major layout is transposed
+    first — a copy of the whole cache per layer and decode step);
+    mask bool [B, T, S] or [1, T, S] (True = may attend).
     Returns [B, T, H, hd] in q.dtype. A fully masked row (a left-pad query) gets a uniform
     average of v: finite garbage, and no gradient reaches its scores.
 
@@ -172,14 +185,16 @@ def attention(q: Array, k: Array, v: Array, mask: Array, *, causal_blocks: int =
     work is saved; a fully masked row then averages fewer v (different garbage).
 
     Layout (why): the G = H/KV query heads that share a KV head are stacked along the query axis
-    and the batch dims lead, so both matmuls are plain batched GEMMs [B·KV, G·T, hd] x
-    [B·KV, S, hd] with no K/V repeat. On XLA:CPU the 5-D einsum this replaced
+    and the batch dims (B, KV) lead in both operands, so both matmuls are plain batched GEMMs
+    [B, KV, G·T, hd] x [B, KV, S, hd] with no K/V repeat. On XLA:CPU the 5-D einsum this replaced
     ('btkgd,bskd->bkgts') ran ≈1.25× slower in forward+backward (transposes around the dots of
     the backward pass); the explicit transposes here fuse with RoPE / the output projection.
     The softmax scale is folded into q (T·hd multiplies instead of T·S; exact for hd = 64).
     """
     b, t, h, hd = q.shape
-    s_len, kv = k.shape[1], k.shape[2]
+    if not kv_heads_major:
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    kv, s_len = k.shape[1], k.shape[2]
     g = h // kv
     mask = jnp.asarray(mask)
     if causal_blocks > 1 and (s_len != t or t % causal_blocks):
@@ -188,21 +203,26 @@ def attention(q: Array, k: Array, v: Array, mask: Array, *, causal_blocks: int =
             f"(got T={t}, S={s_len})"
         )
     qh = (q * jnp.asarray(hd**-0.5, q.dtype)).reshape(b, t, kv, g, hd).transpose(0, 2, 3, 1, 4)
-    kh = k.transpose(0, 2, 1, 3).reshape(b * kv, s_len, hd)
-    vh = v.transpose(0, 2, 1, 3).reshape(b * kv, s_len, hd)
     tb = t // causal_blocks
     outs = []
     for i in range(causal_blocks):
         end = s_len if causal_blocks == 1 else (i + 1) * tb
-        qi = qh[:, :, :, i * tb : (i + 1) * tb].reshape(b * kv, g * tb, hd)
+        # (B, KV) as two leading batch dims of both operands, not one reshaped B·KV: a reshape of
+        # a KV cache just written in a decode loop made XLA:CPU duplicate the cache update (one
+        # for the carry, one for the dot) and copy the whole cache for each.
+        qi = qh[:, :, :, i * tb : (i + 1) * tb].reshape(b, kv, g * tb, hd)
         mi = mask[:, i * tb : (i + 1) * tb, :end]
-        scores = jnp.einsum("nqd,nsd->nqs", qi, kh[:, :end], preferred_element_type=jnp.float32)
+        scores = jnp.einsum(
+            "bknd,bksd->bkns", qi, k[:, :, :end], preferred_element_type=jnp.float32
+        )
         scores = scores.reshape(b, kv, g, tb, end)
         # `where`, not an additive bias: same cost here (it fuses into the softmax), and a fully
         # masked row's scores get exactly zero gradient, as in the reference formulation.
         scores = jnp.where(mi[:, None, None, :, :], scores, _MASK_VALUE)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b * kv, g * tb, end)
-        out = jnp.einsum("nqs,nsd->nqd", probs, vh[:, :end], preferred_element_type=jnp.float32)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kv, g * tb, end)
+        out = jnp.einsum(
+            "bkns,bksd->bknd", probs, v[:, :, :end], preferred_element_type=jnp.float32
+        )
         outs.append(out.reshape(b, kv, g, tb, hd))
     out = outs[0] if causal_blocks == 1 else jnp.concatenate(outs, axis=3)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd).astype(q.dtype)
@@ -300,11 +320,15 @@ def write_kv_cache(
     kv_cache: dict[str, Array], k: Array, v: Array, cache_index: Array
 ) -> tuple[Array, Array, dict[str, Array]]:
     """Writes k, v [B, t, KV, hd] at slots [cache_index, cache_index + t) of kv_cache {"k","v"}
-    ([B, S, KV, hd]); returns (all S keys, all S values in k's dtype, the new cache)."""
+    ([B, KV, S, hd]: heads-major, see `attention`); returns (all S keys, all S values, both
+    [B, KV, S, hd] in k's dtype, the new cache)."""
     zero = jnp.zeros((), jnp.int32)
-    idx = (zero, jnp.asarray(cache_index, jnp.int32), zero, zero)
-    new_k = jax.lax.dynamic_update_slice(kv_cache["k"], k.astype(kv_cache["k"].dtype), idx)
-    new_v = jax.lax.dynamic_update_slice(kv_cache["v"], v.astype(kv_cache["v"].dtype), idx)
+    idx = (zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
+
+    def put(cache: Array, x: Array) -> Array:
+        return jax.lax.dynamic_update_slice(cache, x.transpose(0, 2, 1, 3).astype(cache.dtype), idx)
+
+    new_k, new_v = put(kv_cache["k"], k), put(kv_cache["v"], v)
     return new_k.astype(k.dtype), new_v.astype(k.dtype), {"k": new_k, "v": new_v}
 
 
@@ -326,7 +350,7 @@ class DecoderLayer(nnx.Module):
         attention_impl="xla",
         causal_blocks=1,
     ):
-        """One pre-norm block. With `kv_cache` = {"k","v"} ([B, S, KV, hd]) the new k/v are written
+        """One pre-norm block. With `kv_cache` = {"k","v"} ([B, KV, S, hd]) the new k/v are written
         at slots [cache_index, cache_index + T) and attention runs over all S slots; returns
         (x, new_kv_cache or None). `attention_impl` (see Qwen3ForCausalLM) applies without a
         cache only; the KV-cache path always uses `attention`. `causal_blocks`: see `attention`
@@ -338,7 +362,9 @@ class DecoderLayer(nnx.Module):
         if kv_cache is None and _use_fused(attention_impl, q):
             o = fused_attention(q, k, v, mask, "cudnn")
         else:
-            o = attention(q, k, v, mask, causal_blocks=causal_blocks)
+            o = attention(
+                q, k, v, mask, causal_blocks=causal_blocks, kv_heads_major=kv_cache is not None
+            )
         x = x + self.attn.out(o)
         x = x + self.mlp(self.post_attention_norm(x))
         return x, new_cache
@@ -500,17 +526,19 @@ class Qwen3ForCausalLM(nnx.Module):
     # -- KV-cache decoding (rollout engine) -------------------------------------------------
 
     def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> list[dict[str, Array]]:
-        """Zeroed KV cache: a list (one per layer) of {"k", "v"} arrays [batch, max_len, KV, hd]
+        """Zeroed KV cache: a list (one per layer) of {"k", "v"} arrays [batch, KV, max_len, hd]
         in `dtype` (default: the compute dtype). A plain pytree: pass it through jit/while_loop.
+        Heads-major, so decode attention reads the cache without transposing it (see
+        `attention`); the slot axis is always the second to last (`KV_SLOT_AXIS`).
 
-        With `config.scan_layers`: a list of ONE {"k", "v"} pair [batch, max_len, L, KV, hd], all
-        layers stacked on axis 2 — batch and slot axes stay first, where the engine shards rows
-        and prefix reuse gathers slots, and the scan updates each layer's slots in place."""
+        With `config.scan_layers`: a list of ONE {"k", "v"} pair [batch, L, KV, max_len, hd], all
+        layers stacked on axis 1 — batch first, where the engine shards rows — and the scan
+        updates each layer's slots in place."""
         c = self.config
         dtype = dtype or self.dtype
-        shape = (batch, max_len, c.num_key_value_heads, c.head_dim)
+        shape = (batch, c.num_key_value_heads, max_len, c.head_dim)
         if c.scan_layers:
-            shape = (batch, max_len, c.num_hidden_layers, *shape[2:])
+            shape = (batch, c.num_hidden_layers, *shape[1:])
             return [{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}]
         return [
             {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
@@ -563,27 +591,27 @@ class Qwen3ForCausalLM(nnx.Module):
         return logits_from_hidden(h, self.unembed()), new_cache
 
     def _decode_scanned(self, x, positions, mask, cache, cache_index):
-        """The layers of `decode` as one scan; the stacked cache [B, S, L, KV, hd] rides in the
+        """The layers of `decode` as one scan; the stacked cache [B, L, KV, S, hd] rides in the
         carry and only layer i's t new slots are written back (in place under jit)."""
         if len(cache) != 1 or cache[0]["k"].ndim != 5:
             raise ValueError(
                 "Qwen3ForCausalLM.decode: config.scan_layers needs the stacked cache of "
-                "init_cache (one {'k','v'} pair [B, S, L, KV, hd])"
+                "init_cache (one {'k','v'} pair [B, L, KV, S, hd])"
             )
         t = x.shape[1]
 
         def body(layer, carry, i):
             x, ks, vs = carry
             layer_cache = {
-                "k": jax.lax.dynamic_index_in_dim(ks, i, axis=2, keepdims=False),
-                "v": jax.lax.dynamic_index_in_dim(vs, i, axis=2, keepdims=False),
+                "k": jax.lax.dynamic_index_in_dim(ks, i, axis=1, keepdims=False),
+                "v": jax.lax.dynamic_index_in_dim(vs, i, axis=1, keepdims=False),
             }
             x, lc = layer(x, positions, mask, kv_cache=layer_cache, cache_index=cache_index)
-            at = (0, cache_index, i, 0, 0)
-            new_k = jax.lax.dynamic_slice_in_dim(lc["k"], cache_index, t, axis=1)
-            new_v = jax.lax.dynamic_slice_in_dim(lc["v"], cache_index, t, axis=1)
-            ks = jax.lax.dynamic_update_slice(ks, new_k[:, :, None], at)
-            vs = jax.lax.dynamic_update_slice(vs, new_v[:, :, None], at)
+            at = (0, i, 0, cache_index, 0)
+            new_k = jax.lax.dynamic_slice_in_dim(lc["k"], cache_index, t, axis=2)
+            new_v = jax.lax.dynamic_slice_in_dim(lc["v"], cache_index, t, axis=2)
+            ks = jax.lax.dynamic_update_slice(ks, new_k[:, None], at)
+            vs = jax.lax.dynamic_update_slice(vs, new_v[:, None], at)
             return (x, ks, vs), None
 
         layers = jnp.arange(self.config.num_hidden_layers, dtype=jnp.int32)

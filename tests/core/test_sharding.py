@@ -132,9 +132,9 @@ def test_kv_cache_shardings():
     model = Qwen3ForCausalLM(CFG, rngs=nnx.Rngs(0))  # kv heads 2
     cache = jax.eval_shape(lambda: model.init_cache(8, 16))
     sh = S.kv_cache_shardings(cache, mesh)
-    assert sh[0]["k"].spec == P(("data", "fsdp"), None, "tensor", None)
+    assert sh[0]["k"].spec == P(("data", "fsdp"), "tensor", None, None)
     odd = S.kv_cache_shardings(jax.eval_shape(lambda: model.init_cache(6, 16)), mesh)
-    assert odd[1]["v"].spec == P(None, None, "tensor", None)  # 6 % 4: batch replicated
+    assert odd[1]["v"].spec == P(None, "tensor", None, None)  # 6 % 4: batch replicated
 
 
 def test_settle_waits_only_on_a_cpu_mesh_of_several_devices():
