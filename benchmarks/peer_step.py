@@ -68,7 +68,12 @@ class Side:
     @property
     def base(self) -> str:
         """The side without its device count: "tunix" for "tunix@2"."""
-        return self.name.split("@")[0]
+        return base_name(self.name)
+
+
+def base_name(name: str) -> str:
+    """A side's name without its device count: "tunix" for "tunix@2" and for "tunix"."""
+    return name.split("@")[0]
 
 
 def default_sides(venvs: str, python: str = sys.executable) -> dict[str, Side]:
@@ -229,13 +234,9 @@ def aggregate(
             for a, b in pairs
             if a.get("status") == b.get("status") == "ok"
         ]
-        by_side = {
-            name: ours["step_s_median"] / side["step_s_median"]
-            for name, side in out["sides"].items()
-            if name.split("@")[0] == peer
-            and side.get("step_s_median")
-            and ours.get("step_s_median") is not None
-        }
+        mine = ours.get("step_s_median")
+        timed = _timed(out["sides"], peer)
+        by_side = {} if mine is None else {name: mine / t for name, t in timed.items() if t}
         out[f"ours_over_{peer}"] = dict(
             ratios, step_per_round=per_round, sides=[ours_name, peer_name], step_by_side=by_side
         )
@@ -245,15 +246,21 @@ def aggregate(
     return out
 
 
-def _best(sides: Mapping[str, Mapping], base: str) -> str:
-    """The configuration of side ``base`` ("tunix", "tunix@2", ...) with the lowest median step
-    (``base`` itself when none has figures)."""
-    timed = [
-        (side["step_s_median"], name)
+def _timed(sides: Mapping[str, Mapping], base: str) -> dict[str, float]:
+    """The median step of each configuration of side ``base`` ("tunix", "tunix@2", ...) that
+    has one."""
+    return {
+        name: side["step_s_median"]
         for name, side in sides.items()
-        if name.split("@")[0] == base and side.get("step_s_median") is not None
-    ]
-    return min(timed)[1] if timed else base
+        if base_name(name) == base and side.get("step_s_median") is not None
+    }
+
+
+def _best(sides: Mapping[str, Mapping], base: str) -> str:
+    """The configuration of side ``base`` with the lowest median step (``base`` itself when none
+    has figures)."""
+    timed = _timed(sides, base)
+    return min(timed, key=lambda name: (timed[name], name)) if timed else base
 
 
 def reference_digest(workdir: str) -> str | None:
