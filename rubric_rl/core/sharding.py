@@ -213,9 +213,10 @@ def settle(x: Any, mesh: Mesh) -> Any:
 
 
 def kv_cache_shardings(cache: Any, mesh: Mesh) -> Any:
-    """Shardings for a KV cache pytree of [B, KV, S, hd] arrays (`Qwen3ForCausalLM.init_cache`)
-    or, for a scanned model, [B, L, KV, S, hd]: batch over ("data", "fsdp") like the batch, kv
-    heads over "tensor" (divisibility fallback), the stacked layer axis replicated."""
+    """Shardings for a KV cache pytree of [B, KV, ·, ·] arrays (`Qwen3ForCausalLM.init_cache`:
+    k [B, KV, hd, S], v [B, KV, S, hd]) or, for a scanned model, [B, L, KV, ·, ·]: batch over
+    ("data", "fsdp") like the batch, kv heads over "tensor" (divisibility fallback), the
+    stacked layer axis replicated."""
 
     def one(x):
         names = (BATCH_AXES, "tensor", None, None)

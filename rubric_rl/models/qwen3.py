@@ -140,25 +140,72 @@ class RMSNorm(nnx.Module):
         return self.scale[...].astype(self.dtype) * x32.astype(self.dtype)
 
 
-def rope(x: Array, positions: Array, theta: float) -> Array:
+# The one-trip loop around the rotary tables on CPU (see `rope_tables`); the tests switch it off
+# to compare against the plain formulation.
+ROPE_TABLE_LOOP = True
+
+
+def rope_tables(positions: Array, head_dim: int, theta: float) -> tuple[Array, Array]:
+    """(cos, sin) float32 [B, T, 1, head_dim/2] of the rotary angles positions · θ^(-2i/hd).
+
+    The models compute them once per forward and pass them to every layer (`apply_rope`). On
+    CPU (T > 1) they are computed inside a one-trip while loop whose trip count XLA cannot see:
+    a fusion boundary. Without it XLA:CPU fuses cos/sin into every q/k RoPE fusion of the
+    forward and backward passes and evaluates them per element there (per head and per half:
+    8x the table for q): the q RoPE-and-transpose fusion of the peer workload took 1.1 ms with
+    them fused and 0.45 ms with the loop (0.1 ms with the tables given). Same values."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    freqs = jax.lax.stop_gradient(positions.astype(jnp.float32)[..., None] * inv_freq)
+    long = positions.ndim == 2 and positions.shape[1] > 1 and positions.shape[0] > 0
+    if ROPE_TABLE_LOOP and long and jax.default_backend() == "cpu":
+        # Starts at min(first position, 0) <= 0 and stops at 1: at least one trip, and the body
+        # is idempotent, so any start is correct; XLA cannot fold it to one trip and inline it.
+        # (Not for a decode step, T = 1: its tables are tiny, a loop per step costs more.)
+        start = jnp.minimum(positions.reshape(-1)[0].astype(jnp.int32), 0)
+        _, cos, sin = jax.lax.while_loop(
+            lambda c: c[0] < 1,
+            lambda c: (c[0] + 1, jnp.cos(freqs), jnp.sin(freqs)),
+            (start, freqs, freqs),
+        )
+    else:
+        cos, sin = jnp.cos(freqs), jnp.sin(freqs)
+    return cos[:, :, None, :], sin[:, :, None, :]
+
+
+def apply_rope(x: Array, tables: tuple[Array, Array]) -> Array:
     """Rotary embedding, HF convention (rotate_half: halves [x1, x2] -> [-x2, x1]).
 
-    x: [B, T, n, hd]; positions: [B, T] int. Computed in float32, returned in x.dtype.
-    """
+    x: [B, T, n, hd]; tables: `rope_tables` of the same positions and hd. Computed in float32,
+    returned in x.dtype."""
+    cos, sin = tables
     hd = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
-    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, hd/2]
-    cos = jnp.cos(freqs)[:, :, None, :]
-    sin = jnp.sin(freqs)[:, :, None, :]
     x32 = x.astype(jnp.float32)
     x1, x2 = x32[..., : hd // 2], x32[..., hd // 2 :]
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)
 
 
+def rope(x: Array, positions: Array, theta: float) -> Array:
+    """`apply_rope` with its own tables. x: [B, T, n, hd]; positions: [B, T] int."""
+    return apply_rope(x, rope_tables(positions, x.shape[-1], theta))
+
+
 ATTENTION_IMPLS = ("xla", "cudnn", "auto")
-# The slot axis of every KV-cache array ([B, KV, S, hd]; stacked [B, L, KV, S, hd]).
-KV_SLOT_AXIS = -2
+# The KV cache's layout: keys [B, KV, hd, S] (slots last), values [B, KV, S, hd]; stacked (scan)
+# with the layer axis at 1. KV_SLOT_AXES[name] is the slot axis of the cache array `name`.
+KV_SLOT_AXES = {"k": -1, "v": -2}
+
+
+def kv_cache_arrays(
+    batch: int, kv_heads: int, max_len: int, head_dim: int, dtype: Any, layers: int | None = None
+) -> dict[str, Array]:
+    """One zeroed {"k": [B, KV, hd, S], "v": [B, KV, S, hd]} pair (see `attention` for why the
+    keys are stored transposed); with `layers`, [B, L, ...] for a scanned model."""
+    lead = (batch,) if layers is None else (batch, layers)
+    return {
+        "k": jnp.zeros((*lead, kv_heads, head_dim, max_len), dtype),
+        "v": jnp.zeros((*lead, kv_heads, max_len, head_dim), dtype),
+    }
 
 
 def attention(
@@ -168,13 +215,15 @@ def attention(
     mask: Array,
     *,
     causal_blocks: int = 1,
-    kv_heads_major: bool = False,
+    cache_layout: bool = False,
 ) -> Array:
     """Grouped-query attention with a float32 softmax (the XLA path, used on CPU).
 
-    q [B, T, H, hd]; k, v [B, S, KV, hd], or [B, KV, S, hd] with ``kv_heads_major`` (the KV
-    cache's layout: the matmuls read it as it is, where the token-major layout is transposed
-    first — a copy of the whole cache per layer and decode step);
+    q [B, T, H, hd]; k, v [B, S, KV, hd], or with ``cache_layout`` the KV cache's own layout,
+    k [B, KV, hd, S] and v [B, KV, S, hd] (`kv_cache_arrays`): the matmuls read the cache as it
+    is, where a token-major cache would be transposed first (a copy of the whole cache per
+    layer and decode step), and QK^T is a plain [G·T, hd] x [hd, S] product — with the keys
+    slot-major ([S, hd]) XLA:CPU's dot ran 2.2-2.9x slower at S = 72..520 in a decode step;
     mask bool [B, T, S] or [1, T, S] (True = may attend).
     Returns [B, T, H, hd] in q.dtype. A fully masked row (a left-pad query) gets a uniform
     average of v: finite garbage, and no gradient reaches its scores.
@@ -192,9 +241,12 @@ def attention(
     The softmax scale is folded into q (T·hd multiplies instead of T·S; exact for hd = 64).
     """
     b, t, h, hd = q.shape
-    if not kv_heads_major:
+    if cache_layout:
+        k_eq, k_slot = "bknd,bkds->bkns", -1
+    else:
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-    kv, s_len = k.shape[1], k.shape[2]
+        k_eq, k_slot = "bknd,bksd->bkns", -2
+    kv, s_len = v.shape[1], v.shape[2]
     g = h // kv
     mask = jnp.asarray(mask)
     if causal_blocks > 1 and (s_len != t or t % causal_blocks):
@@ -212,9 +264,8 @@ def attention(
         # for the carry, one for the dot) and copy the whole cache for each.
         qi = qh[:, :, :, i * tb : (i + 1) * tb].reshape(b, kv, g * tb, hd)
         mi = mask[:, i * tb : (i + 1) * tb, :end]
-        scores = jnp.einsum(
-            "bknd,bksd->bkns", qi, k[:, :, :end], preferred_element_type=jnp.float32
-        )
+        ki = k if end == s_len else jax.lax.slice_in_dim(k, 0, end, axis=k.ndim + k_slot)
+        scores = jnp.einsum(k_eq, qi, ki, preferred_element_type=jnp.float32)
         scores = scores.reshape(b, kv, g, tb, end)
         # `where`, not an additive bias: same cost here (it fuses into the softmax), and a fully
         # masked row's scores get exactly zero gradient, as in the reference formulation.
@@ -288,8 +339,9 @@ class Attention(nnx.Module):
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
         self.cfg = cfg
 
-    def qkv(self, x: Array, positions: Array) -> tuple[Array, Array, Array]:
-        """Projections (+ Qwen2's biases) -> per-head q/k RMSNorm (Qwen3 only) -> RoPE."""
+    def qkv(self, x: Array, rot: tuple[Array, Array]) -> tuple[Array, Array, Array]:
+        """Projections (+ Qwen2's biases) -> per-head q/k RMSNorm (Qwen3 only) -> RoPE with the
+        `rope_tables` rot."""
         b, t, _ = x.shape
         c = self.cfg
         q = self.q_proj(x).reshape(b, t, c.num_attention_heads, c.head_dim)
@@ -297,7 +349,7 @@ class Attention(nnx.Module):
         v = self.v_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        return rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta), v
+        return apply_rope(q, rot), apply_rope(k, rot), v
 
     def out(self, o: Array) -> Array:
         b, t = o.shape[:2]
@@ -319,16 +371,16 @@ class MLP(nnx.Module):
 def write_kv_cache(
     kv_cache: dict[str, Array], k: Array, v: Array, cache_index: Array
 ) -> tuple[Array, Array, dict[str, Array]]:
-    """Writes k, v [B, t, KV, hd] at slots [cache_index, cache_index + t) of kv_cache {"k","v"}
-    ([B, KV, S, hd]: heads-major, see `attention`); returns (all S keys, all S values, both
-    [B, KV, S, hd] in k's dtype, the new cache)."""
-    zero = jnp.zeros((), jnp.int32)
-    idx = (zero, zero, jnp.asarray(cache_index, jnp.int32), zero)
-
-    def put(cache: Array, x: Array) -> Array:
-        return jax.lax.dynamic_update_slice(cache, x.transpose(0, 2, 1, 3).astype(cache.dtype), idx)
-
-    new_k, new_v = put(kv_cache["k"], k), put(kv_cache["v"], v)
+    """Writes k, v [B, t, KV, hd] at slots [cache_index, cache_index + t) of kv_cache
+    {"k": [B, KV, hd, S], "v": [B, KV, S, hd]} (`kv_cache_arrays`); returns (all S keys, all S
+    values, in that layout and k's dtype, the new cache). Only the t new tokens are transposed."""
+    ci = jnp.asarray(cache_index, jnp.int32)
+    new_k = jax.lax.dynamic_update_slice_in_dim(
+        kv_cache["k"], k.transpose(0, 2, 3, 1).astype(kv_cache["k"].dtype), ci, axis=3
+    )
+    new_v = jax.lax.dynamic_update_slice_in_dim(
+        kv_cache["v"], v.transpose(0, 2, 1, 3).astype(kv_cache["v"].dtype), ci, axis=2
+    )
     return new_k.astype(k.dtype), new_v.astype(k.dtype), {"k": new_k, "v": new_v}
 
 
@@ -343,19 +395,20 @@ class DecoderLayer(nnx.Module):
     def __call__(
         self,
         x,
-        positions,
+        rot,
         mask,
         kv_cache=None,
         cache_index=None,
         attention_impl="xla",
         causal_blocks=1,
     ):
-        """One pre-norm block. With `kv_cache` = {"k","v"} ([B, KV, S, hd]) the new k/v are written
-        at slots [cache_index, cache_index + T) and attention runs over all S slots; returns
-        (x, new_kv_cache or None). `attention_impl` (see Qwen3ForCausalLM) applies without a
-        cache only; the KV-cache path always uses `attention`. `causal_blocks`: see `attention`
-        (only for a causal mask over the T tokens themselves)."""
-        q, k, v = self.attn.qkv(self.input_norm(x), positions)
+        """One pre-norm block; rot = `rope_tables` of the T tokens' positions. With `kv_cache` =
+        {"k","v"} (`kv_cache_arrays`) the new k/v are written at slots [cache_index,
+        cache_index + T) and attention runs over all S slots; returns (x, new_kv_cache or None).
+        `attention_impl` (see Qwen3ForCausalLM) applies without a cache only; the KV-cache path
+        always uses `attention`. `causal_blocks`: see `attention` (only for a causal mask over
+        the T tokens themselves)."""
+        q, k, v = self.attn.qkv(self.input_norm(x), rot)
         new_cache = None
         if kv_cache is not None:
             k, v, new_cache = write_kv_cache(kv_cache, k, v, cache_index)
@@ -363,7 +416,7 @@ class DecoderLayer(nnx.Module):
             o = fused_attention(q, k, v, mask, "cudnn")
         else:
             o = attention(
-                q, k, v, mask, causal_blocks=causal_blocks, kv_heads_major=kv_cache is not None
+                q, k, v, mask, causal_blocks=causal_blocks, cache_layout=kv_cache is not None
             )
         x = x + self.attn.out(o)
         x = x + self.mlp(self.post_attention_norm(x))
@@ -480,12 +533,11 @@ class Qwen3ForCausalLM(nnx.Module):
         diagonal (`causal_blocks_for`), which changes only that garbage.
         """
         positions, mask, blocks = full_sequence_inputs(input_ids, positions, attention_mask)
+        rot = self._rope_tables(positions)
         x = self.embed(input_ids).astype(self.dtype)
 
         def run(layer, x):
-            return layer(
-                x, positions, mask, attention_impl=self.attention_impl, causal_blocks=blocks
-            )[0]
+            return layer(x, rot, mask, attention_impl=self.attention_impl, causal_blocks=blocks)[0]
 
         remat, policy = remat_policy(self.remat)
         if self.config.scan_layers:
@@ -526,24 +578,21 @@ class Qwen3ForCausalLM(nnx.Module):
     # -- KV-cache decoding (rollout engine) -------------------------------------------------
 
     def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> list[dict[str, Array]]:
-        """Zeroed KV cache: a list (one per layer) of {"k", "v"} arrays [batch, KV, max_len, hd]
-        in `dtype` (default: the compute dtype). A plain pytree: pass it through jit/while_loop.
-        Heads-major, so decode attention reads the cache without transposing it (see
-        `attention`); the slot axis is always the second to last (`KV_SLOT_AXIS`).
+        """Zeroed KV cache: a list (one per layer) of {"k": [batch, KV, hd, max_len], "v":
+        [batch, KV, max_len, hd]} in `dtype` (default: the compute dtype). A plain pytree: pass
+        it through jit/while_loop. Heads-major, keys stored transposed, so decode attention reads
+        the cache without transposing it (see `attention`); `KV_SLOT_AXES` gives each array's
+        slot axis.
 
-        With `config.scan_layers`: a list of ONE {"k", "v"} pair [batch, L, KV, max_len, hd], all
-        layers stacked on axis 1 — batch first, where the engine shards rows — and the scan
-        updates each layer's slots in place."""
+        With `config.scan_layers`: a list of ONE {"k", "v"} pair [batch, L, ...], all layers
+        stacked on axis 1 — batch first, where the engine shards rows — and the scan updates
+        each layer's slots in place."""
         c = self.config
-        dtype = dtype or self.dtype
-        shape = (batch, c.num_key_value_heads, max_len, c.head_dim)
-        if c.scan_layers:
-            shape = (batch, c.num_hidden_layers, *shape[1:])
-            return [{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}]
-        return [
-            {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
-            for _ in range(c.num_hidden_layers)
-        ]
+        layers = c.num_hidden_layers if c.scan_layers else None
+        arrays = lambda: kv_cache_arrays(  # noqa: E731
+            batch, c.num_key_value_heads, max_len, c.head_dim, dtype or self.dtype, layers
+        )
+        return [arrays()] if c.scan_layers else [arrays() for _ in range(c.num_hidden_layers)]
 
     def decode(
         self,
@@ -575,28 +624,34 @@ class Qwen3ForCausalLM(nnx.Module):
         cache_index = jnp.asarray(cache_index, jnp.int32)
         mask = cache_attention_mask(input_ids.shape[1], cache_index, cache_mask)
         x = self.embed(input_ids).astype(self.dtype)
+        rot = self._rope_tables(positions)
         if self.config.scan_layers:
-            x, new_cache = self._decode_scanned(x, positions, mask, cache, cache_index)
+            x, new_cache = self._decode_scanned(x, rot, mask, cache, cache_index)
             h = self.norm(x)
             if last_only:
                 h = h[:, -1:]
             return logits_from_hidden(h, self.unembed()), new_cache
         new_cache = []
         for layer, layer_cache in zip(self.layers, cache, strict=True):
-            x, lc = layer(x, positions, mask, kv_cache=layer_cache, cache_index=cache_index)
+            x, lc = layer(x, rot, mask, kv_cache=layer_cache, cache_index=cache_index)
             new_cache.append(lc)
         h = self.norm(x)
         if last_only:
             h = h[:, -1:]
         return logits_from_hidden(h, self.unembed()), new_cache
 
-    def _decode_scanned(self, x, positions, mask, cache, cache_index):
-        """The layers of `decode` as one scan; the stacked cache [B, L, KV, S, hd] rides in the
-        carry and only layer i's t new slots are written back (in place under jit)."""
+    def _rope_tables(self, positions: Array) -> tuple[Array, Array]:
+        """The rotary tables of `positions`, once per forward for all layers (`rope_tables`)."""
+        return rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+
+    def _decode_scanned(self, x, rot, mask, cache, cache_index):
+        """The layers of `decode` as one scan; the stacked cache ([B, L, ...] of
+        `kv_cache_arrays`) rides in the carry and only layer i's t new slots are written back
+        (in place under jit)."""
         if len(cache) != 1 or cache[0]["k"].ndim != 5:
             raise ValueError(
                 "Qwen3ForCausalLM.decode: config.scan_layers needs the stacked cache of "
-                "init_cache (one {'k','v'} pair [B, L, KV, S, hd])"
+                "init_cache (one {'k','v'} pair [B, L, ...])"
             )
         t = x.shape[1]
 
@@ -606,12 +661,11 @@ class Qwen3ForCausalLM(nnx.Module):
                 "k": jax.lax.dynamic_index_in_dim(ks, i, axis=1, keepdims=False),
                 "v": jax.lax.dynamic_index_in_dim(vs, i, axis=1, keepdims=False),
             }
-            x, lc = layer(x, positions, mask, kv_cache=layer_cache, cache_index=cache_index)
-            at = (0, i, 0, cache_index, 0)
-            new_k = jax.lax.dynamic_slice_in_dim(lc["k"], cache_index, t, axis=2)
+            x, lc = layer(x, rot, mask, kv_cache=layer_cache, cache_index=cache_index)
+            new_k = jax.lax.dynamic_slice_in_dim(lc["k"], cache_index, t, axis=3)
             new_v = jax.lax.dynamic_slice_in_dim(lc["v"], cache_index, t, axis=2)
-            ks = jax.lax.dynamic_update_slice(ks, new_k[:, None], at)
-            vs = jax.lax.dynamic_update_slice(vs, new_v[:, None], at)
+            ks = jax.lax.dynamic_update_slice(ks, new_k[:, None], (0, i, 0, 0, cache_index))
+            vs = jax.lax.dynamic_update_slice(vs, new_v[:, None], (0, i, 0, cache_index, 0))
             return (x, ks, vs), None
 
         layers = jnp.arange(self.config.num_hidden_layers, dtype=jnp.int32)

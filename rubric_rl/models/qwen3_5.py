@@ -49,6 +49,7 @@ from rubric_rl.models.qwen3 import (
     check_attention_impl,
     full_sequence_inputs,
     fused_attention,
+    kv_cache_arrays,
     logits_from_hidden,
     rope,
     token_embedding,
@@ -165,7 +166,7 @@ class HybridDecoderLayer(nnx.Module):
             q, k, v, gate = self.attn.qkv_gate(h, positions)
             if cache is not None:
                 k, v, new_cache = write_kv_cache(cache, k, v, cache_index)
-                o = attention(q, k, v, attn_mask, kv_heads_major=True)
+                o = attention(q, k, v, attn_mask, cache_layout=True)
             elif _use_fused(attention_impl, q):
                 o = fused_attention(q, k, v, attn_mask, "cudnn")
             else:
@@ -242,16 +243,15 @@ class Qwen3_5ForCausalLM(nnx.Module):
     # -- decoding with a cache (KV for attention layers, conv + recurrent state for linear) ----
 
     def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> list[Any]:
-        """Zeroed cache, one entry per layer: {"k", "v"} [batch, KV, max_len, hd] (compute dtype
-        unless `dtype`; heads-major as Qwen3's) for an attention layer, a `GatedDeltaNetCache`
-        (float32 recurrent state) for a linear one. A plain pytree for jit / while_loop."""
+        """Zeroed cache, one entry per layer: Qwen3's {"k", "v"} pair (`kv_cache_arrays`; compute
+        dtype unless `dtype`) for an attention layer, a `GatedDeltaNetCache` (float32 recurrent
+        state) for a linear one. A plain pytree for jit / while_loop."""
         c = self.config
         dtype = dtype or self.dtype
-        shape = (batch, c.num_key_value_heads, max_len, c.head_dim)
         return [
             layer.linear_attn.init_cache(batch, dtype)
             if layer.layer_type == "linear_attention"
-            else {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+            else kv_cache_arrays(batch, c.num_key_value_heads, max_len, c.head_dim, dtype)
             for layer in self.layers
         ]
 

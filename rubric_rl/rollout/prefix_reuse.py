@@ -57,7 +57,7 @@ from flax import nnx
 
 from rubric_rl.buckets import round_up_to_bucket
 from rubric_rl.core import sharding as sharding_lib
-from rubric_rl.models.qwen3 import KV_SLOT_AXIS
+from rubric_rl.models.qwen3 import KV_SLOT_AXES
 from rubric_rl.rollout.engine import Generation, GenerationRequest, SamplingParams
 from rubric_rl.rollout.jax_decode import _generation, sample_and_decode, seed_key_data
 
@@ -101,18 +101,18 @@ class PrefixKernels:
         return jax.tree.map(self.engine._constrain, model.init_cache(batch, cache_len))
 
     def _relayout_fn(self, cache, src_row: Array, src_slot: Array):
-        """new[b, ..., s, :] = old[src_row[b], ..., src_slot[b, s], :] per layer (an exact
-        gather; the slot axis is `KV_SLOT_AXIS` of every cache array)."""
+        """new[b, ..., s, ...] = old[src_row[b], ..., src_slot[b, s], ...] per layer and array (an
+        exact gather along each array's slot axis, `KV_SLOT_AXES`)."""
         self.engine._traces += 1
 
-        def gather(x: Array) -> Array:
-            rows = x[src_row]
-            slots = src_slot.reshape(src_slot.shape[:1] + (1,) * (x.ndim - 3) + src_slot.shape[1:])
-            return self.engine._constrain(
-                jnp.take_along_axis(rows, slots[..., None], axis=KV_SLOT_AXIS)
-            )
+        def gather(name: str, x: Array) -> Array:
+            axis = x.ndim + KV_SLOT_AXES[name]
+            shape = [1] * x.ndim
+            shape[0], shape[axis] = src_slot.shape
+            slots = src_slot.reshape(shape)
+            return self.engine._constrain(jnp.take_along_axis(x[src_row], slots, axis=axis))
 
-        return jax.tree.map(gather, cache)
+        return [{name: gather(name, x) for name, x in layer.items()} for layer in cache]
 
     def _extend_fn(
         self,
@@ -139,7 +139,7 @@ class PrefixKernels:
         eng._traces += 1
         model = nnx.merge(eng._graphdef, params, rest)
         t = new_ids.shape[1]
-        s = cache[0]["k"].shape[KV_SLOT_AXIS]
+        s = cache[0]["v"].shape[KV_SLOT_AXES["v"]]
         slots = jnp.arange(s, dtype=jnp.int32)[None, :]
         cache_mask = (slots >= prefix_end - prefix_len[:, None]) & (slots < prefix_end)
         cache_mask = jax.lax.dynamic_update_slice_in_dim(

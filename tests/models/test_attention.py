@@ -156,9 +156,10 @@ def test_builder_passes_the_attention_impl_and_the_gpu_variant_sets_auto():
 
 
 @pytest.mark.parametrize("t", [1, 3])
-def test_heads_major_kv_equals_token_major_and_numpy(t):
-    """The KV cache's [B, KV, S, hd] layout (`kv_heads_major`) gives the token-major result bit
-    for bit, for a decode step (t = 1) and a prefill chunk; both match numpy on real rows."""
+def test_cache_layout_equals_token_major_and_numpy(t):
+    """The KV cache's layout (`cache_layout`: k [B, KV, hd, S], v [B, KV, S, hd]) gives the
+    token-major result bit for bit, for a decode step (t = 1) and a prefill chunk; both match
+    numpy on real rows."""
     rs = np.random.RandomState(7)
     b, s, h, kv, d = 3, 9, 4, 2, 8
     q = rs.randn(b, t, h, d).astype(np.float32)
@@ -167,7 +168,7 @@ def test_heads_major_kv_equals_token_major_and_numpy(t):
     mask[:, :, 0] = True  # every row has a key
     token_major = np.asarray(attention(q, k, v, mask))
     heads_major = np.asarray(
-        attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, kv_heads_major=True)
+        attention(q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask, cache_layout=True)
     )
     np.testing.assert_array_equal(heads_major, token_major)
     np.testing.assert_allclose(heads_major, _reference(q, k, v, mask), rtol=1e-5, atol=1e-5)

@@ -72,8 +72,9 @@ def test_prefill_and_steps_equal_full_forward(model, prompts, helpers):
     decode = nnx.jit(lambda m, i, p, c, k, cm: m.decode(i, p, c, k, cm))
     cache = model.init_cache(B, P + N)
     assert len(cache) == CFG.num_hidden_layers
-    # Heads-major: decode attention reads it without transposing it.
-    assert cache[0]["k"].shape == (B, CFG.num_key_value_heads, P + N, CFG.head_dim)
+    # Heads-major, keys slot-last: decode attention reads it without transposing it.
+    assert cache[0]["k"].shape == (B, CFG.num_key_value_heads, CFG.head_dim, P + N)
+    assert cache[0]["v"].shape == (B, CFG.num_key_value_heads, P + N, CFG.head_dim)
     cmask = np.zeros((B, P + N), np.int32)
     cmask[:, :P] = pmask
     pos = np.maximum(np.cumsum(pmask, 1) - 1, 0)

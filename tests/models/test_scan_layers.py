@@ -181,7 +181,8 @@ def test_init_cache_is_one_stacked_pair():
     c = scan.config
     (cache,) = scan.init_cache(3, 11)
     assert set(cache) == {"k", "v"}
-    assert cache["k"].shape == (3, LAYERS, c.num_key_value_heads, 11, c.head_dim)
+    assert cache["k"].shape == (3, LAYERS, c.num_key_value_heads, c.head_dim, 11)
+    assert cache["v"].shape == (3, LAYERS, c.num_key_value_heads, 11, c.head_dim)
     mesh = sharding.make_mesh(2, 2, 2)
     sh = sharding.kv_cache_shardings(scan.init_cache(4, 8), mesh)
     assert sh[0]["k"].spec == jax.sharding.PartitionSpec(
