@@ -686,6 +686,7 @@ def build_engine(
             prompt_buckets=prompt_buckets(config),
             eos_token_ids=eos,
             pad_id=int(tokenizer.pad_id or 0),
+            scan_decode=bool(r.get("scan_decode", True)),
         )
         return JaxEngine(model, ecfg, mesh=mesh)
     from rubric_rl.rollout.sglang_client import SGLangEngine

@@ -176,6 +176,8 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
     if not isinstance(r.get("ignore_eos", False), bool):
         _fail("rollout.ignore_eos", f"must be True or False, got {r.ignore_eos!r}")
     _check_async(r, num_devices)
+    if not isinstance(r.get("scan_decode", True), bool):
+        _fail("rollout.scan_decode", f"must be True or False, got {r.scan_decode!r}")
     pb = [int(x) for x in config.model.prompt_buckets]
     if pb != sorted(set(pb)) or (pb and pb[0] < 1):
         _fail("model.prompt_buckets", f"must be strictly increasing positive ints, got {pb}")

@@ -122,6 +122,10 @@ def get_base_config() -> ConfigDict:
         # synchronous, the default). async_overlap=False runs the same schedule without a thread.
         max_staleness=0,
         async_overlap=True,
+        # With model.scan_layers, the JAX engine decodes under the scan (True: the decode
+        # program stays flat in depth) or unscanned over per-layer caches (False: faster per
+        # step on XLA:CPU, measured 2026-12-05; see JaxEngineConfig.scan_decode). Same tokens.
+        scan_decode=True,
         # Agent episodes (rollout/agent.py): each model turn samples up to max_new_tokens; an
         # episode ends on a final answer, after max_turns model turns, or at max_total_tokens
         # (prompt, turns and tool outputs). With the embedded tokenizer the longest reference

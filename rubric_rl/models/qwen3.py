@@ -30,6 +30,7 @@ faster on XLA:CPU); RMSNorm statistics, RoPE, attention softmax and the logits a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -639,6 +640,21 @@ class Qwen3ForCausalLM(nnx.Module):
         if last_only:
             h = h[:, -1:]
         return logits_from_hidden(h, self.unembed()), new_cache
+
+    def unscanned(self) -> Qwen3ForCausalLM:
+        """This model with its layers as a loop (``scan_layers`` off), each layer a view of the
+        stacked parameters (`unstack_layers`: static slices), or the model itself if unscanned.
+        For decoding under jit: take it once, outside the decode loop (the JAX engine's
+        `JaxEngineConfig.scan_decode` False). Scanned, the decode loop dynamic-slices every
+        layer's weights and KV cache out of the stacked arrays at every step (XLA:CPU does not
+        hoist them); unscanned, the weight slices are taken once per call and each layer has
+        its own cache. Same values; the program grows with depth."""
+        if not self.config.scan_layers:
+            return self
+        view = nnx.merge(*nnx.split(self))  # a new module object over the same arrays
+        view.layers = nnx.List(unstack_layers(self.layers))
+        view.config = dataclasses.replace(self.config, scan_layers=False)
+        return view
 
     def _rope_tables(self, positions: Array) -> tuple[Array, Array]:
         """The rotary tables of `positions`, once per forward for all layers (`rope_tables`)."""

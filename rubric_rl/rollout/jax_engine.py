@@ -85,7 +85,12 @@ class JaxEngineConfig:
       multiple of it). batch_buckets: rows (requests × n) are rounded up to the next bucket; more
       rows than the largest bucket run in several calls of the largest. eos_token_ids always stop
       a row (in addition to each call's ``stop_token_ids``). score_chunk_size: the trainer's
-      LM-head chunk for ``score``.
+      LM-head chunk for ``score``. scan_decode: with a scanned model (``scan_layers``), decode
+      under the scan over its stacked cache (True: the decode program does not grow with depth)
+      or with its `Qwen3ForCausalLM.unscanned` view over per-layer caches (False: the layer
+      weights sliced once per call, outside the decode loop, where the scan dynamic-slices
+      every layer's weights and cache at every step; one transient copy of the layer weights
+      per call, and a decode program that grows with depth). Same tokens either way.
     """
 
     prompt_buckets: tuple[int, ...] = (32, 64, 128, 256, 512, 1024, 2048)
@@ -93,6 +98,7 @@ class JaxEngineConfig:
     eos_token_ids: tuple[int, ...] = ()
     pad_id: int = 0
     score_chunk_size: int = 128
+    scan_decode: bool = True
 
     def __post_init__(self) -> None:
         for name in ("prompt_buckets", "batch_buckets"):
@@ -136,8 +142,20 @@ class JaxEngine(RolloutEngine):
         )
         # Prefix reuse re-lays out KV slots; a model whose cache holds anything else (Qwen3.5's
         # conv + recurrent state) re-prefills each turn instead.
-        cache = jax.eval_shape(lambda: model.init_cache(1, 1))
+        cache = jax.eval_shape(lambda: self._for_decoding(model).init_cache(1, 1))
         self.kv_only_cache = all(isinstance(c, dict) and set(c) == {"k", "v"} for c in cache)
+
+    def _for_decoding(self, model: nnx.Module) -> nnx.Module:
+        """The model as this engine decodes it: a scanned model's `unscanned` view when
+        ``config.scan_decode`` is False (see `JaxEngineConfig`), else the model itself. Called
+        at the top of a jitted decode program, outside its decode loop."""
+        if getattr(model.config, "scan_layers", False) and not self.config.scan_decode:
+            return model.unscanned()
+        return model
+
+    def decode_model(self, params: Any, rest: Any) -> nnx.Module:
+        """The engine's model over ``params`` / ``rest``, as it decodes (`_for_decoding`)."""
+        return self._for_decoding(nnx.merge(self._graphdef, params, rest))
 
     @classmethod
     def from_train_state(
@@ -431,7 +449,7 @@ class JaxEngine(RolloutEngine):
     ) -> tuple[Array, Array, Array]:
         """tokens [B, N] (pad after stop), logps [B, N] (0 after stop), lengths [B]."""
         self._traces += 1
-        model = nnx.merge(self._graphdef, params, rest)
+        model = self.decode_model(params, rest)
         b, p = prompt_ids.shape
         n = max_new_tokens
         cache_len = p + n - 1  # the last sampled token is never fed back

@@ -53,7 +53,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from rubric_rl.buckets import round_up_to_bucket
 from rubric_rl.core import sharding as sharding_lib
@@ -97,7 +96,7 @@ class PrefixKernels:
 
     def _fresh_fn(self, params, rest, *, batch: int, cache_len: int):
         self.engine._traces += 1
-        model = nnx.merge(self.engine._graphdef, params, rest)
+        model = self.engine.decode_model(params, rest)
         return jax.tree.map(self.engine._constrain, model.init_cache(batch, cache_len))
 
     def _relayout_fn(self, cache, src_row: Array, src_slot: Array):
@@ -137,7 +136,7 @@ class PrefixKernels:
     ):
         eng = self.engine
         eng._traces += 1
-        model = nnx.merge(eng._graphdef, params, rest)
+        model = eng.decode_model(params, rest)
         t = new_ids.shape[1]
         s = cache[0]["v"].shape[KV_SLOT_AXES["v"]]
         slots = jnp.arange(s, dtype=jnp.int32)[None, :]

@@ -204,6 +204,42 @@ def test_engine_greedy_equals_loop(preset):
     assert len({t for toks in tok_l for t in toks}) > 3  # not one repeated token
 
 
+@pytest.mark.parametrize("preset", FAMILIES)
+def test_unscanned_decode_of_a_scanned_model_equals_loop(preset):
+    """`JaxEngineConfig(scan_decode=False)`: a scanned model decodes through its `unscanned`
+    view (layers as a loop over slices of the stacked weights, per-layer caches): the loop
+    model's tokens and log-probs, bit for bit; a prefix-reuse session equals the loop's too.
+    The view leaves the scanned model as it was."""
+    loop, scan = _pair(preset, seed=6)
+    assert loop.unscanned() is loop
+    view = scan.unscanned()
+    assert not view.config.scan_layers and len(view.layers) == LAYERS
+    assert scan.config.scan_layers and len(scan.init_cache(3, 11)) == 1
+    cache = view.init_cache(3, 11)
+    assert len(cache) == LAYERS and cache[0]["k"].ndim == 4
+    reqs = _requests(loop.config.vocab_size)
+    tok_l, lp_l = _generate(JaxEngine(loop, ENGINE_CFG), reqs)
+    eng = JaxEngine(scan, dataclasses.replace(ENGINE_CFG, scan_decode=False))
+    assert eng.kv_only_cache
+    tok_u, lp_u = _generate(eng, reqs)
+    assert tok_u == tok_l and len({t for toks in tok_l for t in toks}) > 3
+    for a, b in zip(lp_u, lp_l, strict=True):
+        np.testing.assert_array_equal(a, b)
+    params = SamplingParams(max_new_tokens=4, temperature=0.0)
+    outs = []
+    for engine in (JaxEngine(loop, ENGINE_CFG), eng):
+        convs = [list(r.prompt_ids) for r in _requests(loop.config.vocab_size, (3, 6))]
+        turns = []
+        with engine.prefix_session() as s:
+            for k in range(2):
+                rq = [GenerationRequest(tuple(c), f"e{e}/{k}") for e, c in enumerate(convs)]
+                for e, (g,) in enumerate(s.generate(rq, params, ["e0", "e1"])):
+                    turns.append(g.token_ids)
+                    convs[e] += list(g.token_ids) + [5, 7]
+        outs.append(turns)
+    assert outs[0] == outs[1]
+
+
 def test_prefix_session_turns_equal_loop():
     """Two agent turns through a prefix-reuse session (slot relayout of the stacked cache):
     scanned == looped, tokens and log-probs."""
@@ -366,6 +402,18 @@ def test_builder_passes_the_flag_and_refuses_qwen3_5():
     config.model.remat = "dots"
     model = builders.build_model(config, tok, sharding.make_mesh(1, 1, 1, jax.devices()[:1]))
     assert model.config.scan_layers and model.remat == "dots"
+    tok.pad_id = 0
+    assert builders.build_engine(config, model, tok, None).config.scan_decode is True
+    config.rollout.scan_decode = False
+    assert builders.build_engine(config, model, tok, None).config.scan_decode is False
+    from rubric_rl.config_validation import validate_config
+
+    validate_config(config)
+    with config.unlocked():
+        del config.rollout["scan_decode"]
+        config.rollout.scan_decode = "no"
+    with pytest.raises(ValueError, match="rollout.scan_decode.*True or False"):
+        validate_config(config)
     config.model.remat = "everything"
     with pytest.raises(ValueError, match="config.model.remat"):
         builders.build_model(config, tok, None)
