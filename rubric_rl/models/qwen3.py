@@ -589,11 +589,13 @@ class Qwen3ForCausalLM(nnx.Module):
         stacked on axis 1 — batch first, where the engine shards rows — and the scan updates
         each layer's slots in place."""
         c = self.config
-        layers = c.num_hidden_layers if c.scan_layers else None
-        arrays = lambda: kv_cache_arrays(  # noqa: E731
-            batch, c.num_key_value_heads, max_len, c.head_dim, dtype or self.dtype, layers
-        )
-        return [arrays()] if c.scan_layers else [arrays() for _ in range(c.num_hidden_layers)]
+        stacked = c.num_hidden_layers if c.scan_layers else None
+        return [
+            kv_cache_arrays(
+                batch, c.num_key_value_heads, max_len, c.head_dim, dtype or self.dtype, stacked
+            )
+            for _ in range(1 if c.scan_layers else c.num_hidden_layers)
+        ]
 
     def decode(
         self,
@@ -628,14 +630,11 @@ class Qwen3ForCausalLM(nnx.Module):
         rot = self._rope_tables(positions)
         if self.config.scan_layers:
             x, new_cache = self._decode_scanned(x, rot, mask, cache, cache_index)
-            h = self.norm(x)
-            if last_only:
-                h = h[:, -1:]
-            return logits_from_hidden(h, self.unembed()), new_cache
-        new_cache = []
-        for layer, layer_cache in zip(self.layers, cache, strict=True):
-            x, lc = layer(x, rot, mask, kv_cache=layer_cache, cache_index=cache_index)
-            new_cache.append(lc)
+        else:
+            new_cache = []
+            for layer, layer_cache in zip(self.layers, cache, strict=True):
+                x, lc = layer(x, rot, mask, kv_cache=layer_cache, cache_index=cache_index)
+                new_cache.append(lc)
         h = self.norm(x)
         if last_only:
             h = h[:, -1:]
