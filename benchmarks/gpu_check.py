@@ -21,8 +21,13 @@ either its figures, ``error`` (the check raised: the others still run) or ``skip
   (chunked log-probs + full-vocabulary KL to a teacher).
 - ``train_step``: ``make_train_step`` (GRPO + full-vocabulary self-distillation, AdamW) on the
   Qwen3-0.6B and Qwen3-1.7B shapes (random init, bf16 compute, float32 master weights and
-  log-softmax, remat, attention "auto") at 4096 tokens per sequence; the batch halves on
-  out-of-memory. tokens/s and MFU.
+  log-softmax, attention "auto") at 4096 tokens per sequence, remat ``--train-remat`` (default
+  "dots": the weight matmuls' outputs kept, so no matmul is recomputed and the counted FLOPs are
+  the executed ones; "full" recomputes each layer's forward, +2·N·B·T uncounted FLOPs, capping
+  MFU near 0.8× the matmul rate); the batch halves on out-of-memory. tokens/s, MFU and the
+  allocator's peak bytes. Expected activation memory per policy at these shapes:
+  ``benchmarks/remat_memory.py --preset=qwen3_0_6b --batch=8 --seq=4096`` (dots 27.5 GiB, none
+  202 GiB: the reason the default is not "none").
 - ``decode``: ``JaxEngine.generate`` at batch 64 (T = 1, ``ignore_eos``: every row decodes
   ``max_new_tokens``; prefill included) against the memory-bandwidth bound.
 - ``loop``: ``rubric_rl.trainer.Trainer`` on ``configs/grpo.py:gpu`` with what the device lacks
@@ -78,9 +83,10 @@ with ``--budget-s=380``, then ``--parts=decode,loop --loop-preset=20m --budget-s
 attention (cuDNN too), log-prob memory and decode passed; train_step MFU 0.108 / 0.192 (0.6B /
 1.7B) with "auto" = jax's XLA attention (see `qwen3._use_fused`: "auto" is cuDNN from then on);
 the loop part never ran (skipped by budget; the tiny-shape loop on that GPU outlasted a 35-s
-window). The train step's four parts took 277 s, so a session should give the next run the
-skipped parts first: ``--parts=loop,train_step --loop-preset=20m`` (the cuDNN train-step figures
-and the loop), then the rest.
+window). That run's train step used remat "full" (the default then). The train step's four
+parts took 277 s, so a session should give the next run the skipped parts first:
+``--parts=loop,train_step --loop-preset=20m`` (the cuDNN, remat "dots" train-step figures and
+the loop), then the rest; ``--train-remat=full`` repeats the first run's policy for an A/B.
 """
 
 from __future__ import annotations
@@ -528,6 +534,7 @@ def _is_oom(e: BaseException) -> bool:
 def _bench_train_preset(ctx: dict, name: str, batch: int) -> dict:
     import gc
 
+    import jax
     import jax.numpy as jnp
 
     from rubric_rl.core import sharding
@@ -545,7 +552,8 @@ def _bench_train_preset(ctx: dict, name: str, batch: int) -> dict:
         num_micro_batches=ctx["args"].micro_batches,
     )
     dtype = jnp.bfloat16 if gpu else jnp.float32
-    model = _model(cfg, mesh, dtype=dtype, impl=ctx["args"].train_attention, remat=gpu)
+    remat = ctx["args"].train_remat
+    model = _model(cfg, mesh, dtype=dtype, impl=ctx["args"].train_attention, remat=remat)
     graphdef, state = ts.init_train_state(model, config, mesh)
     del model
     step = ts.make_train_step(config, graphdef, mesh)
@@ -563,6 +571,7 @@ def _bench_train_preset(ctx: dict, name: str, batch: int) -> dict:
         compile_s = run()
         times = [run() for _ in range(s["steps"])]
         metrics = {k: float(v) for k, v in holder["metrics"].items() if k in ("loss", "sd/kl")}
+        peak_bytes = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
     finally:
         holder.clear()
         gc.collect()
@@ -574,6 +583,7 @@ def _bench_train_preset(ctx: dict, name: str, batch: int) -> dict:
         "seq": seq,
         "tokens_per_step": batch * seq,
         "attention_impl": ctx["args"].train_attention,
+        "remat": remat,
         "params": cfg.num_params(),
         "matmul_params": matmul_params(cfg),
         "compile_plus_first_step_s": round(compile_s, 2),
@@ -585,6 +595,9 @@ def _bench_train_preset(ctx: dict, name: str, batch: int) -> dict:
         "ratio_to_measured_matmul": _r(flops_s / ctx["matmul_flops"], 4),
         "loss": _r(metrics.get("loss", math.nan)),
         "sd_kl": _r(metrics.get("sd/kl", math.nan)),
+        # the allocator's high-water mark since the process started (GPU; None on CPU): after
+        # the first preset it is at least the earlier presets' peak
+        "peak_bytes_in_use": peak_bytes,
     }
     peak = ctx["peak_flops"]
     out["mfu"] = _r(flops_s / peak, 4) if peak else out["ratio_to_measured_matmul"]
@@ -785,6 +798,8 @@ def goals(result: dict) -> dict[str, bool | None]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from rubric_rl.models.layer_stack import REMAT_POLICIES
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--mode",
@@ -806,6 +821,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("auto", "cudnn", "xla"),
         default="auto",
         help="train_step part's attention_impl (auto: cudnn on GPU, xla on CPU)",
+    )
+    ap.add_argument(
+        "--train-remat",
+        choices=REMAT_POLICIES,
+        default="dots",
+        help="train_step part's remat policy (the first H200 run: full)",
     )
     ap.add_argument("--loop-preset", default="", help="loop part's model; '' = the mode's")
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="0 = by device kind")
