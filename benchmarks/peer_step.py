@@ -31,6 +31,14 @@ the issue's goals (issue 15): step <= 0.8x Tunix's and <= 0.5x TRL's. tcmalloc i
 every side alike when found (``rubric_rl.tcmalloc``; it gave every peer ~20 % in the note), unless
 ``--tcmalloc=off``. Absolute times on a shared CPU mean little; the ratios from alternating rounds
 are the figure.
+
+The roofline (``--roofline=on``, the default): after each round ``benchmarks/peers/matmul_peak.py``
+times this machine's float32 matmul rate with ``--python`` (one JAX device, every core); the
+line's ``roofline`` holds the workload's model FLOPs (``workload.step_flops``: the least work any
+side must do), ``bound_s`` = those FLOPs at the best rate measured, each side's ``peak_fraction``
+(bound ÷ its median; step, generation and train) and ``peak_fraction_needed`` per goal (bound ÷
+the goal's step time against the peer's best configuration): a goal needing more than the
+fraction any side reaches is a statement about the machine as much as about the code.
 """
 
 from __future__ import annotations
@@ -102,14 +110,15 @@ def missing(side: Side) -> str | None:
     return None
 
 
-def last_json_line(stdout: str) -> dict | None:
-    """The last line of ``stdout`` that is a JSON object with the step figures, or None."""
+def last_json_line(stdout: str, *keys: str) -> dict | None:
+    """The last line of ``stdout`` that is a JSON object with ``keys`` (default: the step
+    figures), or None."""
     for line in reversed(stdout.strip().splitlines()):
         try:
             row = json.loads(line)
         except ValueError:
             continue
-        if isinstance(row, dict) and all(k in row for k in FIGURES):
+        if isinstance(row, dict) and all(k in row for k in keys or FIGURES):
             return row
     return None
 
@@ -263,14 +272,71 @@ def _best(sides: Mapping[str, Mapping], base: str) -> str:
     return min(timed, key=lambda name: (timed[name], name)) if timed else base
 
 
-def reference_digest(workdir: str) -> str | None:
-    """The workload tokenizer's digest as this Python trains it (the one ours runs with by default),
-    or None when this Python lacks ``tokenizers``/``transformers``."""
+def matmul_peak(python: str, env: Mapping[str, str], timeout_s: float = 300) -> dict:
+    """``benchmarks/peers/matmul_peak.py``'s line (the machine's float32 matmul rate) run with
+    ``python`` on one JAX device, or ``{"error": ...}``."""
+    cmd = [python, os.path.join(PEERS, "matmul_peak.py")]
+    try:
+        proc = subprocess.run(
+            cmd,
+            env=with_host_devices(env, 1),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s: {' '.join(cmd)}"}
+    except OSError as e:  # no such Python
+        return {"error": f"{type(e).__name__}: {e}: {' '.join(cmd)}"}
+    row = last_json_line(proc.stdout, "matmul_flops_s") if proc.returncode == 0 else None
+    if row is None:
+        return {"error": f"exit code {proc.returncode}: {' '.join(cmd)}\n{proc.stderr[-1000:]}"}
+    return row
+
+
+def roofline(
+    sides: Mapping[str, Mapping], flops: Mapping[str, int], rates: Sequence[float]
+) -> dict:
+    """The workload's model FLOPs (``workload.step_flops``) at the best matmul rate measured in
+    the run (``rates``: one per round): the seconds a step could take if every FLOP ran at that
+    rate (``bound_s``), the fraction of it each side reaches (``peak_fraction``: bound ÷ its
+    median step, generation and train parts likewise), and the fraction a side would need to
+    meet each goal against the peer's best configuration (``peak_fraction_needed``: above 1 the
+    goal is out of reach on this machine whatever the implementation)."""
+    out: dict = {"flops": dict(flops), "matmul_flops_s_per_round": list(rates)}
+    if not rates:
+        return out
+    rate = max(rates)
+    bound = {part: flops[part] / rate for part in ("step", "generation", "train")}
+    out.update(matmul_flops_s=rate, bound_s=bound, peak_fraction={}, peak_fraction_needed={})
+    for name, side in sides.items():
+        figures = {p: side.get(f"{'gen' if p == 'generation' else p}_s_median") for p in bound}
+        if figures["step"]:
+            out["peak_fraction"][name] = {
+                p: bound[p] / t if t else None for p, t in figures.items()
+            }
+    for peer, goal in GOALS.items():
+        theirs = sides.get(_best(sides, peer), {}).get("step_s_median")
+        if theirs:
+            out["peak_fraction_needed"][peer] = bound["step"] / (goal * theirs)
+    return out
+
+
+def _workload():
+    """benchmarks/peers/workload.py (stdlib at import; tokenizers only inside its functions)."""
     spec = importlib.util.spec_from_file_location(
         "peer_workload_shared", os.path.join(PEERS, "workload.py")
     )
     workload = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(workload)  # no dataclasses: needs no sys.modules entry
+    return workload
+
+
+def reference_digest(workdir: str) -> str | None:
+    """The workload tokenizer's digest as this Python trains it (the one ours runs with by default),
+    or None when this Python lacks ``tokenizers``/``transformers``."""
+    workload = _workload()
     try:
         return workload.tokenizer_digest(workload.byte_bpe(os.path.join(workdir, "reference-bpe")))
     except ImportError:
@@ -341,12 +407,16 @@ def run_rounds(
     timeout_s: float,
     tokenizer_digest: str | None = None,
     log=None,
+    calibrate: str | None = None,
 ) -> dict:
     """``rounds`` rounds over the sides that can run, in order; the aggregated JSON object
-    (``tokenizer_digest``: the workload tokenizer's, to check the sides' against)."""
+    (``tokenizer_digest``: the workload tokenizer's, to check the sides' against). With
+    ``calibrate`` (a Python with jax) each round ends with `matmul_peak` and the line gets the
+    `roofline`."""
     skipped = {s.name: why for s in sides if (why := missing(s))}
     runnable = [s for s in sides if s.name not in skipped]
     runs: dict[str, list[dict]] = {s.name: [] for s in runnable}
+    peaks: list[dict] = []
     for i in range(rounds):
         for s in runnable:
             row = run_side(
@@ -361,7 +431,15 @@ def run_rounds(
             if log is not None:
                 brief = {k: row.get(k) for k in ("status", *FIGURES)}
                 print(f"round {i} {s.name}: {json.dumps(brief)}", file=log, flush=True)
+        if calibrate:
+            peaks.append(matmul_peak(calibrate, env))
+            if log is not None:
+                print(f"round {i} matmul_peak: {json.dumps(peaks[-1])}", file=log, flush=True)
     out = aggregate(runs, skipped, tokenizer_digest)
+    if calibrate:
+        rates = [p["matmul_flops_s"] for p in peaks if "matmul_flops_s" in p]
+        out["roofline"] = roofline(out["sides"], _workload().step_flops(), rates)
+        out["roofline"]["errors"] = [p["error"] for p in peaks if "error" in p]
     out.update(
         rounds=rounds,
         steps=steps,
@@ -401,6 +479,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "host-device count; 'cores' = os.cpu_count()); ours runs data-parallel over them, "
         "Tunix's side puts them all on its fsdp axis; TRL's side is unaffected",
     )
+    p.add_argument(
+        "--roofline",
+        choices=("on", "off"),
+        default="on",
+        help="after each round time the machine's float32 matmul rate with --python "
+        "(benchmarks/peers/matmul_peak.py) and report the workload's FLOP bound",
+    )
     p.add_argument("--timeout_s", type=float, default=1800, help="per run of one side")
     p.add_argument("--workdir", default=None, help="run directories (default: a temporary folder)")
     a = p.parse_args(argv)
@@ -430,6 +515,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             timeout_s=a.timeout_s,
             tokenizer_digest=reference_digest(a.workdir or tmp),
             log=sys.stderr,
+            calibrate=a.python if a.roofline == "on" else None,
         )
     out["tcmalloc"] = env.get("LD_PRELOAD") if "tcmalloc" in env.get("LD_PRELOAD", "") else None
     print(json.dumps(out))

@@ -101,7 +101,7 @@ def test_workload_tokenizer_is_the_examples(tmp_path):
     ids = workload.prompt_ids(ours)
     assert ids == workload.prompt_ids(theirs)
     assert workload.tokenizer_digest(ours) == workload.tokenizer_digest(theirs)
-    assert len({len(x) for x in ids}) == 1 and 2 not in sum(ids, [])  # one length, no BOS
+    assert {len(x) for x in ids} == {workload.PROMPT_TOKENS} and 2 not in sum(ids, [])  # no BOS
     # The shape gives the note's parameter count (tied embeddings, q/k norms per head_dim).
     s = workload.SHAPE
     d, f, hd = s["hidden_size"], s["intermediate_size"], s["head_dim"]
@@ -113,6 +113,44 @@ def test_workload_tokenizer_is_the_examples(tmp_path):
         == peer_step.PARAMS
     )
     assert workload.NEW_TOKENS == peer_step.NEW_TOKENS
+
+
+def test_step_flops_by_hand():
+    # Per layer: q 256·256 + k, v 2·256·128 + o 256·256 + MLP 3·256·768 = 786 432 weights, ×4
+    # layers = 3 145 728; head 256·512 = 131 072. A row: 71 positions through the layers (8 + 64
+    # − 1), the head at 64; attention 4 layers · 2·4 heads·64·71·72 = 10 469 376.
+    # Forward per row: 2·3 145 728·71 + 2·131 072·64 + 10 469 376 = 473 939 968; ×32 rows.
+    assert workload.step_flops() == dict(
+        generation=15_166_078_976, train=3 * 15_166_078_976, step=4 * 15_166_078_976
+    )
+
+
+def test_roofline_fractions_by_hand():
+    sides = {
+        "ours": _row(0.5, 0.2, 0.3),
+        "tunix@1": _row(0.8, 0.3, 0.5),
+        "tunix@2": _row(0.6, 0.3, 0.3),
+        "trl": _row(1.0, 0.6, 0.4),
+        "broken": dict(status="failed", step_s_median=None),
+    }
+    flops = dict(step=400, generation=100, train=300)
+    out = peer_step.roofline(sides, flops, [800.0, 1000.0])
+    assert out["matmul_flops_s"] == 1000.0 and out["matmul_flops_s_per_round"] == [800.0, 1000.0]
+    assert out["bound_s"] == pytest.approx(dict(step=0.4, generation=0.1, train=0.3))
+    assert out["peak_fraction"]["ours"] == pytest.approx(dict(step=0.8, generation=0.5, train=1.0))
+    assert out["peak_fraction"]["trl"]["step"] == pytest.approx(0.4)
+    assert "broken" not in out["peak_fraction"]
+    # Goals against each peer's best configuration: Tunix 0.8 × 0.6 s, TRL 0.5 × 1.0 s.
+    assert out["peak_fraction_needed"] == pytest.approx(dict(tunix=0.4 / 0.48, trl=0.4 / 0.5))
+    assert peer_step.roofline(sides, flops, []) == dict(flops=flops, matmul_flops_s_per_round=[])
+
+
+def test_matmul_peak_runs_and_reports_errors(tmp_path):
+    row = peer_step.matmul_peak(sys.executable, dict(os.environ))
+    assert row["matmul_flops_s"] == max(row["by_shape"].values()) > 1e8
+    assert row["shapes"]["mlp_up"] == [32 * 72, 256, 768] and row["devices"] == 1
+    bad = peer_step.matmul_peak(str(tmp_path / "no-python"), dict(os.environ))
+    assert set(bad) == {"error"}
 
 
 def _row(step, gen, train, **extra):
@@ -278,6 +316,13 @@ def test_missing_peer_venvs_are_skipped_not_errors(tmp_path, capsys):
         and line["goal_step_le_0.8x_tunix"] is None
         and line["goal_step_le_0.5x_trl"] is None
     )
+    # The roofline ran (one calibration per round) though no side had figures.
+    roof = line["roofline"]
+    assert len(roof["matmul_flops_s_per_round"]) == 1 and roof["errors"] == []
+    assert roof["bound_s"]["step"] == pytest.approx(
+        workload.step_flops()["step"] / roof["matmul_flops_s"]
+    )
+    assert roof["peak_fraction"] == {} and roof["peak_fraction_needed"] == {}
     assert line["tokenizer_digest"] == workload.tokenizer_digest(
         workload.byte_bpe(str(tmp_path / "bpe"))
     )

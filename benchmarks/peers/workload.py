@@ -28,6 +28,32 @@ PAD_ID, EOS_ID, BOS_ID = 0, 1, 2
 # Each step: PROMPTS_PER_STEP prompts x GENERATIONS completions of exactly NEW_TOKENS tokens.
 PROMPTS_PER_STEP, GENERATIONS, NEW_TOKENS = 8, 4, 64
 TEMPERATURE, LR, BETAS, ADAM_EPS, MAX_GRAD_NORM = 1.0, 1e-5, (0.9, 0.999), 1e-8, 1.0
+# Every prompt under byte_bpe's tokenizer (checked by the test; shared/notes/peers.md says 9,
+# which this tokenizer does not give: every side reports 8).
+PROMPT_TOKENS = 8
+
+
+def step_flops() -> dict[str, int]:
+    """Model FLOPs (2 per multiply-add) of one step: the least work any side must do, per
+    completion (no side shares a prompt's work across its group).
+
+    A completion row holds T = PROMPT_TOKENS + NEW_TOKENS − 1 positions that matter (the last
+    sampled token feeds nothing), the LM head runs at the NEW_TOKENS positions that predict a
+    completion token. Matmul weights: per layer q, k, v, o and the gated MLP; the head d·V (tied).
+    Causal attention per layer and row: QK^T and PV, 2·H·hd·T(T+1) FLOPs.
+      generation = one forward of every row (prefill + decode, through the KV cache),
+      train      = forward + backward (input and weight gradients: 3× the forward; β = 0: no
+                   reference pass; one optimizer step per batch: no old-log-prob pass).
+    Elementwise work (norms, RoPE, softmax, sampling, AdamW) is not counted."""
+    s = SHAPE
+    d, hd = s["hidden_size"], s["head_dim"]
+    h, kv = s["num_attention_heads"], s["num_key_value_heads"]
+    per_layer = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * s["intermediate_size"]
+    layers, head = s["num_hidden_layers"] * per_layer, d * s["vocab_size"]
+    rows, t = PROMPTS_PER_STEP * GENERATIONS, PROMPT_TOKENS + NEW_TOKENS - 1
+    attention = s["num_hidden_layers"] * 2 * h * hd * t * (t + 1)
+    forward = rows * (2 * layers * t + 2 * head * NEW_TOKENS + attention)
+    return dict(generation=forward, train=3 * forward, step=4 * forward)
 
 
 def peer_reward(prompts, completions, k, topic, **_):
