@@ -337,6 +337,17 @@ def test_sharded_equals_unsharded():
     assert tok == want_tok
     for a, b in zip(lp, want_lp, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    # scan_decode=False on the mesh: the unscanned view's layers keep the stacked weights'
+    # sharding less the layer axis, and decode the same tokens.
+    view = sharded.unscanned()
+    q0 = view.layers[0].attn.q_proj.kernel.get_value()
+    assert q0.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
+    np.testing.assert_array_equal(np.asarray(q0), np.asarray(q)[0])
+    cfg = dataclasses.replace(ENGINE_CFG, scan_decode=False)
+    tok, lp = _generate(JaxEngine(sharded, cfg, mesh=mesh), reqs)
+    assert tok == want_tok
+    for a, b in zip(lp, want_lp, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
 # ----------------------------------------------------------------------------- checkpoints
