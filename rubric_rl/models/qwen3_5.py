@@ -44,6 +44,7 @@ from rubric_rl.models.qwen3 import (
     Qwen3ForCausalLM,
     _param,
     _use_fused,
+    apply_rope,
     attention,
     cache_attention_mask,
     check_attention_impl,
@@ -51,7 +52,7 @@ from rubric_rl.models.qwen3 import (
     fused_attention,
     kv_cache_arrays,
     logits_from_hidden,
-    rope,
+    rope_tables,
     token_embedding,
     write_kv_cache,
 )
@@ -77,12 +78,13 @@ class ZeroCenteredRMSNorm(nnx.Module):
         return (x32 * (1.0 + self.scale[...].astype(jnp.float32))).astype(self.dtype)
 
 
-def partial_rope(x: Array, positions: Array, theta: float, rotary_dim: int) -> Array:
+def partial_rope(x: Array, rot: tuple[Array, Array], rotary_dim: int) -> Array:
     """RoPE (HF rotate_half convention) on the first `rotary_dim` dims of each head; the rest
-    pass through. x [B, T, n, hd]; positions [B, T]."""
+    pass through. x [B, T, n, hd]; rot: `rope_tables(positions, rotary_dim, θ)`, computed once
+    per forward (as Qwen3's) and shared by every attention layer's q and k."""
     if rotary_dim == x.shape[-1]:
-        return rope(x, positions, theta)
-    rotated = rope(x[..., :rotary_dim], positions, theta)
+        return apply_rope(x, rot)
+    rotated = apply_rope(x[..., :rotary_dim], rot)
     return jnp.concatenate([rotated, x[..., rotary_dim:]], axis=-1)
 
 
@@ -103,8 +105,9 @@ class GatedAttention(nnx.Module):
         self.k_norm = ZeroCenteredRMSNorm(hd, cfg.rms_norm_eps, **norm_kw)
         self.cfg = cfg
 
-    def qkv_gate(self, x: Array, positions: Array) -> tuple[Array, Array, Array, Array]:
-        """(q [B,T,H,hd], k, v [B,T,KV,hd], gate [B,T,H,hd]); q, k normed and rotated."""
+    def qkv_gate(self, x: Array, rot: tuple[Array, Array]) -> tuple[Array, Array, Array, Array]:
+        """(q [B,T,H,hd], k, v [B,T,KV,hd], gate [B,T,H,hd]); q, k normed and rotated (`rot`:
+        the forward's rotary tables, see `partial_rope`)."""
         b, t, _ = x.shape
         c = self.cfg
         qg = self.q_proj(x).reshape(b, t, c.num_attention_heads, 2 * c.head_dim)
@@ -112,8 +115,8 @@ class GatedAttention(nnx.Module):
         k = self.k_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)
         v = self.v_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)
         q, k = self.q_norm(q), self.k_norm(k)
-        q = partial_rope(q, positions, c.rope_theta, c.rotary_dim)
-        k = partial_rope(k, positions, c.rope_theta, c.rotary_dim)
+        q = partial_rope(q, rot, c.rotary_dim)
+        k = partial_rope(k, rot, c.rotary_dim)
         return q, k, v, gate
 
     def out(self, o: Array, gate: Array) -> Array:
@@ -139,7 +142,7 @@ class HybridDecoderLayer(nnx.Module):
     def __call__(
         self,
         x,
-        positions,
+        rot,
         token_mask,
         attn_mask,
         attention_impl="xla",
@@ -147,7 +150,8 @@ class HybridDecoderLayer(nnx.Module):
         cache=None,
         cache_index=None,
     ):
-        """token_mask [B, T] (1 = real; None = all real) for a linear layer; attn_mask bool
+        """rot: the forward's rotary tables (`Qwen3_5ForCausalLM._rope_tables`; attention layers
+        only). token_mask [B, T] (1 = real; None = all real) for a linear layer; attn_mask bool
         [B or 1, T, S] for an attention one. Without `cache`: the full-sequence forward,
         returning x. With `cache` (this layer's entry of `Qwen3_5ForCausalLM.init_cache`): the
         T new tokens continue from it (attention: k/v written at slots [cache_index,
@@ -163,7 +167,7 @@ class HybridDecoderLayer(nnx.Module):
             else:
                 h, new_cache = self.linear_attn.prefill(h, token_mask, cache)
         else:
-            q, k, v, gate = self.attn.qkv_gate(h, positions)
+            q, k, v, gate = self.attn.qkv_gate(h, rot)
             if cache is not None:
                 k, v, new_cache = write_kv_cache(cache, k, v, cache_index)
                 o = attention(q, k, v, attn_mask, cache_layout=True)
@@ -221,12 +225,13 @@ class Qwen3_5ForCausalLM(nnx.Module):
         attend to padding keys; linear layers skip padding tokens (their state is unchanged by
         them). Padding rows are finite garbage for the caller to mask."""
         positions, attn_mask, blocks = full_sequence_inputs(input_ids, positions, attention_mask)
+        rot = self._rope_tables(positions)
         x = self.embed(input_ids).astype(self.dtype)
 
         def run(layer, x):
             return layer(
                 x,
-                positions,
+                rot,
                 attention_mask,
                 attn_mask,
                 attention_impl=self.attention_impl,
@@ -276,16 +281,19 @@ class Qwen3_5ForCausalLM(nnx.Module):
         attn_mask = cache_attention_mask(t, cache_index, cache_mask)
         token_mask = jax.lax.dynamic_slice_in_dim(cache_mask, cache_index, t, axis=1)
         x = self.embed(input_ids).astype(self.dtype)
+        rot = self._rope_tables(positions)
         new_cache = []
         for layer, layer_cache in zip(self.layers, cache, strict=True):
-            x, lc = layer(
-                x, positions, token_mask, attn_mask, cache=layer_cache, cache_index=cache_index
-            )
+            x, lc = layer(x, rot, token_mask, attn_mask, cache=layer_cache, cache_index=cache_index)
             new_cache.append(lc)
         h = self.norm(x)
         if last_only:
             h = h[:, -1:]
         return logits_from_hidden(h, self.unembed()), new_cache
+
+    def _rope_tables(self, positions: Array) -> tuple[Array, Array]:
+        """The rotary tables of the rotated head dims, once per forward (`partial_rope`)."""
+        return rope_tables(positions, self.config.rotary_dim, self.config.rope_theta)
 
     # The same unembedding and logits as Qwen3ForCausalLM (tied: embedding transpose).
     unembed = Qwen3ForCausalLM.unembed
