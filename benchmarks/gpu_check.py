@@ -12,9 +12,11 @@ either its figures, ``error`` (the check raised: the others still run) or ``skip
   error of the log-softmax over the real positions, argmax agreement, KL(p32 ‖ pbf16), and no
   NaN/inf on the padded positions.
 - ``attention``: the attention kernels (``qwen3.attention``, its causal-block variant,
-  ``jax.nn.dot_product_attention`` "xla", and "cudnn" on GPU) on bf16 inputs whose mask has fully
-  padded query rows, against a float64 numpy reference on the real rows; every output and every
-  gradient finite; gradients against a plain-einsum float32 reference.
+  ``qwen3.fused_attention`` "xla", and on GPU "cudnn" — cuDNN's padding-causal kernel, the
+  model's path for these contiguous rows — and "cudnn_masked", the mask-as-bias path it
+  replaced) on bf16 inputs whose mask has fully padded query rows, against a float64 numpy
+  reference on the real rows; every output and every gradient finite; gradients against a
+  plain-einsum float32 reference; each kernel's compiled forward + backward milliseconds.
 - ``logprob_memory``: compiled temp bytes (``jit(...).lower(...).compile().memory_analysis()``) of
   ``core/logprobs.py``'s chunked log-probs, forward + backward, against the naive B·T·V·4 bytes of
   float32 logits and against the unchunked log-softmax compiled in the same run; also the SD path
@@ -85,8 +87,9 @@ attention (cuDNN too), log-prob memory and decode passed; train_step MFU 0.108 /
 the loop part never ran (skipped by budget; the tiny-shape loop on that GPU outlasted a 35-s
 window). That run's train step used remat "full" (the default then). The train step's four
 parts took 277 s, so a session should give the next run the skipped parts first:
-``--parts=loop,train_step --loop-preset=20m`` (the cuDNN, remat "dots" train-step figures and
-the loop), then the rest; ``--train-remat=full`` repeats the first run's policy for an A/B.
+``--parts=attention,train_step,loop --loop-preset=20m`` (the two cuDNN attention paths timed,
+the train step with cuDNN's padding-causal kernel and remat "dots", the loop), then the rest;
+``--train-remat=full`` repeats the first run's policy for an A/B.
 """
 
 from __future__ import annotations
@@ -405,7 +408,10 @@ def part_attention(ctx: dict) -> dict:
         "jax_xla": lambda q, k, v, m: qwen3.fused_attention(q, k, v, m, "xla"),
     }
     if ctx["mode"] == "gpu":
+        # the model's path (`fused_attention`: these rows are contiguous, so cuDNN's
+        # padding-causal kernel) and the mask-as-bias one it replaced
         impls["cudnn"] = lambda q, k, v, m: qwen3.fused_attention(q, k, v, m, "cudnn")
+        impls["cudnn_masked"] = lambda q, k, v, m: qwen3.masked_attention(q, k, v, m, "cudnn")
     tol = 2e-2  # bf16 output of a float32 softmax: relative 2^-8 of |out| <= ~3
     out: dict[str, Any] = {
         "shape": dict(batch=b, seq=t, heads=h, kv_heads=kv, head_dim=hd),
@@ -416,12 +422,18 @@ def part_attention(ctx: dict) -> dict:
     for name, fn in impls.items():
         try:
             o = np.asarray(jax.jit(fn)(q, k, v, mask), np.float64)
-            grads = jax.jit(
+            grad_fn = jax.jit(
                 jax.grad(
                     lambda q, k, v, fn=fn: jnp.sum(fn(q, k, v, mask).astype(jnp.float32) * w),
                     (0, 1, 2),
                 )
-            )(q, k, v)
+            )
+            grads = _block(grad_fn(q, k, v))
+            best = math.inf  # forward + backward, compiled, best of 3
+            for _ in range(3):
+                t0 = time.perf_counter()
+                _block(grad_fn(q, k, v))
+                best = min(best, time.perf_counter() - t0)
             gerr = max(
                 float(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(r, np.float64))))
                 / max(float(np.max(np.abs(np.asarray(r, np.float64)))), 1e-9)
@@ -432,6 +444,7 @@ def part_attention(ctx: dict) -> dict:
                 "finite": bool(np.isfinite(o).all()),
                 "grads_finite": bool(all(np.isfinite(np.asarray(g)).all() for g in grads)),
                 "grad_max_rel_err": _r(gerr),
+                "fwd_bwd_ms": _r(best * 1e3),
             }
             r["ok"] = bool(
                 r["finite"]

@@ -314,16 +314,96 @@ def _use_fused(impl: str, q: Array) -> bool:
     )
 
 
+# `fused_attention`'s padding-causal path (cuDNN's causal kernel with sequence lengths for masks
+# that are causal + contiguous padding). False: every mask goes to `masked_attention`, the path
+# the first H200 run checked numerically (the padding-causal one is checked on CPU through jax's
+# XLA implementation; on a GPU by benchmarks/gpu_check.py's attention and parity parts).
+CUDNN_PADDING_CAUSAL = True
+
+
 def fused_attention(q: Array, k: Array, v: Array, mask: Array, impl: str) -> Array:
     """`jax.nn.dot_product_attention` with the same contract as `attention`; impl "cudnn" (flash
     attention on NVIDIA GPUs) or "xla" (jax's own XLA formulation, for comparison). cuDNN wants
-    bf16/fp16 inputs and takes GQA directly (KV heads divide H); the bool mask is passed as
-    [B, 1, T, S]."""
+    bf16/fp16 inputs and takes GQA directly (KV heads divide H).
+
+    A self-attention mask that is exactly causal-by-index with padding keys excluded (what
+    `full_sequence_inputs` builds), every row's real tokens contiguous (left, right or both
+    padding), runs as `causal_padded_attention` (cuDNN's causal kernel with sequence lengths:
+    no mask tensor); any other mask as `masked_attention` (the mask as a [B, 1, T, S] tensor).
+    The choice is made per call at run time (`lax.cond` on `padded_causal_rows`); real rows get
+    the same values either way (tests), masked query rows finite garbage. Why: with a mask
+    cuDNN reads a [B, 1, T, S] bias per block, skips no causal block (twice the attention work
+    of the causal kernel) and computes the bias's gradient, which jax then drops.
+    `CUDNN_PADDING_CAUSAL = False` sends every mask to `masked_attention`."""
     if impl not in ("cudnn", "xla"):
         raise ValueError(f"fused_attention: impl={impl!r}; expected 'cudnn' or 'xla'")
-    mask = jnp.asarray(mask)
-    mask = jnp.broadcast_to(mask, (q.shape[0], *mask.shape[1:]))[:, None]
+    mask = jnp.broadcast_to(jnp.asarray(mask), (q.shape[0], *jnp.shape(mask)[1:]))
+    self_attention = q.shape[1] == k.shape[1] == mask.shape[1] == mask.shape[2]
+    if not (CUDNN_PADDING_CAUSAL and self_attention):
+        return masked_attention(q, k, v, mask, impl)
+    fast, key_real = padded_causal_rows(mask)
+    return jax.lax.cond(
+        fast,
+        lambda q, k, v: causal_padded_attention(q, k, v, key_real, impl),
+        lambda q, k, v: masked_attention(q, k, v, mask, impl),
+        q,
+        k,
+        v,
+    )
+
+
+def masked_attention(q: Array, k: Array, v: Array, mask: Array, impl: str) -> Array:
+    """`jax.nn.dot_product_attention` with the bool mask [B, T, S] as a [B, 1, T, S] tensor. On
+    cuDNN that is a bias the kernel reads for every block, with no causal block skipping, and
+    whose gradient it computes and jax drops (jax 0.10-0.11 exports dbias whenever a bias is
+    given): the general path, kept for masks `causal_padded_attention` cannot express."""
+    mask = jnp.broadcast_to(jnp.asarray(mask), (q.shape[0], *jnp.shape(mask)[1:]))[:, None]
     return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=impl)
+
+
+def padded_causal_rows(mask: Array) -> tuple[Array, Array]:
+    """(ok, key_real [B, T]) of a self-attention mask [B, T, T]: ok (a scalar bool) when the mask
+    is exactly causal by index with the padding keys key_real excluded, and each row's real keys
+    are contiguous (so a rotation of the row makes them a prefix). key_real is the last query
+    row's mask, which under causality sees every key."""
+    t = mask.shape[-1]
+    key_real = mask[:, -1, :]
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    exact = jnp.all(mask == (causal[None] & key_real[:, None, :]))
+    n = jnp.sum(key_real, axis=-1)
+    first = jnp.argmax(key_real, axis=-1)
+    last = t - 1 - jnp.argmax(key_real[:, ::-1], axis=-1)
+    contiguous = jnp.all((n == 0) | (last - first + 1 == n))
+    return exact & contiguous, key_real
+
+
+def causal_padded_attention(q: Array, k: Array, v: Array, key_real: Array, impl: str) -> Array:
+    """Causal self-attention over rows whose real tokens (key_real [B, T]) are contiguous: each
+    row is rotated so they start at slot 0, attended with ``is_causal`` and the rows' lengths
+    (cuDNN's padding-causal kernel: causal block skipping, no mask tensor, no bias gradient)
+    and rotated back. Same values as the mask formulation on real query rows (rotation keeps
+    their order, and causality by index within the real span is the same); padding query rows
+    get finite garbage. Rows without a real token attend their first slot."""
+    b, t = key_real.shape
+    n = jnp.maximum(jnp.sum(key_real, axis=-1), 1).astype(jnp.int32)
+    first = jnp.argmax(key_real, axis=-1).astype(jnp.int32)
+    slots = jnp.arange(t, dtype=jnp.int32)
+    forward = (slots[None, :] + first[:, None]) % t  # rotated slot i holds token first + i
+
+    def rotate(x, idx):
+        return jnp.take_along_axis(x, idx[:, :, None, None], axis=1)
+
+    o = jax.nn.dot_product_attention(
+        rotate(q, forward),
+        rotate(k, forward),
+        rotate(v, forward),
+        is_causal=True,
+        query_seq_lengths=n,
+        key_value_seq_lengths=n,
+        implementation=impl,
+    )
+    back = (slots[None, :] - first[:, None]) % t  # token j sits at rotated slot j - first
+    return rotate(o, back)
 
 
 class Attention(nnx.Module):

@@ -172,3 +172,150 @@ def test_cache_layout_equals_token_major_and_numpy(t):
     )
     np.testing.assert_array_equal(heads_major, token_major)
     np.testing.assert_allclose(heads_major, _reference(q, k, v, mask), rtol=1e-5, atol=1e-5)
+
+
+# Padding patterns of a causal self-attention batch (True = real token), T = 10.
+_PAD = {
+    "none": [[1] * 10],
+    "left": [[0, 0, 0] + [1] * 7, [1] * 10],
+    "right": [[1] * 6 + [0] * 4, [1] * 10],
+    "both": [[0, 0] + [1] * 5 + [0] * 3, [0] * 4 + [1] * 6],
+    "empty_row": [[0] * 10, [0] * 9 + [1]],
+}
+
+
+def _padded_inputs(pattern, seed=0, h=4, kv=2, d=8):
+    valid = np.asarray(_PAD[pattern], bool)
+    b, t = valid.shape
+    rs = np.random.RandomState(seed)
+    q = rs.randn(b, t, h, d).astype(np.float32)
+    k, v = (rs.randn(b, t, kv, d).astype(np.float32) for _ in range(2))
+    mask = np.tril(np.ones((t, t), bool))[None] & valid[:, None, :]
+    return q, k, v, mask, valid
+
+
+@pytest.mark.parametrize("pattern", sorted(_PAD))
+def test_causal_padded_attention_equals_numpy_on_real_tokens(pattern):
+    """The padding-causal path (rows rotated so their real tokens lead, `is_causal` with the rows'
+    lengths; jax's XLA implementation here, cuDNN's kernel on a GPU): the mask formulation's
+    values and gradients on every real token's row; finite everywhere."""
+    q, k, v, mask, valid = _padded_inputs(pattern)
+    ok, key_real = qwen3.padded_causal_rows(jnp.asarray(mask))
+    assert bool(ok) and np.array_equal(np.asarray(key_real), valid)
+
+    def fast(q, k, v):
+        return qwen3.causal_padded_attention(q, k, v, jnp.asarray(valid), "xla")
+
+    got = np.asarray(fast(q, k, v))
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got[valid], _reference(q, k, v, mask)[valid], atol=1e-5)
+    ct = np.random.RandomState(1).randn(*q.shape) * valid[:, :, None, None]
+
+    def grads(fn):
+        return jax.grad(lambda *a: jnp.sum(fn(*a) * ct), argnums=(0, 1, 2))(q, k, v)
+
+    want = grads(lambda q, k, v: attention(q, k, v, mask))
+    for a, b in zip(grads(fast), want, strict=True):
+        assert np.isfinite(np.asarray(a)).all()
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    if valid.any():
+        assert max(float(jnp.abs(g).max()) for g in want) > 1e-2
+
+
+@pytest.mark.parametrize("pattern", sorted(_PAD))
+def test_fused_attention_takes_the_padded_causal_path(pattern, monkeypatch):
+    q, k, v, mask, valid = _padded_inputs(pattern, seed=3)
+    got = np.asarray(jax.jit(lambda *a: qwen3.fused_attention(*a, mask, "xla"))(q, k, v))
+    masked = np.asarray(qwen3.masked_attention(q, k, v, mask, "xla"))
+    np.testing.assert_allclose(got[valid], masked[valid], atol=1e-5)
+    # The branch taken: with the padding-causal function replaced by a marker, the call
+    # returns the marker (the masked path would not).
+    monkeypatch.setattr(qwen3, "causal_padded_attention", lambda q, *_: jnp.full_like(q, 7.0))
+    marked = np.asarray(jax.jit(lambda *a: qwen3.fused_attention(*a, mask, "xla"))(q, k, v))
+    assert (marked == 7.0).all()
+    monkeypatch.setattr(qwen3, "CUDNN_PADDING_CAUSAL", False)  # the switch: masked path only
+    off = np.asarray(jax.jit(lambda *a: qwen3.fused_attention(*a, mask, "xla"))(q, k, v))
+    np.testing.assert_allclose(off, masked, atol=1e-6, rtol=0)
+
+
+def test_other_masks_take_the_masked_path(monkeypatch):
+    """A row with a hole in its real tokens, a non-causal mask, a mask that also drops a query's
+    own key, cross-attention shapes: `padded_causal_rows` refuses the first three, and
+    `fused_attention` gives `masked_attention`'s values (numpy on rows with a key)."""
+    q, k, v, mask, valid = _padded_inputs("left", seed=4)
+    t = mask.shape[-1]
+    hole = mask.copy()
+    hole[1, :, 4] = False  # example 1: key 4 missing between real tokens
+    full = np.broadcast_to(valid[:, None, :], mask.shape).copy()  # bidirectional over real keys
+    own = mask.copy()
+    own[0, 5, 5] = False  # causal & padding, and one more key dropped
+    for m in (hole, full, own):
+        ok, _ = qwen3.padded_causal_rows(jnp.asarray(m))
+        assert not bool(ok)
+        got = np.asarray(jax.jit(lambda *a, m=m: qwen3.fused_attention(*a, m, "xla"))(q, k, v))
+        want = np.asarray(qwen3.masked_attention(q, k, v, m, "xla"))
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+        rows = m.any(-1)
+        np.testing.assert_allclose(got[rows], _reference(q, k, v, m)[rows], atol=1e-5)
+    monkeypatch.setattr(qwen3, "causal_padded_attention", lambda q, *_: jnp.full_like(q, 7.0))
+    for m in (hole, full, own):
+        marked = np.asarray(qwen3.fused_attention(q, k, v, m, "xla"))
+        assert not (marked == 7.0).any()  # the masked branch ran
+    cross = np.ones((2, t, t + 3), bool)  # S != T: never the causal path
+    k2, v2 = (np.concatenate([x, x[:, :3]], axis=1) for x in (k, v))
+    got = np.asarray(qwen3.fused_attention(q, k2, v2, cross, "xla"))
+    np.testing.assert_allclose(got, _reference(q, k2, v2, cross), atol=1e-5)
+
+
+@pytest.mark.parametrize("remat", ["none", "dots"])
+def test_model_through_the_fused_path_equals_the_xla_path(monkeypatch, remat):
+    """The model's full-sequence forward routed through `fused_attention` (as "cudnn" / "auto" on
+    a GPU do; jax's XLA implementation stands in for cuDNN's kernel here): left- and right-padded
+    rows take the padding-causal path, and logits and gradients on real tokens equal the
+    hand-written attention's, rematerialised or not."""
+    cfg = PRESETS["tiny"]
+    model = Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0), remat=remat)
+    rs = np.random.RandomState(5)
+    ids = jnp.asarray(rs.randint(0, cfg.vocab_size, (3, 24)))
+    am = np.ones((3, 24), np.int32)
+    am[0, :7] = 0  # left padding
+    am[1, 18:] = 0  # right padding
+    am[2, :3], am[2, 20:] = 0, 0  # both
+    real = am > 0
+    weights = jnp.asarray(rs.randn(3, 24, cfg.vocab_size) * real[..., None], jnp.float32)
+
+    def run():
+        def loss(m):
+            logits = m(ids, attention_mask=am)
+            return jnp.sum(logits * weights), logits
+
+        (_, logits), grads = nnx.jit(nnx.value_and_grad(loss, has_aux=True))(model)
+        return np.asarray(logits), jax.tree.leaves(nnx.state(grads))
+
+    want_logits, want_grads = run()
+    calls = []
+    original = qwen3.fused_attention
+
+    def fused(q, k, v, mask, impl):
+        calls.append(impl)
+        return original(q, k, v, mask, "xla")
+
+    monkeypatch.setattr(qwen3, "_use_fused", lambda impl, q: True)
+    monkeypatch.setattr(qwen3, "fused_attention", fused)
+    got_logits, got_grads = run()
+    assert calls and set(calls) == {"cudnn"}  # the fused path was traced, once per layer
+    np.testing.assert_allclose(got_logits[real], want_logits[real], atol=2e-5, rtol=0)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4)
+    assert np.isfinite(got_logits).all()
+    if remat == "none":  # sharded over the 8 forced devices: rows, parameters and heads split
+        from rubric_rl.core import sharding
+
+        mesh = sharding.make_mesh(2, 2, 2)
+        sharded = Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0))
+        sharding.shard_model(sharded, mesh)
+        ids4 = np.concatenate([np.asarray(ids), np.asarray(ids)[:1]])  # 4 rows: data axis 2
+        am4 = np.concatenate([am, am[:1]])
+        batch = sharding.shard_batch({"ids": ids4, "am": am4}, mesh)
+        out = nnx.jit(lambda m, i, a: m(i, attention_mask=a))(sharded, batch["ids"], batch["am"])
+        np.testing.assert_allclose(np.asarray(out)[:3][real], want_logits[real], atol=2e-5, rtol=0)
