@@ -383,25 +383,34 @@ def causal_padded_attention(q: Array, k: Array, v: Array, key_real: Array, impl:
     (cuDNN's padding-causal kernel: causal block skipping, no mask tensor, no bias gradient)
     and rotated back. Same values as the mask formulation on real query rows (rotation keeps
     their order, and causality by index within the real span is the same); padding query rows
-    get finite garbage. Rows without a real token attend their first slot."""
+    get zeros. Rows without a real token attend their first slot."""
     b, t = key_real.shape
     n = jnp.maximum(jnp.sum(key_real, axis=-1), 1).astype(jnp.int32)
     first = jnp.argmax(key_real, axis=-1).astype(jnp.int32)
     slots = jnp.arange(t, dtype=jnp.int32)
     forward = (slots[None, :] + first[:, None]) % t  # rotated slot i holds token first + i
 
+    # Slots past a row's length are zeroed going in and coming out: whatever a kernel leaves
+    # in those rows of its output or of its dQ/dK/dV (undefined for tokens beyond the lengths
+    # in some fused kernels) is selected away, never multiplied into a finite gradient.
+    live = (slots[None, :] < n[:, None])[:, :, None, None]
+
     def rotate(x, idx):
         return jnp.take_along_axis(x, idx[:, :, None, None], axis=1)
 
+    def rotated_in(x):
+        return jnp.where(live, rotate(x, forward), jnp.zeros((), x.dtype))
+
     o = jax.nn.dot_product_attention(
-        rotate(q, forward),
-        rotate(k, forward),
-        rotate(v, forward),
+        rotated_in(q),
+        rotated_in(k),
+        rotated_in(v),
         is_causal=True,
         query_seq_lengths=n,
         key_value_seq_lengths=n,
         implementation=impl,
     )
+    o = jnp.where(live, o, jnp.zeros((), o.dtype))
     back = (slots[None, :] - first[:, None]) % t  # token j sits at rotated slot j - first
     return rotate(o, back)
 

@@ -319,3 +319,48 @@ def test_model_through_the_fused_path_equals_the_xla_path(monkeypatch, remat):
         batch = sharding.shard_batch({"ids": ids4, "am": am4}, mesh)
         out = nnx.jit(lambda m, i, a: m(i, attention_mask=a))(sharded, batch["ids"], batch["am"])
         np.testing.assert_allclose(np.asarray(out)[:3][real], want_logits[real], atol=2e-5, rtol=0)
+
+
+def test_padded_causal_path_selects_away_kernel_garbage(monkeypatch):
+    """A kernel that leaves NaN in the rows past the lengths — in its output and in dQ (undefined
+    for such rows in some fused kernels) — changes nothing: those rows are zeroed going in and
+    coming out by selects, so the outputs are finite (zeros on padding rows) and the gradients
+    those of the clean kernel."""
+    q, k, v, mask, valid = _padded_inputs("both", seed=6)
+    clean_fn = jax.nn.dot_product_attention
+
+    @jax.custom_vjp
+    def poison(out, q, dead):
+        return jnp.where(dead, jnp.nan, out)
+
+    def poison_fwd(out, q, dead):
+        return poison(out, q, dead), dead
+
+    def poison_bwd(dead, g):  # out's cotangent passes; q's gets NaN on the dead rows
+        return g, jnp.where(dead, jnp.nan, 0.0).astype(g.dtype), None
+
+    poison.defvjp(poison_fwd, poison_bwd)
+
+    def garbage_kernel(q, k, v, *, query_seq_lengths, **kw):
+        out = clean_fn(q, k, v, query_seq_lengths=query_seq_lengths, **kw)
+        dead = jnp.arange(q.shape[1])[None, :, None, None] >= query_seq_lengths[:, None, None, None]
+        return poison(out, q, jnp.broadcast_to(dead, q.shape))
+
+    ct = np.random.RandomState(7).randn(*q.shape) * valid[:, :, None, None]
+
+    def run():
+        def f(q, k, v):
+            return qwen3.causal_padded_attention(q, k, v, jnp.asarray(valid), "xla")
+
+        out = f(q, k, v)
+        grads = jax.grad(lambda *a: jnp.sum(f(*a) * ct), argnums=(0, 1, 2))(q, k, v)
+        return np.asarray(out), [np.asarray(g) for g in grads]
+
+    want_out, want_grads = run()
+    monkeypatch.setattr(jax.nn, "dot_product_attention", garbage_kernel)
+    got_out, got_grads = run()
+    assert np.isfinite(got_out).all() and (got_out[~valid] == 0).all()
+    np.testing.assert_array_equal(got_out, want_out)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        assert np.isfinite(a).all()
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
