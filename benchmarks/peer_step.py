@@ -308,10 +308,11 @@ def roofline(
     if not rates:
         return out
     rate = max(rates)
-    bound = {part: flops[part] / rate for part in ("step", "generation", "train")}
+    parts = dict(zip(("step", "generation", "train"), FIGURES, strict=True))  # part -> figure
+    bound = {part: flops[part] / rate for part in parts}
     out.update(matmul_flops_s=rate, bound_s=bound, peak_fraction={}, peak_fraction_needed={})
     for name, side in sides.items():
-        figures = {p: side.get(f"{'gen' if p == 'generation' else p}_s_median") for p in bound}
+        figures = {part: side.get(figure) for part, figure in parts.items()}
         if figures["step"]:
             out["peak_fraction"][name] = {
                 p: bound[p] / t if t else None for p, t in figures.items()

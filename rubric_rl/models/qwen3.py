@@ -384,7 +384,7 @@ def causal_padded_attention(q: Array, k: Array, v: Array, key_real: Array, impl:
     and rotated back. Same values as the mask formulation on real query rows (rotation keeps
     their order, and causality by index within the real span is the same); padding query rows
     get zeros. Rows without a real token attend their first slot."""
-    b, t = key_real.shape
+    t = key_real.shape[1]
     n = jnp.maximum(jnp.sum(key_real, axis=-1), 1).astype(jnp.int32)
     first = jnp.argmax(key_real, axis=-1).astype(jnp.int32)
     slots = jnp.arange(t, dtype=jnp.int32)
