@@ -92,7 +92,11 @@ def apply_gpu(c: common.ConfigDict, path: str | bool) -> None:
     c.rollout.sglang.update(model_path=ckpt, weight_sync_dir="/tmp/rubric_rl_weights")
     # The papers' GRPO (HarnessRL §3: ε_A = 1e-6) normalises by the group std; the embedded
     # default's "mean_only" is a choice for its tiny policy (configs/common.py says why).
-    c.loss.update(kl_beta=0.001, rollout_correction="bypass", advantage="grpo")
+    # The KL reference in bf16: the forward casts weights to bf16 for its matmuls anyway, and
+    # float32 would keep 4 more bytes per parameter on each device (benchmarks/aot_fit.py).
+    c.loss.update(
+        kl_beta=0.001, kl_ref_dtype="bfloat16", rollout_correction="bypass", advantage="grpo"
+    )
     c.judge.kind = "llm"
     c.judge.llm.update(
         backend="openai",

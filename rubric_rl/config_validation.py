@@ -339,6 +339,7 @@ def _validate_loss_names(config: ConfigDict) -> None:
     _one_of("loss.rollout_correction", lo.rollout_correction, ROLLOUT_CORRECTION_PRESETS.names())
     if float(lo.kl_beta) > 0:
         _one_of("loss.kl_kind", lo.kl_kind, KL_ESTIMATORS.names())
+    _one_of("loss.kl_ref_dtype", lo.get("kl_ref_dtype", "float32"), ("float32", "bfloat16"))
     if float(lo.sd_coef) > 0 and lo.sd_estimator == "none":
         _fail(
             "loss.sd_coef",

@@ -162,6 +162,10 @@ def get_base_config() -> ConfigDict:
         rollout_correction="bypass",
         kl_beta=0.0,
         kl_kind="k3",
+        # The KL reference's parameters (kl_beta > 0): a frozen copy of the starting weights,
+        # "float32" (the master weights' dtype) or "bfloat16" (half the bytes: 2 B/param on each
+        # device's shard; its forward runs in the compute dtype either way).
+        kl_ref_dtype="float32",
         # Self-distillation (DESIGN §5): "none" | "full" | "topk" | "jsd" | "sampled". The teacher
         # is the policy on the prompt plus the controllers' ``teacher_context``; λ = sd_coef × the
         # controllers' ``sd_gate``. A group without context contributes exactly 0.

@@ -353,7 +353,10 @@ class Trainer:
             run_files.rollback(self.controllers_dir, self.step)
             self.controllers.rollback(self.step)
         # A copy, taken before any update: the train step donates the state's buffers.
-        self.ref_params = jax.tree.map(jnp.copy, start) if kl else None
+        self.ref_params = None
+        if kl:
+            ref_dtype = jnp.dtype(self.config.loss.get("kl_ref_dtype", "float32"))
+            self.ref_params = jax.tree.map(lambda x: jnp.copy(x).astype(ref_dtype), start)
         self._sync_weights()
 
     def _restore_intact(self) -> tuple[Any, dict[str, Any]]:

@@ -487,6 +487,7 @@ def test_kl_reference_is_the_warm_start_policy_and_survives_a_resume(tmp_path):
     """loss.kl_beta > 0: the trainer passes the policy RL started from as the KL reference; after
     updates the KL is positive, and a resumed trainer rebuilds the same reference bit for bit."""
     import jax
+    import jax.numpy as jnp
     import numpy as np
     import orbax.checkpoint as ocp
 
@@ -532,6 +533,19 @@ def test_kl_reference_is_the_warm_start_policy_and_survives_a_resume(tmp_path):
         assert all(np.array_equal(a, b) for a, b in zip(init, leaves(cold.ref_params)))
     finally:
         cold.close()
+    c.loss.kl_ref_dtype = "bfloat16"  # the gpu variants' reference: the same weights in bf16
+    half = Trainer(c, str(tmp_path / "half"))
+    try:
+        init = leaves(half.state.params)
+        half._restore_or_warmstart(resume=False)
+        got = leaves(half.ref_params)
+        assert all(g.dtype == jnp.bfloat16 for g in got)
+        assert all(np.array_equal(g, a.astype(jnp.bfloat16)) for g, a in zip(got, init))
+        # The first update starts at the reference up to its bf16 rounding: a KL near 0.
+        kl = half.train_one_step()["train/kl_ref/k3"]
+        assert 0.0 <= kl < 1e-3
+    finally:
+        half.close()
 
 
 def _run_steps(trainer, steps, resume=False, **checkpoint):

@@ -7,13 +7,15 @@ Mesh axes: ("data", "fsdp", "tensor").
 
 Parameter rules live on the parameters themselves as `out_sharding` metadata (see
 `rubric_rl.models.qwen3`): kernels `('fsdp', 'tensor')` / `('tensor', 'fsdp')`, the embedding
-`('tensor', None)` (sharding its model dim on "fsdp" while the batch is on "fsdp" makes the
-lookup's backward rematerialise the full table), norms replicated. A scanned model's stacked layer
+`(('tensor', 'fsdp'), None)` (its vocabulary over both axes, so tensor = 1 does not replicate it;
+sharding its model dim on "fsdp" while the batch is on "fsdp" makes the lookup's backward
+rematerialise the full table), norms replicated. A scanned model's stacked layer
 parameters carry a leading None (`models.layer_stack.stack_layers`): the layer axis is replicated.
 
 Divisibility fallback: when a dimension is not divisible by the product of the mesh axes named for
-it, that dimension is replicated instead (so a tiny test model runs on any mesh). The fallback is
-per dimension and silent; `spec_for` is the single place that decides it.
+it, it is split over the longest leading part of those axes that divides it, else replicated (so
+a tiny test model runs on any mesh). The fallback is per dimension and silent; `spec_for` is the
+single place that decides it.
 """
 
 from __future__ import annotations
@@ -80,8 +82,9 @@ def _axis_size(mesh: Mesh, names: Any) -> int:
 
 def spec_for(shape: Sequence[int], names: Sequence[Any] | None, mesh: Mesh) -> P:
     """PartitionSpec for an array of `shape` whose dims want mesh axes `names` (None entries =
-    replicated). A dim not divisible by its axes' size is replicated; axes absent from the mesh
-    are dropped; size-1 axes are kept (harmless)."""
+    replicated). A dim that a group of axes does not divide takes the group's longest leading
+    part that does (("tensor", "fsdp") -> "tensor"), else is replicated; axes absent from the
+    mesh are dropped; size-1 axes are kept (harmless)."""
     if not names:
         return P()
     if len(names) != len(shape):
@@ -93,7 +96,9 @@ def spec_for(shape: Sequence[int], names: Sequence[Any] | None, mesh: Mesh) -> P
             continue
         group = (n,) if isinstance(n, str) else tuple(n)
         group = tuple(a for a in group if a in mesh.shape)
-        if not group or dim % _axis_size(mesh, group):
+        while group and dim % _axis_size(mesh, group):
+            group = group[:-1]
+        if not group:
             out.append(None)
         else:
             out.append(group[0] if len(group) == 1 else group)

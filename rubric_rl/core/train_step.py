@@ -204,13 +204,18 @@ def make_train_step(
             )
         return jitted[key]
 
-    def step(state: TrainState, batch: TrainBatch, ref_params=None, teacher=None):
+    def jitted_call(state: TrainState, batch: TrainBatch, ref_params, teacher):
+        """(the jitted step for this combination of arguments, its positional arguments)."""
         teacher = check_teacher(config, teacher, teacher_graphdef)
-        if config.needs_old_logps and batch.old_logps is None:
-            batch = batch.replace(old_logps=compute_logps(state, batch))
         args = (state, batch) + ((ref_params,) if ref_params is not None else ())
         args += (teacher,) if teacher is not None else ()
-        return get(ref_params is not None, state, teacher)(*args)
+        return get(ref_params is not None, state, teacher), args
+
+    def step(state: TrainState, batch: TrainBatch, ref_params=None, teacher=None):
+        if config.needs_old_logps and batch.old_logps is None:
+            batch = batch.replace(old_logps=compute_logps(state, batch))
+        fn, args = jitted_call(state, batch, ref_params, teacher)
+        return fn(*args)
 
     def step_loss_and_grads(state: TrainState, batch: TrainBatch, ref_params=None, teacher=None):
         return loss_and_grads(
@@ -225,7 +230,15 @@ def make_train_step(
             teacher_graphdef=teacher_graphdef,
         )
 
+    def lower(state: TrainState, batch: TrainBatch, ref_params=None, teacher=None):
+        """The jitted step lowered for these arguments (concrete, or abstract: shapes and
+        dtypes), not run; ``.compile()`` on it gives the program and its memory analysis
+        (benchmarks/aot_fit.py). ``batch.old_logps`` must be given where the step needs them."""
+        fn, args = jitted_call(state, batch, ref_params, teacher)
+        return fn.lower(*args)
+
     step.compute_logps = compute_logps  # type: ignore[attr-defined]
+    step.lower = lower  # type: ignore[attr-defined]
     step.loss_and_grads = step_loss_and_grads  # type: ignore[attr-defined]
     return step
 

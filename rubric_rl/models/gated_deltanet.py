@@ -174,16 +174,8 @@ def gated_delta_step(
     return out[:, 0], state
 
 
-def solve_unit_lower(strict: Array, rhs: Array) -> Array:
-    """X with (I + strict) X = rhs, ``strict`` strictly lower-triangular [..., C, C], ``rhs``
-    [..., C, D]: forward substitution, x_i = rhs_i − Σ_{j<i} strict_ij x_j, one row per step of a
-    ``fori_loop`` (the row order of transformers' torch rule).
-
-    Not ``lax.linalg.triangular_solve``: on XLA:CPU that is a LAPACK custom call which, with the
-    batch sharded over several host devices (``--xla_force_host_platform_device_count``), hung
-    about every other run on a 2-core machine (a sharded forward of a Qwen3.5 model: 3 of 3 runs
-    hung at T = 64, 0 of 4 with this loop; issue 14's (2, 4, 1)-mesh engine test). Plain matmuls
-    partition like every other op."""
+def _forward_substitution(strict: Array, rhs: Array) -> Array:
+    """X with (I + strict) X = rhs by forward substitution, one row per ``fori_loop`` step."""
     c = strict.shape[-1]
     cols = jnp.arange(c)
 
@@ -194,6 +186,51 @@ def solve_unit_lower(strict: Array, rhs: Array) -> Array:
         return jax.lax.dynamic_update_index_in_dim(x, x_i, i, -2)
 
     return jax.lax.fori_loop(0, c, row, jnp.zeros_like(rhs))
+
+
+# "custom": `solve_unit_lower`'s hand-written backward; "autodiff": jax differentiates the loop
+# (the carry kept at every step; what benchmarks/aot_fit.py --before compiles).
+SOLVE_BACKWARD = "custom"
+
+
+@jax.custom_vjp
+def solve_unit_lower(strict: Array, rhs: Array) -> Array:
+    """X with (I + strict) X = rhs, ``strict`` strictly lower-triangular [..., C, C] (its
+    diagonal and upper triangle are ignored), ``rhs`` [..., C, D]: forward substitution,
+    x_i = rhs_i − Σ_{j<i} strict_ij x_j, one row per step of a ``fori_loop`` (the row order of
+    transformers' torch rule).
+
+    Not ``lax.linalg.triangular_solve``: on XLA:CPU that is a LAPACK custom call which, with the
+    batch sharded over several host devices (``--xla_force_host_platform_device_count``), hung
+    about every other run on a 2-core machine (a sharded forward of a Qwen3.5 model: 3 of 3 runs
+    hung at T = 64, 0 of 4 with this loop). Plain matmuls partition like every other op.
+
+    Backward by hand (custom VJP): differentiating the loop would keep its [..., C, D] carry at
+    every one of its C steps (C× the solution: 8 GiB per Qwen3.5-4B layer at 2 × 2048 tokens
+    per device). With A = I + strict and X = A⁻¹ rhs: d rhs = A⁻ᵀ dX (one more substitution,
+    on the reversed rows) and d strict = −strict_lower(d rhs · Xᵀ); only ``strict`` and X are
+    kept."""
+    return _forward_substitution(strict, rhs)
+
+
+def _solve_fwd(strict: Array, rhs: Array) -> tuple[Array, tuple[Array, Array]]:
+    x = _forward_substitution(strict, rhs)
+    return x, (strict, x)
+
+
+def _solve_bwd(res: tuple[Array, Array], dx: Array) -> tuple[Array, Array]:
+    strict, x = res
+    # Aᵀ is unit upper-triangular; reversing rows and columns makes it unit lower-triangular:
+    # (I + strict)ᵀ Y = dX  ⇔  (I + R strictᵀ R)(R Y) = R dX, R the row reversal.
+    flipped = jnp.flip(jnp.swapaxes(strict, -1, -2), (-2, -1))
+    d_rhs = jnp.flip(_forward_substitution(flipped, jnp.flip(dx, -2)), -2)
+    c = strict.shape[-1]
+    below = jnp.tril(jnp.ones((c, c), bool), -1)
+    d_strict = jnp.where(below, -jnp.einsum("...id,...jd->...ij", d_rhs, x), 0).astype(strict.dtype)
+    return d_strict, d_rhs.astype(x.dtype)
+
+
+solve_unit_lower.defvjp(_solve_fwd, _solve_bwd)
 
 
 def chunk_gated_delta_rule(
@@ -249,7 +286,8 @@ def chunk_gated_delta_rule(
     k_beta = k * beta[..., None]
     strict = jnp.einsum("...id,...jd->...ij", k_beta, k) * decay * (~jnp.eye(c, dtype=bool))
     rhs = jnp.concatenate([v * beta[..., None], k_beta * jnp.exp(gamma)[..., None]], axis=-1)
-    solved = solve_unit_lower(strict, rhs)  # A⁻¹ rhs, A = I + strict
+    solve = solve_unit_lower if SOLVE_BACKWARD == "custom" else _forward_substitution
+    solved = solve(strict, rhs)  # A⁻¹ rhs, A = I + strict
     u, w = solved[..., :dv], solved[..., dv:]
     attn = jnp.einsum("...id,...jd->...ij", q, k) * decay  # [B, H, N, C, C]
     q_decayed = q * jnp.exp(gamma)[..., None]

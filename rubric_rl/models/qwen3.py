@@ -7,7 +7,7 @@ the same module is `transformers`' Qwen2ForCausalLM: the q/k/v projections have 
 is no q/k RMSNorm (`Qwen3Config.attention_bias`, `.qk_norm`); nothing else differs.
 
 Parameter layout (kernels are [in, out], i.e. the transpose of torch's Linear.weight):
-  embed.embedding [V, D]                      out_sharding ('tensor', None)
+  embed.embedding [V, D]                      out_sharding (('tensor', 'fsdp'), None)
   layers[i].attn.{q,k,v}_proj.kernel [D, n*hd] ('fsdp', 'tensor')
   layers[i].attn.o_proj.kernel [H*hd, D]       ('tensor', 'fsdp')
   layers[i].attn.{q,k,v}_proj.bias [n*hd]      ('tensor',)          (Qwen2 only)
@@ -321,26 +321,37 @@ def _use_fused(impl: str, q: Array) -> bool:
 CUDNN_PADDING_CAUSAL = True
 
 
-def fused_attention(q: Array, k: Array, v: Array, mask: Array, impl: str) -> Array:
+def fused_attention(
+    q: Array, k: Array, v: Array, mask: Array, impl: str, *, causal_padding: bool = False
+) -> Array:
     """`jax.nn.dot_product_attention` with the same contract as `attention`; impl "cudnn" (flash
     attention on NVIDIA GPUs) or "xla" (jax's own XLA formulation, for comparison). cuDNN wants
     bf16/fp16 inputs and takes GQA directly (KV heads divide H).
 
     A self-attention mask that is exactly causal-by-index with padding keys excluded (what
-    `full_sequence_inputs` builds), every row's real tokens contiguous (left, right or both
-    padding), runs as `causal_padded_attention` (cuDNN's causal kernel with sequence lengths:
-    no mask tensor); any other mask as `masked_attention` (the mask as a [B, 1, T, S] tensor).
-    The choice is made per call at run time (`lax.cond` on `padded_causal_rows`); real rows get
-    the same values either way (tests), masked query rows finite garbage. Why: with a mask
-    cuDNN reads a [B, 1, T, S] bias per block, skips no causal block (twice the attention work
-    of the causal kernel) and computes the bias's gradient, which jax then drops.
-    `CUDNN_PADDING_CAUSAL = False` sends every mask to `masked_attention`."""
+    `full_sequence_inputs` builds) runs as `causal_padded_attention` (cuDNN's causal kernel with
+    sequence lengths: no mask tensor); any other mask as `masked_attention` (the mask as a
+    [B, 1, T, S] tensor). Why: with a mask cuDNN reads a [B, 1, T, S] bias per block, skips no
+    causal block (twice the attention work of the causal kernel) and computes the bias's
+    gradient, which jax then drops.
+
+    ``causal_padding=True``: the caller states that ``mask`` is causal & its last row (the
+    model's full-sequence forward, whose mask `full_sequence_inputs` builds), and the
+    padding-causal path runs unconditionally. Otherwise the choice is made per call at run time
+    (`lax.cond` on `padded_causal_rows`); real rows get the same values either way (tests). The
+    model does not take the `lax.cond`: compiled for several GPUs, XLA cannot keep the batch
+    sharding of cuDNN's custom call inside a conditional's branch and all-gathers q, k and v
+    over the batch (every device then attends for every row; `benchmarks/aot_fit.py` counts
+    those gathers in the target compile). `CUDNN_PADDING_CAUSAL = False` sends every mask to
+    `masked_attention`."""
     if impl not in ("cudnn", "xla"):
         raise ValueError(f"fused_attention: impl={impl!r}; expected 'cudnn' or 'xla'")
     mask = jnp.broadcast_to(jnp.asarray(mask), (q.shape[0], *jnp.shape(mask)[1:]))
     self_attention = q.shape[1] == k.shape[1] == mask.shape[1] == mask.shape[2]
     if not (CUDNN_PADDING_CAUSAL and self_attention):
         return masked_attention(q, k, v, mask, impl)
+    if causal_padding:
+        return causal_padded_attention(q, k, v, mask[:, -1, :], impl)
     fast, key_real = padded_causal_rows(mask)
     return jax.lax.cond(
         fast,
@@ -363,56 +374,52 @@ def masked_attention(q: Array, k: Array, v: Array, mask: Array, impl: str) -> Ar
 
 def padded_causal_rows(mask: Array) -> tuple[Array, Array]:
     """(ok, key_real [B, T]) of a self-attention mask [B, T, T]: ok (a scalar bool) when the mask
-    is exactly causal by index with the padding keys key_real excluded, and each row's real keys
-    are contiguous (so a rotation of the row makes them a prefix). key_real is the last query
-    row's mask, which under causality sees every key."""
+    is exactly causal by index with the padding keys key_real excluded (any padding pattern:
+    `causal_padded_attention` compacts each row). key_real is the last query row's mask, which
+    under causality sees every key."""
     t = mask.shape[-1]
     key_real = mask[:, -1, :]
     causal = jnp.tril(jnp.ones((t, t), bool))
-    exact = jnp.all(mask == (causal[None] & key_real[:, None, :]))
-    n = jnp.sum(key_real, axis=-1)
-    first = jnp.argmax(key_real, axis=-1)
-    last = t - 1 - jnp.argmax(key_real[:, ::-1], axis=-1)
-    contiguous = jnp.all((n == 0) | (last - first + 1 == n))
-    return exact & contiguous, key_real
+    return jnp.all(mask == (causal[None] & key_real[:, None, :])), key_real
 
 
 def causal_padded_attention(q: Array, k: Array, v: Array, key_real: Array, impl: str) -> Array:
-    """Causal self-attention over rows whose real tokens (key_real [B, T]) are contiguous: each
-    row is rotated so they start at slot 0, attended with ``is_causal`` and the rows' lengths
+    """Causal self-attention over each row's real tokens (key_real [B, T]; any pattern: left,
+    right or both padding, holes): each row's real tokens are moved, in order, to the slots
+    before its padding (a stable sort), attended with ``is_causal`` and the rows' lengths
     (cuDNN's padding-causal kernel: causal block skipping, no mask tensor, no bias gradient)
-    and rotated back. Same values as the mask formulation on real query rows (rotation keeps
-    their order, and causality by index within the real span is the same); padding query rows
+    and moved back. Same values as the mask formulation on real query rows (the move keeps
+    their order, and causality by index among real tokens is the same); padding query rows
     get zeros. Rows without a real token attend their first slot."""
     t = key_real.shape[1]
     n = jnp.maximum(jnp.sum(key_real, axis=-1), 1).astype(jnp.int32)
-    first = jnp.argmax(key_real, axis=-1).astype(jnp.int32)
     slots = jnp.arange(t, dtype=jnp.int32)
-    forward = (slots[None, :] + first[:, None]) % t  # rotated slot i holds token first + i
+    # forward[b, i]: the token at compacted slot i (real tokens first, each group in order).
+    forward = jnp.argsort(~key_real.astype(bool), axis=-1, stable=True).astype(jnp.int32)
+    back = jnp.argsort(forward, axis=-1).astype(jnp.int32)  # token j's compacted slot
 
     # Slots past a row's length are zeroed going in and coming out: whatever a kernel leaves
     # in those rows of its output or of its dQ/dK/dV (undefined for tokens beyond the lengths
     # in some fused kernels) is selected away, never multiplied into a finite gradient.
     live = (slots[None, :] < n[:, None])[:, :, None, None]
 
-    def rotate(x, idx):
+    def gather(x, idx):
         return jnp.take_along_axis(x, idx[:, :, None, None], axis=1)
 
-    def rotated_in(x):
-        return jnp.where(live, rotate(x, forward), jnp.zeros((), x.dtype))
+    def compacted(x):
+        return jnp.where(live, gather(x, forward), jnp.zeros((), x.dtype))
 
     o = jax.nn.dot_product_attention(
-        rotated_in(q),
-        rotated_in(k),
-        rotated_in(v),
+        compacted(q),
+        compacted(k),
+        compacted(v),
         is_causal=True,
         query_seq_lengths=n,
         key_value_seq_lengths=n,
         implementation=impl,
     )
     o = jnp.where(live, o, jnp.zeros((), o.dtype))
-    back = (slots[None, :] - first[:, None]) % t  # token j sits at rotated slot j - first
-    return rotate(o, back)
+    return gather(o, back)
 
 
 class Attention(nnx.Module):
@@ -503,7 +510,8 @@ class DecoderLayer(nnx.Module):
         if kv_cache is not None:
             k, v, new_cache = write_kv_cache(kv_cache, k, v, cache_index)
         if kv_cache is None and _use_fused(attention_impl, q):
-            o = fused_attention(q, k, v, mask, "cudnn")
+            # Without a cache the mask is `full_sequence_inputs`' (causal & padding keys).
+            o = fused_attention(q, k, v, mask, "cudnn", causal_padding=True)
         else:
             o = attention(
                 q, k, v, mask, causal_blocks=causal_blocks, cache_layout=kv_cache is not None
@@ -530,14 +538,23 @@ def check_attention_impl(owner: str, attention_impl: str) -> None:
         )
 
 
+# The token embedding's sharding: the vocabulary over "tensor" x "fsdp" (Megatron's vocabulary
+# split, extended over the FSDP axis), its model dim whole. With tensor = 1 a vocabulary on
+# "tensor" alone left the table replicated on every device: 1.45 GiB of float32 for Qwen3's
+# 151,936 x 2,560, 2.4-4.7 GiB for Qwen3.5's 248,320-token tables, x4 with the gradient and
+# AdamW's moments. Sharding the model dim on "fsdp" instead made the lookup's backward
+# rematerialise the whole table, so the vocabulary is the dim split.
+EMBED_SHARDING: tuple = (("tensor", "fsdp"), None)
+
+
 def token_embedding(config: Any, *, rngs: nnx.Rngs, dtype: Any, param_dtype: Any) -> nnx.Embed:
-    """The [V, D] token embedding, HF init normal(0, 0.02), sharded ('tensor', None)."""
+    """The [V, D] token embedding, HF init normal(0, 0.02), sharded `EMBED_SHARDING`."""
     return nnx.Embed(
         config.vocab_size,
         config.hidden_size,
         embedding_init=nnx.with_partitioning(
             lambda key, shape, dtype: _normal_init(key, tuple(shape), jnp.dtype(dtype)),
-            ("tensor", None),
+            EMBED_SHARDING,
             eager_sharding=False,
         ),
         rngs=rngs,

@@ -172,7 +172,8 @@ class HybridDecoderLayer(nnx.Module):
                 k, v, new_cache = write_kv_cache(cache, k, v, cache_index)
                 o = attention(q, k, v, attn_mask, cache_layout=True)
             elif _use_fused(attention_impl, q):
-                o = fused_attention(q, k, v, attn_mask, "cudnn")
+                # Without a cache the mask is `full_sequence_inputs`' (causal & padding keys).
+                o = fused_attention(q, k, v, attn_mask, "cudnn", causal_padding=True)
             else:
                 o = attention(q, k, v, attn_mask, causal_blocks=causal_blocks)
             h = self.attn.out(o, gate)

@@ -46,7 +46,9 @@ def test_spec_for_divisibility_fallback():
     assert S.spec_for((7, 6), ("fsdp", "tensor"), mesh) == P(None, "tensor")
     assert S.spec_for((8, 5), ("fsdp", "tensor"), mesh) == P("fsdp", None)
     assert S.spec_for((8,), (("data", "fsdp"),), mesh) == P(("data", "fsdp"))
-    assert S.spec_for((6,), (("data", "fsdp"),), mesh) == P(None)  # 6 % 4
+    # 6 % 4: the group's leading part that divides (data, 2); 5: none does.
+    assert S.spec_for((6,), (("data", "fsdp"),), mesh) == P("data")
+    assert S.spec_for((5,), (("data", "fsdp"),), mesh) == P(None)
     assert S.spec_for((4, 4), None, mesh) == P()
     assert S.spec_for((4,), ("nope",), mesh) == P(None)  # axis not in the mesh
     with pytest.raises(ValueError, match="do not match"):
@@ -57,7 +59,8 @@ def test_param_shardings_follow_rules():
     mesh = S.make_mesh(fsdp=4, tensor=2)
     model = Qwen3ForCausalLM(CFG, rngs=nnx.Rngs(0))
     sh = S.param_shardings(model, mesh)
-    assert sh["embed"]["embedding"].get_value().spec == P("tensor", None)
+    # The vocabulary over tensor x fsdp (128 divides by 8).
+    assert sh["embed"]["embedding"].get_value().spec == P(("tensor", "fsdp"), None)
     layer = sh["layers"][0]
     assert layer["attn"]["q_proj"]["kernel"].get_value().spec == P("fsdp", "tensor")
     assert layer["attn"]["o_proj"]["kernel"].get_value().spec == P("tensor", "fsdp")
@@ -134,7 +137,8 @@ def test_kv_cache_shardings():
     sh = S.kv_cache_shardings(cache, mesh)
     assert sh[0]["k"].spec == P(("data", "fsdp"), "tensor", None, None)
     odd = S.kv_cache_shardings(jax.eval_shape(lambda: model.init_cache(6, 16)), mesh)
-    assert odd[1]["v"].spec == P(None, "tensor", None, None)  # 6 % 4: batch replicated
+    # 6 % 4: the batch over data (2) alone
+    assert odd[1]["v"].spec == P("data", "tensor", None, None)
 
 
 def test_settle_waits_only_on_a_cpu_mesh_of_several_devices():
@@ -147,3 +151,36 @@ def test_settle_waits_only_on_a_cpu_mesh_of_several_devices():
     assert y.is_ready()
     z = jax.device_put(np.ones((8,), np.float32), S.batch_sharding(one))
     assert S.settle(z, one) is z
+
+
+def test_embedding_sharded_over_fsdp_when_tensor_is_1_equals_unsharded():
+    """tensor = 1: the embedding (tied: also the LM head) is split over the 8 fsdp devices,
+    not replicated, and the sharded model's logits and every parameter's gradient equal the
+    one-device model's."""
+    mesh = S.make_mesh(1, 8, 1)
+    model = Qwen3ForCausalLM(CFG, rngs=nnx.Rngs(7))
+    sharded = S.init_sharded(lambda: Qwen3ForCausalLM(CFG, rngs=nnx.Rngs(7)), mesh)
+    table = sharded.embed.embedding[...]
+    assert table.sharding.spec == P(("tensor", "fsdp"), None)
+    assert table.addressable_shards[0].data.shape == (CFG.vocab_size // 8, CFG.hidden_size)
+    rs = np.random.RandomState(3)
+    ids = rs.randint(0, CFG.vocab_size, (8, 12)).astype(np.int32)
+    am = np.ones_like(ids)
+    am[0, :4] = 0
+    w = rs.randn(8, 12, CFG.vocab_size).astype(np.float32) * am[..., None]
+
+    def loss(m, i, a):
+        logits = m(i, attention_mask=a)
+        return jnp.sum(logits * w), logits
+
+    step = nnx.jit(nnx.value_and_grad(loss, has_aux=True))
+    (_, want), want_g = step(model, jnp.asarray(ids), jnp.asarray(am))
+    batch = S.shard_batch({"ids": ids, "am": am}, mesh)
+    (_, got), got_g = step(sharded, batch["ids"], batch["am"])
+    real = am > 0
+    np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-5, rtol=0)
+    gw = nnx.state(got_g)["embed"]["embedding"].get_value()
+    for a, b in zip(jax.tree.leaves(nnx.state(got_g)), jax.tree.leaves(nnx.state(want_g))):
+        scale = float(np.abs(np.asarray(b)).max())
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4 * max(scale, 1.0))
+    assert float(np.abs(np.asarray(gw)).max()) > 1e-3

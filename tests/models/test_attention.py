@@ -181,6 +181,7 @@ _PAD = {
     "right": [[1] * 6 + [0] * 4, [1] * 10],
     "both": [[0, 0] + [1] * 5 + [0] * 3, [0] * 4 + [1] * 6],
     "empty_row": [[0] * 10, [0] * 9 + [1]],
+    "holes": [[0, 1, 1, 0, 1, 0, 0, 1, 1, 0], [1, 0, 1, 0, 1, 0, 1, 0, 1, 1]],
 }
 
 
@@ -239,17 +240,16 @@ def test_fused_attention_takes_the_padded_causal_path(pattern, monkeypatch):
 
 
 def test_other_masks_take_the_masked_path(monkeypatch):
-    """A row with a hole in its real tokens, a non-causal mask, a mask that also drops a query's
-    own key, cross-attention shapes: `padded_causal_rows` refuses the first three, and
-    `fused_attention` gives `masked_attention`'s values (numpy on rows with a key)."""
+    """A non-causal mask, a mask that also drops a query's own key, cross-attention shapes:
+    `padded_causal_rows` refuses the first two, and `fused_attention` gives `masked_attention`'s
+    values (numpy on rows with a key). (A row with holes in its real tokens is causal & padding:
+    the padding-causal path, `_PAD["holes"]`.)"""
     q, k, v, mask, valid = _padded_inputs("left", seed=4)
     t = mask.shape[-1]
-    hole = mask.copy()
-    hole[1, :, 4] = False  # example 1: key 4 missing between real tokens
     full = np.broadcast_to(valid[:, None, :], mask.shape).copy()  # bidirectional over real keys
     own = mask.copy()
     own[0, 5, 5] = False  # causal & padding, and one more key dropped
-    for m in (hole, full, own):
+    for m in (full, own):
         ok, _ = qwen3.padded_causal_rows(jnp.asarray(m))
         assert not bool(ok)
         got = np.asarray(jax.jit(lambda *a, m=m: qwen3.fused_attention(*a, m, "xla"))(q, k, v))
@@ -258,7 +258,7 @@ def test_other_masks_take_the_masked_path(monkeypatch):
         rows = m.any(-1)
         np.testing.assert_allclose(got[rows], _reference(q, k, v, m)[rows], atol=1e-5)
     monkeypatch.setattr(qwen3, "causal_padded_attention", lambda q, *_: jnp.full_like(q, 7.0))
-    for m in (hole, full, own):
+    for m in (full, own):
         marked = np.asarray(qwen3.fused_attention(q, k, v, m, "xla"))
         assert not (marked == 7.0).any()  # the masked branch ran
     cross = np.ones((2, t, t + 3), bool)  # S != T: never the causal path
@@ -296,14 +296,15 @@ def test_model_through_the_fused_path_equals_the_xla_path(monkeypatch, remat):
     calls = []
     original = qwen3.fused_attention
 
-    def fused(q, k, v, mask, impl):
-        calls.append(impl)
-        return original(q, k, v, mask, "xla")
+    def fused(q, k, v, mask, impl, **kw):
+        calls.append((impl, kw))
+        return original(q, k, v, mask, "xla", **kw)
 
     monkeypatch.setattr(qwen3, "_use_fused", lambda impl, q: True)
     monkeypatch.setattr(qwen3, "fused_attention", fused)
     got_logits, got_grads = run()
-    assert calls and set(calls) == {"cudnn"}  # the fused path was traced, once per layer
+    # the fused path was traced, once per layer, stating the model's causal & padding mask
+    assert calls and all(c == ("cudnn", {"causal_padding": True}) for c in calls)
     np.testing.assert_allclose(got_logits[real], want_logits[real], atol=2e-5, rtol=0)
     for a, b in zip(got_grads, want_grads, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4)

@@ -494,3 +494,63 @@ def test_layer_rejects_bad_input_and_config():
     weights.pop("A_log")
     with pytest.raises(ValueError, match="missing \\['A_log'\\]"):
         gdn.load_hf_weights(layer, weights)
+
+
+def _solve_inputs(seed, lead=(2, 3), c=16, d=5):
+    rs = np.random.RandomState(seed)
+    # Entries of the size the rule produces (β k·k D with unit-norm keys: |·| < 1).
+    strict = np.tril(rs.uniform(-0.5, 0.5, (*lead, c, c)), -1).astype(np.float32)
+    # The upper triangle and diagonal carry noise: the solve must ignore them (and give them a
+    # zero gradient).
+    strict += np.triu(rs.randn(*lead, c, c)).astype(np.float32)
+    rhs = rs.randn(*lead, c, d).astype(np.float32)
+    w = rs.randn(*lead, c, d).astype(np.float32)
+    return strict, rhs, w
+
+
+def test_solve_unit_lower_values_and_gradients_equal_dense_solve_and_the_plain_loop():
+    """The custom VJP against (a) numpy's dense solve for the values, (b) autodiff through
+    jnp.linalg.solve of the dense I + strict_lower, (c) autodiff through the plain fori_loop
+    (the backward the custom one replaces)."""
+    strict, rhs, w = _solve_inputs(0)
+    c = strict.shape[-1]
+    a = np.eye(c, dtype=np.float64) + np.tril(strict.astype(np.float64), -1)
+    want = np.linalg.solve(a, rhs.astype(np.float64))
+    got = gdn.solve_unit_lower(jnp.asarray(strict), jnp.asarray(rhs))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+    def loss(fn):
+        return lambda s, r: jnp.sum(fn(s, r) * w)
+
+    def dense(s, r):
+        return jnp.linalg.solve(jnp.eye(c) + jnp.tril(s, -1), r)
+
+    args = (jnp.asarray(strict), jnp.asarray(rhs))
+    ours = jax.jit(jax.grad(loss(gdn.solve_unit_lower), (0, 1)))(*args)
+    ref = jax.jit(jax.grad(loss(dense), (0, 1)))(*args)
+    loop = jax.jit(jax.grad(loss(gdn._forward_substitution), (0, 1)))(*args)
+    for name, o, r, lp in zip(("strict", "rhs"), ours, ref, loop, strict=True):
+        scale = float(np.abs(np.asarray(r)).max())
+        assert scale > 1e-2, name
+        np.testing.assert_allclose(np.asarray(o), np.asarray(r), atol=2e-5 * scale, err_msg=name)
+        np.testing.assert_allclose(np.asarray(o), np.asarray(lp), atol=2e-5 * scale, err_msg=name)
+    # Only the strict lower triangle is read, so only it has a gradient.
+    d_strict = np.asarray(ours[0])
+    assert np.all(np.triu(d_strict) == 0) and np.abs(np.tril(d_strict, -1)).max() > 1e-2
+
+
+def test_solve_unit_lower_backward_keeps_the_solution_not_every_loop_step():
+    """What the backward keeps (jax's saved residuals): the custom VJP the inputs and X (about
+    2 x rhs + strict); autodiff of the loop the carry at each of its C steps (C x rhs)."""
+    from jax._src.ad_checkpoint import saved_residuals
+
+    strict, rhs, w = _solve_inputs(1, lead=(2,), c=32, d=8)
+
+    def kept(fn):
+        res = saved_residuals(lambda s, r: jnp.sum(fn(s, r) * w), strict, rhs)
+        return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a, _ in res)
+
+    rhs_bytes = rhs.nbytes
+    ours, loop = kept(gdn.solve_unit_lower), kept(gdn._forward_substitution)
+    assert ours <= 2 * rhs_bytes + strict.nbytes, (ours, rhs_bytes)
+    assert loop >= 32 * rhs_bytes, (loop, rhs_bytes)

@@ -31,7 +31,7 @@ def ckpt(tmp_path_factory):
 
 # Expected PartitionSpecs on a mesh where every named dim divides (the rules of core/sharding.py).
 EXPECTED = {
-    "model.embed_tokens.weight": P("tensor", None),
+    "model.embed_tokens.weight": P(("tensor", "fsdp"), None),
     "lm_head.weight": P("fsdp", "tensor"),
     "self_attn.q_proj.weight": P("fsdp", "tensor"),
     "self_attn.k_proj.weight": P("fsdp", "tensor"),
@@ -95,7 +95,8 @@ def test_indivisible_dims_fall_back_to_replicated(tmp_path):
         "down": m.layers[0].mlp.down_proj.kernel[...].sharding.spec,
         "embed": m.embed.embedding[...].sharding.spec,
     }
-    ok = from_pretrained(str(tmp_path), mesh=make_mesh(fsdp=2, tensor=4))  # everything divides
+    # Every kernel dim divides; the vocabulary (100) divides by tensor (4) but not tensor x fsdp.
+    ok = from_pretrained(str(tmp_path), mesh=make_mesh(fsdp=2, tensor=4))
     assert spec(ok) == {
         "q": P("fsdp", "tensor"),
         "k": P("fsdp", "tensor"),
