@@ -18,7 +18,7 @@ three splits:
 Each task type is an environment: ``Task.env_name == Task.task_type`` (``list``, ``format``,
 ``short_answer``, ``rewrite``, ``filter``), so evaluation reports per-environment pass rates and
 multi-environment samplers (RISED) have environments to select among. They are single-turn
-environments, not tool environments (``envs.registry.is_tool_env`` is False for them).
+environments, not tool environments (``envs.tool_envs.is_tool_env`` is False for them).
 
 Each task's seed rubric mixes, on purpose, the failure classes HarnessRL (§2.3) studies: one
 genuine criterion per stated constraint; *blind* ones (a conjunction of every constraint, and an
@@ -560,7 +560,7 @@ class ConstraintDomain:
             task_type=params["type"],
             capabilities=_capabilities(requirements(params)),
             # DESIGN §7: each task type is an environment (per-environment pass rates); it is
-            # not a tool environment (envs.registry.is_tool_env), so rollouts stay single-turn.
+            # not a tool environment (envs.tool_envs.is_tool_env), so rollouts stay single-turn.
             env_name=params["type"],
             raw=raw,
         )
@@ -591,5 +591,5 @@ def with_hard_env(tasks: Sequence[Task], min_constraints: int) -> list[Task]:
 
 
 def task_bank(split: str = "train", n: int = 100, seed: int = 0) -> list[Task]:
-    """``ConstraintDomain(seed).tasks(split, n)``, shaped like ``envs.registry.task_bank``."""
+    """``ConstraintDomain(seed).tasks(split, n)``, shaped like ``envs.tool_envs.task_bank``."""
     return ConstraintDomain(seed).tasks(split, n)
