@@ -148,6 +148,30 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
     return domain
 
 
+@DOMAINS.register("instruct")
+def instruct_domain(cfg: ConfigDict) -> Domain:
+    """The English instruction-following domain (envs/instruct_domain.py) for a pretrained chat
+    policy: no warm-start corpus (``warmstart.steps=0``); the embedded "spaced" tokenizer over
+    its vocabulary serves tiny test models, a real model brings its own tokenizer."""
+    from rubric_rl.envs import instruct
+    from rubric_rl.envs.instruct_library import library_criteria
+
+    gen = instruct.InstructDomain(int(cfg.seed))
+    return Domain(
+        name="instruct",
+        train=tuple(gen.tasks("train", int(cfg.n_train))),
+        heldout=tuple(gen.tasks("heldout", int(cfg.n_heldout))),
+        ood=tuple(gen.tasks("ood", int(cfg.n_ood))),
+        verify=instruct.verify,
+        oracle=instruct.oracle_quality,
+        vocabulary=instruct.vocabulary(),
+        embedded_tokenizer="spaced",
+        guidance=instruct.skill_guidance,
+        criteria_library=library_criteria,
+        validation=tuple(gen.tasks("validation", int(cfg.n_validation))),
+    )
+
+
 def tool_env_names(cfg: ConfigDict) -> tuple[str, ...]:
     """``domain.tool_envs`` ("sql,inventory"; "" = none) as names, each a tool environment."""
     names = tuple(n.strip() for n in str(cfg.get("tool_envs", "") or "").split(",") if n.strip())
@@ -735,6 +759,7 @@ def build_judge(config: ConfigDict, workdir: str):
     j = config.judge
     if j.kind == "programmatic":
         import rubric_rl.envs.constraint_checkers  # noqa: F401 (registers the cf_* checkers)
+        import rubric_rl.envs.instruct_checkers  # noqa: F401 (registers the if_* checkers)
 
         return ProgrammaticJudge()
     from rubric_rl.rubrics.judge_cache import JudgeCache

@@ -89,11 +89,37 @@ def generic_style() -> GuidanceStyle:
     )
 
 
+def instruct_style(library: Callable[[Task], Sequence[Criterion]] | None) -> GuidanceStyle:
+    """The English instruction-following domain's: titled plain-English lists
+    (``envs/instruct_guidance.py``), for a pretrained chat policy."""
+    from rubric_rl.envs import instruct_guidance as ig
+
+    return GuidanceStyle(
+        mount=ig.mount,
+        hint=ig.hint,
+        reference=ig.format_reference,
+        critique=ig.format_critique,
+        features=generic_features,
+        library=library,
+    )
+
+
 def style_for(domain) -> GuidanceStyle:
-    """The embedded domain's style for ``constraints``, else the generic one."""
-    if getattr(domain, "name", "") == "constraints":
+    """The embedded domain's style for ``constraints``, the English one for ``instruct``, else
+    the generic one."""
+    name = getattr(domain, "name", "")
+    if name == "constraints":
         return embedded_style(domain.criteria_library)
+    if name == "instruct":
+        return instruct_style(domain.criteria_library)
     return generic_style()
 
 
-__all__ = ["GuidanceStyle", "embedded_style", "generic_features", "generic_style", "style_for"]
+__all__ = [
+    "GuidanceStyle",
+    "embedded_style",
+    "generic_features",
+    "generic_style",
+    "instruct_style",
+    "style_for",
+]
