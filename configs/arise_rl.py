@@ -5,7 +5,7 @@ reward, tool-grounded rubrics and reward-gated self-evolution distillation (RG-S
     python -m rubric_rl.launch --config=configs/arise_rl.py:smoke        # seconds, for tests
     python -m rubric_rl.launch --config=configs/arise_rl.py:no_rgsed     # an ablation (below)
 
-The run is ``arise_rl.cycles`` co-evolution cycles (rubric_rl/controllers/arise_rl.py): each
+The run is ``arise_rl.cycles`` co-evolution cycles (rubric_rl/methods/arise_rl/arise_rl.py): each
 trains the generator role (agent episodes with a ``lookup`` tool writing ``<question>`` +
 ``<rubric>``; R_G = R_tool · R_fmt · (1 + R_diff) from K = 8 solver attempts, γ = 0.9), refreshes
 the solver's pool of generated tasks (deduplicated, the 10 most recent as in-context negatives),
@@ -36,8 +36,8 @@ Variants (comma-separated, big_vision style):
   last_user`` (m appended to the last user message instead of the system message),
   ``estimator=full|topk|sampled``;
 - ``sql``: the generator role over the SQL env (``arise_rl.generator_domain="sql"``,
-  rubric_rl/envs/sql_generator.py): the generator explores a training-split database with the
-  env's read-only tools and writes ``<question>`` + ``<rubric>`` of checkable items
+  rubric_rl/methods/arise_rl/sql_generator.py): the generator explores a training-split database
+  with the env's read-only tools and writes ``<question>`` + ``<rubric>`` of checkable items
   (``answer_equals`` grounded in its own tool observations, ``queried_tables``, ``no_write``…);
   the solver runs agent episodes in the SQL env (``rollout.mode="agent"``, configs/grpo.py's
   ``apply_tool_domain``) for its trained rollouts, K attempts, memory rollouts and base probe.

@@ -18,7 +18,7 @@ view whose time is logged as ``time/services/<name>``), together with the run di
 
 Engine and judge failures are retried (``rollout.retries``, ``judge.retries``) and then raised as
 ``ComponentError`` naming the component. The domain's oracle is not a service: no controller sees
-it (``rubric_rl/diagnostics.py`` reads it for analysis only).
+it (``rubric_rl/pair_failures.py`` reads it for analysis only).
 """
 
 from __future__ import annotations

@@ -15,8 +15,10 @@ import pytest
 
 from configs import arise_rl as arise_rl_config
 from rubric_rl import builders
-from rubric_rl.controllers import rgsed
-from rubric_rl.controllers.arise_rl import (
+from rubric_rl.envs.constraint_lexicon import units
+from rubric_rl.envs.tool_calls import render_tool_call
+from rubric_rl.methods.arise_rl import rgsed
+from rubric_rl.methods.arise_rl.arise_rl import (
     GENERATOR_HINTS,
     SIGNAL,
     AriseRLConfig,
@@ -28,13 +30,11 @@ from rubric_rl.controllers.arise_rl import (
     phase,
     solver_rewards,
 )
-from rubric_rl.envs.constraint_lexicon import units
-from rubric_rl.envs.generator_domain import (
+from rubric_rl.methods.arise_rl.generator_domain import (
     format_generated,
     generator_vocabulary,
     lookup_text,
 )
-from rubric_rl.envs.tool_calls import render_tool_call
 from rubric_rl.rollout.engine import Generation
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verdict
 from rubric_rl.services import Services

@@ -11,16 +11,20 @@ import pytest
 
 from configs import arise_rl as arise_rl_config
 from rubric_rl import builders
-from rubric_rl.controllers.arise_rl import SIGNAL, AriseRLConfig, AriseRLController
-from rubric_rl.controllers.arise_rl_domain import (
+from rubric_rl.envs.sql_data import SYSTEM_PROMPT, database_rows
+from rubric_rl.envs.tool_calls import render_tool_call
+from rubric_rl.methods.arise_rl import generator_domain, sql_generator
+from rubric_rl.methods.arise_rl.arise_rl import SIGNAL, AriseRLConfig, AriseRLController
+from rubric_rl.methods.arise_rl.arise_rl_domain import (
     GENERATOR_ENVS,
     ConstraintGeneratorDomain,
     build_generator_domain,
 )
-from rubric_rl.envs import generator_domain, sql_generator
-from rubric_rl.envs.sql_data import SYSTEM_PROMPT, database_rows
-from rubric_rl.envs.sql_generator import COACH_HINTS, SqlGeneratorDomain, format_generated
-from rubric_rl.envs.tool_calls import render_tool_call
+from rubric_rl.methods.arise_rl.sql_generator import (
+    COACH_HINTS,
+    SqlGeneratorDomain,
+    format_generated,
+)
 from rubric_rl.services import _STREAM_STRIDE, stream_base
 from rubric_rl.trainer_batch import rollouts_to_batch
 from tests.controllers.test_arise_rl import ScriptEngine, scripted_steps

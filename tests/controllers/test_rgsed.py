@@ -6,8 +6,12 @@ import math
 import numpy as np
 import pytest
 
-from rubric_rl.controllers import rgsed
-from rubric_rl.controllers.rgsed import (
+from rubric_rl.envs.constraint_corpus import decorate_prompt, format_coach
+from rubric_rl.envs.constraint_domain import task_bank
+from rubric_rl.envs.constraint_lexicon import domain_vocabulary, units
+from rubric_rl.envs.constraint_spec import guidance_hint
+from rubric_rl.methods.arise_rl import rgsed
+from rubric_rl.methods.arise_rl.rgsed import (
     coefficients_to_sd_gate,
     decay,
     delta_r,
@@ -19,11 +23,7 @@ from rubric_rl.controllers.rgsed import (
     soft_gate,
     warmup,
 )
-from rubric_rl.controllers.rgsed_coach import coach_memories, coach_memory, missed_shares
-from rubric_rl.envs.constraint_corpus import decorate_prompt, format_coach
-from rubric_rl.envs.constraint_domain import task_bank
-from rubric_rl.envs.constraint_lexicon import domain_vocabulary, units
-from rubric_rl.envs.constraint_spec import guidance_hint
+from rubric_rl.methods.arise_rl.rgsed_coach import coach_memories, coach_memory, missed_shares
 from rubric_rl.rollout.batch import Group, Rollouts, Trajectory
 from rubric_rl.rubrics.types import Verdict
 

@@ -6,7 +6,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-from rubric_rl.controllers.arise_rl_rewards import r_fmt, r_tool
 from rubric_rl.envs.constraint_domain import (
     ConstraintDomain,
     hard_constraints,
@@ -16,7 +15,9 @@ from rubric_rl.envs.constraint_domain import (
 )
 from rubric_rl.envs.constraint_lexicon import CATEGORIES, domain_vocabulary, units
 from rubric_rl.envs.constraint_library import library_criteria
-from rubric_rl.envs.generator_corpus import (
+from rubric_rl.envs.tool_calls import render_tool_call
+from rubric_rl.methods.arise_rl.arise_rl_rewards import r_fmt, r_tool
+from rubric_rl.methods.arise_rl.generator_corpus import (
     EMBEDDED_TURN_END,
     add_generator_demonstrations,
     demonstration_turns,
@@ -24,7 +25,7 @@ from rubric_rl.envs.generator_corpus import (
     generator_demonstration,
     with_generator_demonstrations,
 )
-from rubric_rl.envs.generator_domain import (
+from rubric_rl.methods.arise_rl.generator_domain import (
     GENERATOR_TASK_TYPES,
     GENERATOR_UNITS,
     REASONS,
@@ -40,7 +41,6 @@ from rubric_rl.envs.generator_domain import (
     role_prompt,
     source_question,
 )
-from rubric_rl.envs.tool_calls import render_tool_call
 from rubric_rl.rollout.agent import AgentConfig, ChatFormat, run_agent
 from rubric_rl.rollout.engine import SamplingParams
 from tests.rollout.test_agent import ScriptedEngine
