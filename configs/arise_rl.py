@@ -95,7 +95,29 @@ def get_arise_rl_section() -> common.ConfigDict:
     a.difficulty = True
     a.tool_grounding = True
     a.rgsed_roles = ("generator", "solver")  # seed: both roles
-    a.memory_rollouts = 4  # ours: the seed does not give J'
+    # J' memory rollouts per group; 0 = J, the group's own size (the authors' scripts: 8 + 8).
+    a.memory_rollouts = 0
+    # The placebo arm: J' more rollouts per group with another task's memory (shuffled); its Δr,
+    # logged beside the real one, is the null (ours).
+    a.placebo = True
+    # Memory rollout j samples with the seed of standard rollout j (common random numbers).
+    a.paired_seeds = True
+    # The coach writes memory for every group (the seed's); "majority": only the criteria most of
+    # a group missed (rgsed_coach.py).
+    a.coach_rule = "every_group"
+    # Warm-up/decay clock: "phase" restarts at each role phase (ours: the seed is ambiguous),
+    # "global" runs on the training step.
+    a.schedule_clock = "phase"
+    a.satisfaction = "unweighted"  # eq. 7's mean; "weighted" by |λ|
+    a.pool_filter = "parsed"  # the seed keeps every task it can extract; "grounded": R_tool = 1 too
+    # A generated rubric is completed with every library criterion its question implies (the
+    # task verifier's requirement set, which the solver is evaluated on); "as_written".
+    a.rubric_completion = "library"
+    # Generator SD only on steps where its memory helps on average (mean Δr > 0): its warm start
+    # never showed the generator a memory; "always": the per-group gate alone.
+    a.generator_sd = "after_positive"
+    a.proposer_reward = "arise_rl"  # arise_rl | dr_zero | absolute_zero (their own rewards)
+    a.advantage_grouping = "group"  # group | hrpo (Dr. Zero) | trr++ (Absolute Zero)
     a.memory_placement = "system"  # seed App. E: the memory sits at the system prompt's tail
     a.gate = "soft"  # the authors' code; "hard" is the seed's eq. 12; "none" = w/o gating
     a.tau = 0.05

@@ -161,6 +161,7 @@ COACH_HINTS: dict[str, str] = {
     "tool": "run the sql query that answers the question before writing answer_equals",
     "too_easy": "ask a question that needs a join or an aggregate over several rows",
     "too_hard": "ask a question about a single table with one filter",
+    "keep": "run the sql query first and ask a question like: {question}",
 }
 
 
@@ -251,7 +252,10 @@ def generator_units() -> tuple[str, ...]:
     from rubric_rl.envs.tool_domain import units
 
     texts = [m.content for m in role_prompt(["q"], n_negatives=1)]
-    texts += [format_generated("q", [f"{f}: v" for f in CRITERION_FORMS]), *COACH_HINTS.values()]
+    texts += [
+        format_generated("q", [f"{f}: v" for f in CRITERION_FORMS]),
+    ]
+    texts += [h.format(question="q") for h in COACH_HINTS.values()]
     texts += ["<coach> remember : </coach>"]
     return tuple(sorted({u for t in texts for u in units(t)}))
 
