@@ -100,8 +100,10 @@ def get_arise_rl_section() -> common.ConfigDict:
     # The placebo arm: J' more rollouts per group with another task's memory (shuffled); its Δr,
     # logged beside the real one, is the null (ours).
     a.placebo = True
-    # Memory rollout j samples with the seed of standard rollout j (common random numbers).
-    a.paired_seeds = True
+    # Seeds of the memory rollouts: "placebo" (the real and placebo arms share fresh seeds: a
+    # paired contrast, and Δr unbiased), "standard" (memory j on standard j's seed: biased up
+    # when the memory names the standard rollouts' misses), "none".
+    a.paired_seeds = "placebo"
     # The coach writes memory for every group (the seed's); "majority": only the criteria most of
     # a group missed (rgsed_coach.py).
     a.coach_rule = "every_group"

@@ -361,6 +361,10 @@ def test_generator_step_rewards_and_metrics(run):
             assert system["role"] == "system" and system["content"].endswith(coach + " </coach>")
             assert system["content"].startswith(g.messages[0]["content"])
             assert t.sd_coef > 0.5 * config.loss.sd_coef  # the soft gate is open (Δr ≫ τ)
+    # the generator's effective λ: λ0 · gate(Δr) · w · d at its phase's first step (t = 0)
+    want = rgsed.rgsed_coef([3.0 - 3.0 / 5.0], 0, warmup_steps=0, lambda0=config.loss.sd_coef)
+    assert m["arise_rl/rgsed/generator/lambda_mean"] == pytest.approx(float(want[0]))
+    assert m["arise_rl/rgsed/generator/lambda_active_frac"] == 1.0
     assert _ctl(controllers).recent[-1] == QUESTION
 
 
@@ -432,6 +436,28 @@ def test_solver_step_rgsed(run):
         assert services.encode_prompt(t.teacher_prompt, "t", "max_teacher_prompt_len") == (
             t.teacher_prompt_ids
         )
+
+
+def test_generator_sd_waits_for_a_positive_mean_delta_r(run):
+    """generator_sd="after_positive": a generator step whose groups' mean Δr is not > 0 distils
+    none of them (even a group above τ); "always" leaves the per-group gate alone."""
+    config, services, controllers, steps = run
+    rollouts = steps[1][0]
+    ctl = _ctl(controllers)
+    for mode, dr, want_open in (
+        ("after_positive", [0.5, -0.6], False),
+        ("after_positive", [0.5, -0.4], True),
+        ("always", [0.5, -0.6], True),
+    ):
+        other = AriseRLController(
+            dataclasses.replace(ctl.cfg, generator_sd=mode, warmup_steps=0),
+            fallback_tasks=ctl.fallback_tasks, tasks_per_step=2,
+        )  # fmt: skip
+        other._memory = {0: "m", 1: "m"}
+        other._dr = np.array(dr)
+        gate = other.sd_gate(rollouts)
+        assert gate[1] == pytest.approx(0.0, abs=1e-12)  # Δr < −τ: closed either way
+        assert (gate[0] > 0.9) == want_open, (mode, dr, gate)
 
 
 def test_state_round_trip(run):

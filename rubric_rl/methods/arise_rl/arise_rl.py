@@ -38,8 +38,8 @@ rollout's behaviours when none was missed; generator: :func:`generator_memory`, 
 authoring failures or its best episode's question), J' = ``memory_rollouts`` (0: J)
 memory-augmented rollouts (m in the system message, or ``memory_placement``) measure
 ``Δr = R̄_memory − R̄_standard`` (never trained; a generator memory rollout gets its own K solver
-attempts), with memory sample j on the seed of standard sample j (``paired_seeds``), and a placebo
-arm (another task's memory, hints shuffled: ``placebo_memories``) measures the null beside it.
+attempts), and a placebo arm (another task's memory, hints shuffled: ``placebo_memories``) on
+the same seeds as the memory rollouts (``paired_seeds``) measures the null beside it.
 The teacher of every trained rollout of a group is the same policy on the group's prompt with m
 and the student's exact completion tokens, and ``sd_gate`` returns ``gate(Δr) · w(t) · d(t)``
 (``rgsed.py``; λ0 = ``loss.sd_coef``) with t on ``schedule_clock`` (default: the step's offset in
@@ -118,6 +118,13 @@ SOLVER_POLICIES = ("current", "frozen")
 # teacher sees the memory, constant λ, no gate), "gkd" (the teacher sees the student's prompt).
 TEACHERS = ("self", "opcd", "gkd")
 PLACEBO_STREAM = "arise_rl/placebo"
+# Seeds of the memory rollouts: "placebo" (ours, the default) — the real and placebo arms share
+# fresh seeds, so their difference is a paired contrast and Δr against the standard rollouts is
+# unbiased; "standard" — memory sample j on standard sample j's seed (common random numbers with
+# the standard side; biased upward whenever the memory was chosen from the standard rollouts'
+# misses, which the paired sample then repeats unless the memory flips them: the scripted check
+# measures it); "none" — the memory stream's own seeds.
+PAIRINGS = ("placebo", "standard", "none")
 # The warm-up/decay clock t of eq. 12 (the seed leaves it open): "phase" restarts it at each
 # role phase (t = the step's offset in its cycle's generator or solver phase; ours, the default),
 # "global" runs it on the training step across cycles and roles (the authors' single counter).
@@ -170,7 +177,7 @@ class AriseRLConfig:
     rgsed_roles: tuple[str, ...] = ROLES
     memory_rollouts: int = 0  # J'; 0 = J (the group's size)
     placebo: bool = True
-    paired_seeds: bool = True
+    paired_seeds: str = "placebo"
     coach_rule: str = "every_group"
     schedule_clock: str = "phase"
     satisfaction: str = "unweighted"
@@ -213,6 +220,7 @@ class AriseRLConfig:
             ("generator_domain", self.generator_domain, GENERATOR_DOMAINS),
             ("shape", self.shape, tuple(rw.DIFFICULTY_SHAPES.names())),
             ("coach_rule", self.coach_rule, COACH_RULES),
+            ("paired_seeds", self.paired_seeds, PAIRINGS),
             ("schedule_clock", self.schedule_clock, SCHEDULE_CLOCKS),
             ("satisfaction", self.satisfaction, SATISFACTIONS),
             ("pool_filter", self.pool_filter, POOL_FILTERS),
@@ -762,21 +770,24 @@ class AriseRLController(Controller):
         return append_to_last_user(group.messages, block, what=f"task {group.task.id}")
 
     def memory_rewards(
-        self, rollouts: Rollouts, memory: Mapping[int, str], n: int, stream: str
-    ) -> tuple[np.ndarray, np.ndarray]:
+        self,
+        rollouts: Rollouts,
+        memory: Mapping[int, str],
+        n: int,
+        stream: str,
+        seed_indices: Mapping[int, int] | None = None,
+    ) -> tuple[np.ndarray, dict[int, list[Trajectory]]]:
         """``n`` rollouts of each group in ``memory`` with its text mounted (never trained):
-        (rewards ``[G, n]``, NaN for groups without; ``[G]`` share of the first min(J, n) whose
-        seed equals their standard partner's, NaN where the engine reports no seeds). With
-        ``paired_seeds`` sample j uses the seed of the group's standard sample j (the trained
-        call's seed index is the group's index: one call over the step's groups, in order)."""
+        (rewards ``[G, n]``, NaN for groups without; the trajectories by group). ``seed_indices``:
+        each group's seed index (``Services.generate``), None: the stream's own."""
         groups = rollouts.groups
         out = np.full((len(groups), n), np.nan)
-        paired = np.full(len(groups), np.nan)
+        by_group: dict[int, list[Trajectory]] = {}
         for role in ROLES:
             idx = [gi for gi in sorted(memory) if groups[gi].role == role]
             if not idx:
                 continue
-            seeds = idx if self.cfg.paired_seeds else None
+            seeds = None if seed_indices is None else [seed_indices[gi] for gi in idx]
             prompts = [self.memory_prompt(groups[gi], memory[gi]) for gi in idx]
             if role == "solver":
                 tasks = [groups[gi].task for gi in idx]
@@ -790,11 +801,24 @@ class AriseRLController(Controller):
                 scores = self.score_generator([t.response for ts in trajs for t in ts])
                 for k, gi in enumerate(idx):
                     out[gi] = [sc.reward for sc in scores[k * n : (k + 1) * n]]
-            for gi, ts in zip(idx, trajs, strict=True):
-                pairs = list(zip(groups[gi].trajectories, ts))
-                if pairs and all(a.seed is not None and b.seed is not None for a, b in pairs):
-                    paired[gi] = float(np.mean([a.seed == b.seed for a, b in pairs]))
-        return out, paired
+            by_group.update(zip(idx, (list(ts) for ts in trajs), strict=True))
+        return out, by_group
+
+    def _seed_indices(self, rollouts: Rollouts) -> tuple[dict[int, int] | None, int]:
+        """(each group's seed index for both memory arms, how to check the pairing: 0 none,
+        1 against the standard rollouts, 2 memory against placebo) by ``paired_seeds``.
+        "standard": the group's index, the trained call's (one call over the step's groups, in
+        order); "placebo": an index of the memory stream, shared by the real and placebo arms."""
+        mode = self.cfg.paired_seeds
+        n = len(rollouts.groups)
+        if mode == "standard":
+            return {gi: gi for gi in range(n)}, 1
+        if mode == "placebo":
+            from rubric_rl.services import stream_base
+
+            base = stream_base(MEMORY_STREAM)
+            return {gi: base + gi for gi in range(n)}, 2
+        return None, 0
 
     def run_rgsed(self, rollouts: Rollouts) -> dict[str, float]:
         """The ``memory`` stage: memories, memory rollouts and the placebo arm's (never
@@ -813,13 +837,17 @@ class AriseRLController(Controller):
         jm = cfg.memory_rollouts or rollouts.group_size
         std = rollouts.signal(SIGNAL)
         if self._memory and jm > 0:
-            mem, paired = self.memory_rewards(rollouts, self._memory, jm, MEMORY_STREAM)
+            seeds, check = self._seed_indices(rollouts)
+            mem, trajs = self.memory_rewards(rollouts, self._memory, jm, MEMORY_STREAM, seeds)
             dr = rgsed.delta_r(mem, std)
             fake = self.placebo_memories(rollouts, self._memory) if cfg.placebo else {}
+            ptrajs: dict[int, list[Trajectory]] = {}
             if fake:
-                placebo = rgsed.delta_r(
-                    self.memory_rewards(rollouts, fake, jm, PLACEBO_STREAM)[0], std
-                )
+                pm, ptrajs = self.memory_rewards(rollouts, fake, jm, PLACEBO_STREAM, seeds)
+                placebo = rgsed.delta_r(pm, std)
+            for gi, ts in trajs.items():
+                partner = rollouts.groups[gi].trajectories if check == 1 else ptrajs.get(gi)
+                paired[gi] = _seed_match(ts, partner) if check else np.nan
         self._dr, self._placebo_dr = dr, placebo
         m = {"rgsed/memory_frac": len(self._memory) / n_groups}
         defined = dr[~np.isnan(dr)]
@@ -870,6 +898,11 @@ class AriseRLController(Controller):
                 regions = rgsed.gate_regions(d, self.cfg.tau)
                 out.update({f"{key}/{arm}{k}": v for k, v in regions.items()
                             if k != "num_undefined"})  # fmt: skip
+            if self._dr is not None and self._placebo_dr is not None:
+                diff = (self._dr - self._placebo_dr)[sel]
+                diff = diff[~np.isnan(diff)]
+                if diff.size:
+                    out[f"{key}/contrast"] = float(diff.mean())
         return out
 
     def clock(self, step: int) -> int:
@@ -971,6 +1004,15 @@ class AriseRLController(Controller):
         self.pool_stats = {k: float(v) for k, v in dict(state.get("pool_stats", {})).items()}
         self.recent = [str(q) for q in state.get("recent", [])]
         self.history = list(state.get("history", []))
+
+
+def _seed_match(a: Sequence[Trajectory], b: Sequence[Trajectory] | None) -> float:
+    """The share of the first min(len) pairs of ``a`` and ``b`` on the same seed; NaN without a
+    partner or where the engine reports no seeds."""
+    pairs = list(zip(a, b or ()))
+    if not pairs or any(x.seed is None or y.seed is None for x, y in pairs):
+        return math.nan
+    return float(np.mean([x.seed == y.seed for x, y in pairs]))
 
 
 def _scores_for(c: int, cfg: AriseRLConfig) -> np.ndarray:
