@@ -1,4 +1,4 @@
-"""RISED's mechanism on the scripted policy (figures: rubric_rl/controllers/rised_check.py) and
+"""RISED's mechanism on the scripted policy (figures: rubric_rl/methods/rised/rised_check.py) and
 the two pure-function figures of its selection. Prints ONE JSON line:
 
 - the scripted figures (``rised_figures``): ``sd_reach`` vs ``success_share``,
@@ -31,8 +31,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from configs import rised as rised_config  # noqa: E402
-from rubric_rl.controllers import rised_selection as sel  # noqa: E402
-from rubric_rl.controllers.rised_check import PREVIOUS_FLAGS, rised_figures  # noqa: E402
+from rubric_rl.methods.rised import rised_selection as sel  # noqa: E402
+from rubric_rl.methods.rised.rised_check import PREVIOUS_FLAGS, rised_figures  # noqa: E402
 
 
 def var_target_repro(targeting: str) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""RISED's greedy round-robin selection (rubric_rl/controllers/rised_selection.py) at the seed's
+"""RISED's greedy round-robin selection (rubric_rl/methods/rised/rised_selection.py) at the seed's
 size: 128 candidate groups, 64 kept over 3 environments, a vocabulary of 100 rubrics (the seed's
 82 rounded up), Poisson rubric counts.
 
@@ -8,7 +8,7 @@ per step, seed §C.6). Host-side numpy: the figure is the CPU's, and a ratio far
 it is meant to show.
 
 With ``--scripted-steps N`` (default 20; 0 skips it) it also runs RISED's default config for N
-steps on the scripted policy (``rubric_rl/controllers/rised_check.py``) under the current rules
+steps on the scripted policy (``rubric_rl/methods/rised/rised_check.py``) under the current rules
 (``scripted/now/*``) and under every previous-behaviour flag (``scripted/previous/*``, the same
 as the code before outcome-conditioned tags, presence profiles and the new Var-Target): the
 trained groups' zero-variance share and mean within-group variance against a uniformly random
@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from rubric_rl.controllers.rised_selection import env_quotas, select_groups  # noqa: E402
+from rubric_rl.methods.rised.rised_selection import env_quotas, select_groups  # noqa: E402
 
 SEED_BOUND_S = 0.1  # seed §C.6: "selection takes less than 0.1 s per step"
 
@@ -69,7 +69,7 @@ def main() -> None:
 
 def scripted(steps: int) -> dict[str, float]:
     from configs import rised as rised_config
-    from rubric_rl.controllers.rised_check import PREVIOUS_FLAGS, rised_figures
+    from rubric_rl.methods.rised.rised_check import PREVIOUS_FLAGS, rised_figures
 
     out = {}
     for name, flags in (("now", {}), ("previous", PREVIOUS_FLAGS)):

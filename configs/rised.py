@@ -1,5 +1,5 @@
 """RISED (seed 003): rubric-profile online group selection across environments, positive-rubric
-self-distillation and negative-rubric anti-patterns (rubric_rl/controllers/rised.py).
+self-distillation and negative-rubric anti-patterns (rubric_rl/methods/rised/rised.py).
 
     python -m rubric_rl.launch --config=configs/rised.py               # embedded default (CPU)
     python -m rubric_rl.launch --config=configs/rised.py:smoke         # seconds, for tests
@@ -46,9 +46,9 @@ Variants (comma-separated, big_vision style):
   validation split (at least 64 tasks) is evaluated at every checkpoint. It combines with an
   arm: ``single_env=list,grpo_k`` trains plain GRPO, our reading of the seed's preliminary
   analysis (it does not say which trainer its single-environment runs used). Analyse the run
-  with ``python -m rubric_rl.rised_transfer <workdir>``.
+  with ``python -m rubric_rl.methods.rised.rised_transfer <workdir>``.
 
-What the seed states and what is ours: the module docstrings of rubric_rl/controllers/rised*.py
+What the seed states and what is ours: the module docstrings of rubric_rl/methods/rised/rised*.py
 and the README's "RISED" section. Ours here: k = 16 of 32 on the embedded default (the seed: 64 of
 128 groups of 8 rollouts); sd_estimator "full" (reverse KL over the vocabulary) with sd_coef 0.01,
 chosen on the validation split (the seed gives neither; benchmarks/protocol_rised.md amendment 1);
@@ -82,7 +82,7 @@ def get_rised_section() -> common.ConfigDict:
     r.top_n = 3  # the seed: top-3 of the rollout ∪ top-3 of its group
     r.anti_patterns = True
     r.anti_top = 3  # ours: negatives per environment's anti-patterns block
-    # var_target (rubric_rl/controllers/rised_selection.py VARIANCE_TARGETS): "proportional"
+    # var_target (rubric_rl/methods/rised/rised_selection.py VARIANCE_TARGETS): "proportional"
     # (ours: k of 2k drawn with probability ∝ within-group variance), "max" (closest to the
     # variance of success rate 0.5), "pool_multiple" (variance_target × the pool mean: the
     # previous arm, which prefers zero-variance groups).

@@ -1,4 +1,4 @@
-"""RISED end to end through ``python -m rubric_rl.launch`` (issue 17): ``configs/rised.py:smoke``
+"""RISED end to end through ``python -m rubric_rl.launch``: ``configs/rised.py:smoke``
 with the hard environment trains 3 steps on the outcome reward with profile selection (k = 4 of
 8 groups), per-rollout positive-rubric teachers (the SD term is on and non-zero), anti-patterns
 and per-environment evaluation."""

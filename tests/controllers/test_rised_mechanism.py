@@ -1,5 +1,5 @@
 """RISED as its paper describes it, each piece on hand-made inputs and on the scripted policy
-(rubric_rl/controllers/rised_check.py: the real controllers, responses whose per-constraint
+(rubric_rl/methods/rised/rised_check.py: the real controllers, responses whose per-constraint
 success is scripted): outcome-conditioned tags, SD only for groups with a success, teacher hints
 ranked by success/failure contrast, presence-count profiles, untagged groups never preferred to
 tagged ones, Var-Target that keeps the groups with a signal, "w/o selection" as a random k of the
@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from configs import rised as rised_config
-from rubric_rl.controllers import rised_selection as sel
-from rubric_rl.controllers.rised import RisedConfig, RisedController
-from rubric_rl.controllers.rised_check import PREVIOUS_FLAGS, rised_figures
-from rubric_rl.controllers.rised_tagger import ProgrammaticTagger, embedded_vocabulary
-from rubric_rl.controllers.rised_tags import Tags, group_profile, profile
 from rubric_rl.envs.constraint_domain import task_bank, verify
+from rubric_rl.methods.rised import rised_selection as sel
+from rubric_rl.methods.rised.rised import RisedConfig, RisedController
+from rubric_rl.methods.rised.rised_check import PREVIOUS_FLAGS, rised_figures
+from rubric_rl.methods.rised.rised_tagger import ProgrammaticTagger, embedded_vocabulary
+from rubric_rl.methods.rised.rised_tags import Tags, group_profile, profile
 from rubric_rl.rollout.batch import Group, Rollouts, Trajectory
 from rubric_rl.rubrics.types import Task
 from tests.controllers.test_rised import VOCAB, task
