@@ -167,6 +167,10 @@ def main(argv):
             trainer.run(resume=_RESUME.value)
         finally:
             trainer.close()
+        if jax.process_index() == 0:  # the first and last evaluations, primary metrics first
+            from rubric_rl.run_summary import summarize_run
+
+            print(summarize_run(workdir), flush=True)
     except NoIntactCheckpointError as e:  # the message names each step's file and cause
         sys.exit(f"rubric_rl.launch: --resume: {e}")
     finally:
