@@ -52,11 +52,11 @@ def main() -> None:
 
     from configs import grpo
     from rubric_rl import builders, warmstart
-    from rubric_rl.controllers.arise_rl_rewards import r_fmt, r_tool
     from rubric_rl.core.train_step import init_train_state
     from rubric_rl.envs.constraint_domain import ConstraintDomain
-    from rubric_rl.envs.generator_corpus import with_generator_demonstrations
-    from rubric_rl.envs.generator_domain import (
+    from rubric_rl.methods.arise_rl.arise_rl_rewards import r_fmt, r_tool
+    from rubric_rl.methods.arise_rl.generator_corpus import with_generator_demonstrations
+    from rubric_rl.methods.arise_rl.generator_domain import (
         GENERATOR_TASK_TYPES,
         GeneratorEnv,
         episode_outcome,

@@ -1,4 +1,4 @@
-"""RISED's greedy round-robin selection (rubric_rl/controllers/rised_selection.py) at the seed's
+"""RISED's greedy round-robin selection (rubric_rl/methods/rised/rised_selection.py) at the seed's
 size: 128 candidate groups, 64 kept over 3 environments, a vocabulary of 100 rubrics (the seed's
 82 rounded up), Poisson rubric counts.
 
@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from rubric_rl.controllers.rised_selection import env_quotas, select_groups  # noqa: E402
+from rubric_rl.methods.rised.rised_selection import env_quotas, select_groups  # noqa: E402
 
 SEED_BOUND_S = 0.1  # seed §C.6: "selection takes less than 0.1 s per step"
 

@@ -41,7 +41,7 @@ from configs import common, grpo
 
 # The section's checks and the controller's keyword arguments live in the package (the package
 # never imports configs/); re-exported here for callers of configs.arise.
-from rubric_rl.controllers.arise_config import (  # noqa: F401
+from rubric_rl.methods.arise.arise_config import (  # noqa: F401
     arise_controller_kwargs,
     arise_defaults,
     validate_arise,

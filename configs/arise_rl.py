@@ -5,7 +5,7 @@ reward, tool-grounded rubrics and reward-gated self-evolution distillation (RG-S
     python -m rubric_rl.launch --config=configs/arise_rl.py:smoke        # seconds, for tests
     python -m rubric_rl.launch --config=configs/arise_rl.py:no_rgsed     # an ablation (below)
 
-The run is ``arise_rl.cycles`` co-evolution cycles (rubric_rl/controllers/arise_rl.py): each
+The run is ``arise_rl.cycles`` co-evolution cycles (rubric_rl/methods/arise_rl/arise_rl.py): each
 trains the generator role (agent episodes with a ``lookup`` tool writing ``<question>`` +
 ``<rubric>``; R_G = R_tool · R_fmt · (1 + R_diff) from K = 8 solver attempts, γ = 0.9), refreshes
 the solver's pool of generated tasks (deduplicated, the 10 most recent as in-context negatives),
@@ -36,8 +36,8 @@ Variants (comma-separated, big_vision style):
   last_user`` (m appended to the last user message instead of the system message),
   ``estimator=full|topk|sampled``;
 - ``sql``: the generator role over the SQL env (``arise_rl.generator_domain="sql"``,
-  rubric_rl/envs/sql_generator.py): the generator explores a training-split database with the
-  env's read-only tools and writes ``<question>`` + ``<rubric>`` of checkable items
+  rubric_rl/methods/arise_rl/sql_generator.py): the generator explores a training-split database
+  with the env's read-only tools and writes ``<question>`` + ``<rubric>`` of checkable items
   (``answer_equals`` grounded in its own tool observations, ``queried_tables``, ``no_write``…);
   the solver runs agent episodes in the SQL env (``rollout.mode="agent"``, configs/grpo.py's
   ``apply_tool_domain``) for its trained rollouts, K attempts, memory rollouts and base probe.
@@ -95,7 +95,31 @@ def get_arise_rl_section() -> common.ConfigDict:
     a.difficulty = True
     a.tool_grounding = True
     a.rgsed_roles = ("generator", "solver")  # seed: both roles
-    a.memory_rollouts = 4  # ours: the seed does not give J'
+    # J' memory rollouts per group; 0 = J, the group's own size (the authors' scripts: 8 + 8).
+    a.memory_rollouts = 0
+    # The placebo arm: J' more rollouts per group with another task's memory (shuffled); its Δr,
+    # logged beside the real one, is the null (ours).
+    a.placebo = True
+    # Seeds of the memory rollouts: "placebo" (the real and placebo arms share fresh seeds: a
+    # paired contrast, and Δr unbiased), "standard" (memory j on standard j's seed: biased up
+    # when the memory names the standard rollouts' misses), "none".
+    a.paired_seeds = "placebo"
+    # The coach writes memory for every group (the seed's); "majority": only the criteria most of
+    # a group missed (rgsed_coach.py).
+    a.coach_rule = "every_group"
+    # Warm-up/decay clock: "phase" restarts at each role phase (ours: the seed is ambiguous),
+    # "global" runs on the training step.
+    a.schedule_clock = "phase"
+    a.satisfaction = "unweighted"  # eq. 7's mean; "weighted" by |λ|
+    a.pool_filter = "parsed"  # the seed keeps every task it can extract; "grounded": R_tool = 1 too
+    # A generated rubric is completed with every library criterion its question implies (the
+    # task verifier's requirement set, which the solver is evaluated on); "as_written".
+    a.rubric_completion = "library"
+    # Generator SD only on steps where its memory helps on average (mean Δr > 0): its warm start
+    # never showed the generator a memory; "always": the per-group gate alone.
+    a.generator_sd = "after_positive"
+    a.proposer_reward = "arise_rl"  # arise_rl | dr_zero | absolute_zero (their own rewards)
+    a.advantage_grouping = "group"  # group | hrpo (Dr. Zero) | trr++ (Absolute Zero)
     a.memory_placement = "system"  # seed App. E: the memory sits at the system prompt's tail
     a.gate = "soft"  # the authors' code; "hard" is the seed's eq. 12; "none" = w/o gating
     a.tau = 0.05

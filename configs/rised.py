@@ -1,5 +1,5 @@
 """RISED (seed 003): rubric-profile online group selection across environments, positive-rubric
-self-distillation and negative-rubric anti-patterns (rubric_rl/controllers/rised.py).
+self-distillation and negative-rubric anti-patterns (rubric_rl/methods/rised/rised.py).
 
     python -m rubric_rl.launch --config=configs/rised.py               # embedded default (CPU)
     python -m rubric_rl.launch --config=configs/rised.py:smoke         # seconds, for tests
@@ -42,7 +42,7 @@ Variants (comma-separated, big_vision style):
   validation split (at least 64 tasks) is evaluated at every checkpoint. It combines with an
   arm: ``single_env=list,grpo_k`` trains plain GRPO, our reading of the seed's preliminary
   analysis (it does not say which trainer its single-environment runs used). Analyse the run
-  with ``python -m rubric_rl.rised_transfer <workdir>``.
+  with ``python -m rubric_rl.methods.rised.rised_transfer <workdir>``.
 
 What the seed states and what is ours: the module docstrings of rubric_rl/controllers/rised*.py
 and the README's "RISED" section. Ours here: k = 16 of 32 on the embedded default (the seed: 64 of

@@ -66,7 +66,10 @@ from typing import Any
 
 import numpy as np
 
-from rubric_rl import analysis as an
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from launch import packed  # noqa: E402
+from rubric_rl import analysis as an  # noqa: E402
 
 AUTO = "auto"
 FINAL = "final"  # --select default: no selection, every number at the final step
@@ -858,7 +861,11 @@ def report(
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("root", help="sweep root holding <group>/seed<k> run directories")
+    p.add_argument(
+        "root",
+        help="sweep root holding <group>/seed<k> run directories, or a packed archive "
+        "(<name>.tar.xz, launch/packed.py)",
+    )
     p.add_argument("--out", default=None, help="output directory (default: the root)")
     p.add_argument("--reference", default=None, help="group the paired differences are to")
     p.add_argument("--match", default=None, help="group whose final held-out pass rate to reach")
@@ -886,17 +893,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--cost-reference", default=None, help="group the per-step cost ratio is to (by seed)"
     )
     args = p.parse_args(argv)
-    groups = load_groups(args.root, args.groups)
-    text = report(
-        groups,
-        args.out or args.root,
-        reference=args.reference,
-        match=args.match,
-        select=args.select,
-        allow_incomplete=args.allow_incomplete,
-        dynamics=args.dynamics,
-        cost_reference=args.cost_reference,
-    )
+    if packed.is_packed(args.root) and args.out is None:
+        p.error(f"{args.root} is a packed archive: --out is required (tables go next to a tree)")
+    with packed.opened(args.root) as root:
+        groups = load_groups(root, args.groups)
+        text = report(
+            groups,
+            args.out or root,
+            reference=args.reference,
+            match=args.match,
+            select=args.select,
+            allow_incomplete=args.allow_incomplete,
+            dynamics=args.dynamics,
+            cost_reference=args.cost_reference,
+        )
     print(text)
     return 0
 

@@ -101,7 +101,7 @@ class Domain:
 
 
 DOMAINS: Registry[Callable[[ConfigDict], Domain]] = Registry("domain")
-# Domains whose rollouts are multi-turn episodes in a tool environment (rubric_rl.envs.registry).
+# Domains whose rollouts are multi-turn episodes in a tool environment (rubric_rl.envs.tool_envs).
 TOOL_DOMAINS = tool_domain.TOOL_DOMAINS
 
 
@@ -135,7 +135,7 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
     )
     demos = float(cfg.get("generator_demos", 0.0))
     if demos > 0:
-        from rubric_rl.envs.generator_corpus import with_generator_demonstrations
+        from rubric_rl.methods.arise_rl.generator_corpus import with_generator_demonstrations
 
         domain = with_generator_demonstrations(
             domain, fraction=demos, n_negatives=int(cfg.get("generator_negatives", 10))
@@ -146,6 +146,30 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
 
         domain = with_tool_envs(domain, tools, int(cfg.seed), float(cfg.tool_demo_share))
     return domain
+
+
+@DOMAINS.register("instruct")
+def instruct_domain(cfg: ConfigDict) -> Domain:
+    """The English instruction-following domain (envs/instruct_domain.py) for a pretrained chat
+    policy: no warm-start corpus (``warmstart.steps=0``); the embedded "spaced" tokenizer over
+    its vocabulary serves tiny test models, a real model brings its own tokenizer."""
+    from rubric_rl.envs import instruct
+    from rubric_rl.envs.instruct_library import library_criteria
+
+    gen = instruct.InstructDomain(int(cfg.seed))
+    return Domain(
+        name="instruct",
+        train=tuple(gen.tasks("train", int(cfg.n_train))),
+        heldout=tuple(gen.tasks("heldout", int(cfg.n_heldout))),
+        ood=tuple(gen.tasks("ood", int(cfg.n_ood))),
+        verify=instruct.verify,
+        oracle=instruct.oracle_quality,
+        vocabulary=instruct.vocabulary(),
+        embedded_tokenizer="spaced",
+        guidance=instruct.skill_guidance,
+        criteria_library=library_criteria,
+        validation=tuple(gen.tasks("validation", int(cfg.n_validation))),
+    )
 
 
 def tool_env_names(cfg: ConfigDict) -> tuple[str, ...]:
@@ -310,14 +334,14 @@ def _tool_domain(name: str, cfg: ConfigDict) -> Domain:
     warm-start corpus). The OOD split is the env's held-out task type (``OOD_TASK_TYPES``: SQL's
     ``group``, inventory's ``budget_max``), never seen in training. No hidden oracle: the envs
     have no quality beyond what the verifier and the rubric check."""
-    from rubric_rl.envs.registry import ENVS
+    from rubric_rl.envs.tool_envs import ENVS
 
     env_cls = ENVS.get(name)
     seed = int(cfg.seed)
     vocabulary = tool_domain.vocabulary(name)
     if name == "sql" and bool(cfg.get("generator_units", False)):
         # ARISE-RL's SQL generator (configs/arise_rl.py:sql): its role prompt's units appended.
-        from rubric_rl.envs.sql_generator import generator_units
+        from rubric_rl.methods.arise_rl.sql_generator import generator_units
 
         vocabulary = (*vocabulary, *sorted(set(generator_units()) - set(vocabulary)))
     return Domain(
@@ -735,6 +759,7 @@ def build_judge(config: ConfigDict, workdir: str):
     j = config.judge
     if j.kind == "programmatic":
         import rubric_rl.envs.constraint_checkers  # noqa: F401 (registers the cf_* checkers)
+        import rubric_rl.envs.instruct_checkers  # noqa: F401 (registers the if_* checkers)
 
         return ProgrammaticJudge()
     from rubric_rl.rubrics.judge_cache import JudgeCache
@@ -779,8 +804,8 @@ def ruscarl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
     """RuscaRL's rubric scaffold (``config.ruscarl``, when the config has that section)."""
     if config.get("ruscarl") is None:
         return []
-    from rubric_rl.controllers.harness.style import style_for
-    from rubric_rl.controllers.ruscarl import RuscaRLConfig, RuscaRLController
+    from rubric_rl.methods.harness_rl.ruscarl import RuscaRLConfig, RuscaRLController
+    from rubric_rl.methods.harness_rl.style import style_for
 
     if str(config.loss.rollout_correction) == "bypass":
         raise ValueError(
@@ -809,7 +834,7 @@ def variance_select_controllers(config: ConfigDict) -> list[Controller]:
     has that section): keep ``rollout.train_groups`` of the step's groups."""
     if config.get("variance_select") is None:
         return []
-    from rubric_rl.controllers.rised_selectors import VarianceSelectConfig, VarianceSelector
+    from rubric_rl.methods.rised.rised_selectors import VarianceSelectConfig, VarianceSelector
 
     k = int(config.rollout.train_groups)
     if k < 1:
@@ -827,8 +852,8 @@ def skillrl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
     """SkillRL's skill bank (``config.skillrl``, when the config has that section)."""
     if config.get("skillrl") is None:
         return []
-    from rubric_rl.controllers.harness.style import style_for
-    from rubric_rl.controllers.skillrl import SkillRLConfig, SkillRLController
+    from rubric_rl.methods.harness_rl.skillrl import SkillRLConfig, SkillRLController
+    from rubric_rl.methods.harness_rl.style import style_for
 
     sc = _from_section(SkillRLConfig, config, "skillrl")
     return [SkillRLController(sc, style_for(domain), domain.criteria_library)]
@@ -838,12 +863,12 @@ def _grpo_sampler(
     config: ConfigDict, domain: Domain, train: Sequence[Task] | None = None
 ) -> list[Controller]:
     """The step's sampler over ``train`` (default: the domain's training tasks)."""
-    from rubric_rl.controllers import rised_selectors  # noqa: F401  (registers "env_quota")
+    from rubric_rl.methods.rised import rised_selectors  # noqa: F401  (registers "env_quota")
 
     train = list(domain.train if train is None else train)
 
     if config.controllers.sampler == "sec":
-        from rubric_rl.controllers.sec import SECConfig, SECSampler
+        from rubric_rl.methods.harness_rl.sec import SECConfig, SECSampler
 
         sec = _from_section(SECConfig, config, "sec")
         batch, seed = int(config.rollout.tasks_per_step), int(config.train.seed)
@@ -854,8 +879,8 @@ def _grpo_sampler(
 
 @CONTROLLER_BUILDERS.register("arise")
 def arise_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
-    from rubric_rl.controllers.arise import make_arise_controller
-    from rubric_rl.controllers.arise_config import arise_controller_kwargs
+    from rubric_rl.methods.arise.arise import make_arise_controller
+    from rubric_rl.methods.arise.arise_config import arise_controller_kwargs
 
     client = None
     if config.arise.reflection == "llm":
@@ -882,7 +907,7 @@ def arise_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
 
 @CONTROLLER_BUILDERS.register("harness_rl")
 def harness_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
-    from rubric_rl.controllers.harness.builder import make_harness_controller
+    from rubric_rl.methods.harness_rl.builder import make_harness_controller
 
     harness = make_harness_controller(config, domain)
     if harness.config.rollout_rule == "ruscarl":  # the g_t <- RuscaRL switching arm
@@ -897,7 +922,7 @@ def harness_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
 def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
     """RISED (configs/rised.py): the per-environment quota sampler and the RISED controller
     (tagger, selection, anti-patterns, per-rollout teacher contexts)."""
-    from rubric_rl.controllers.rised import (
+    from rubric_rl.methods.rised.rised import (
         RisedConfig,
         RisedController,
         embedded_description,
@@ -906,7 +931,7 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
         mixed_description,
         mixed_renderer,
     )
-    from rubric_rl.controllers.rised_tagger import (
+    from rubric_rl.methods.rised.rised_tagger import (
         LLMTagger,
         ProgrammaticTagger,
         embedded_vocabulary,
@@ -933,7 +958,7 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
             )
         tagger = ProgrammaticTagger(vocab)
         if tools:  # the tool environments' episodes: their own tagger
-            from rubric_rl.controllers.rised_tool_tagger import MixedTagger, ToolTagger
+            from rubric_rl.methods.rised.rised_tool_tagger import MixedTagger, ToolTagger
 
             tagger = MixedTagger(tagger, ToolTagger(vocab))
     elif r.tagger == "llm":
@@ -986,8 +1011,8 @@ def arise_rl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]
     generator tasks, then the pool of generated tasks) and owns R_G, the solver reward and
     RG-SED. The generator role writes tasks of ``config.arise_rl.generator_domain``: the
     embedded constraint domain or the SQL env (controllers/arise_rl_domain.py)."""
-    from rubric_rl.controllers.arise_rl import AriseRLConfig, AriseRLController
-    from rubric_rl.controllers.arise_rl_domain import build_generator_domain
+    from rubric_rl.methods.arise_rl.arise_rl import AriseRLConfig, AriseRLController
+    from rubric_rl.methods.arise_rl.arise_rl_domain import build_generator_domain
 
     a = config.arise_rl.to_dict()
     a["rgsed_roles"] = tuple(a["rgsed_roles"])
@@ -1004,7 +1029,9 @@ def arise_rl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]
             f"config.arise_rl.generator_domain='sql': the solver answers SQL tasks in agent "
             f"episodes; config.rollout.mode must be 'agent', got {mode!r}"
         )
-    generator_domain = build_generator_domain(cfg.generator_domain, domain.train)
+    generator_domain = build_generator_domain(
+        cfg.generator_domain, domain.train, rubric_completion=cfg.rubric_completion
+    )
     external = bool(config.get("teacher") is not None and config.teacher.model)
     if (cfg.teacher != "self") != external:
         raise ValueError(

@@ -37,7 +37,7 @@ import numpy as np
 from absl import logging
 
 from rubric_rl.controllers.base import Controller
-from rubric_rl.controllers.reflection_base import satisfied
+from rubric_rl.methods.arise.reflection_base import satisfied
 from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.types import Criterion, Task
 from rubric_rl.run_files import step_path

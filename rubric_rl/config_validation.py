@@ -15,15 +15,15 @@ from collections.abc import Callable
 
 from ml_collections import ConfigDict
 
-from rubric_rl.controllers.arise_config import validate_arise
 from rubric_rl.core import aggregation, losses
 from rubric_rl.core.batch_types import SCHEDULES
-from rubric_rl.core.registry import (
+from rubric_rl.core.variants import (
     ADVANTAGE_ESTIMATORS,
     AGGREGATORS,
     KL_ESTIMATORS,
     ROLLOUT_CORRECTION_PRESETS,
 )
+from rubric_rl.methods.arise.arise_config import validate_arise
 from rubric_rl.models.config import checkpoint_shape_error, with_shape
 from rubric_rl.models.qwen3_5_config import ALL_PRESETS as PRESETS
 from rubric_rl.models.tokenizer import check_chat_template
@@ -404,12 +404,10 @@ def _validate_reward_weights(config: ConfigDict, fns: list[str]) -> None:
 
 def _validate_grpo_sampler(config: ConfigDict) -> None:
     """``controllers.sampler`` of a GRPO run (builders.grpo_controllers): a ``SAMPLERS`` name."""
-    from rubric_rl.controllers import (  # noqa: F401  (register theirs)
-        capability_sampler,
-        rised_selectors,
-        sec,
-    )
     from rubric_rl.controllers.sampling import SAMPLERS
+    from rubric_rl.methods.arise import capability_sampler  # noqa: F401  (registers theirs)
+    from rubric_rl.methods.harness_rl import sec  # noqa: F401
+    from rubric_rl.methods.rised import rised_selectors  # noqa: F401
 
     controllers = config.get("controllers")
     if config.get("method", "grpo") != "grpo" or controllers is None:

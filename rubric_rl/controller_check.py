@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from rubric_rl import builders
-from rubric_rl.controllers.reflection_base import satisfied
+from rubric_rl.methods.arise.reflection_base import satisfied
 from rubric_rl.rollout.batch import Rollouts, Trajectory
 from rubric_rl.services import Services
 from rubric_rl.step import (

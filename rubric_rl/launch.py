@@ -178,6 +178,10 @@ def main(argv):
             trainer.run(resume=_RESUME.value, rebuild_controller_files=_REBUILD.value)
         finally:
             trainer.close()
+        if jax.process_index() == 0:  # the first and last evaluations, primary metrics first
+            from rubric_rl.run_summary import summarize_run
+
+            print(summarize_run(workdir), flush=True)
     except NoIntactCheckpointError as e:  # the message names each step's file and cause
         sys.exit(f"rubric_rl.launch: --resume: {e}")
     except ControllerFilesError as e:  # names each file or store and how to continue

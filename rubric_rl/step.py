@@ -508,7 +508,7 @@ PIPELINES: Registry[Callable[[Any], Pipeline]] = Registry("step pipeline (config
 @PIPELINES.register("rised")
 def rised_pipeline(config: Any) -> Pipeline:
     """RISED: per-rollout teacher prompts (rollout's top positive rubrics ∪ its group's)."""
-    from rubric_rl.controllers.rised import rised_teacher
+    from rubric_rl.methods.rised.rised import rised_teacher
 
     return default_pipeline().replace("teacher", rised_teacher)
 
@@ -519,7 +519,7 @@ def arise_rl_pipeline(config: Any) -> Pipeline:
     groups: agent episodes with the lookup tool, trained) → judge → attempts (parse, gates, K
     solver attempts: never trained) → reward → advantage → observe → memory (RG-SED's memory
     rollouts: never trained; Δr) → select → teacher (the memory in the prompt) → gate."""
-    from rubric_rl.controllers import arise_rl
+    from rubric_rl.methods.arise_rl import arise_rl
 
     def sample_roles(rollouts: Rollouts | None, ctx: StepContext) -> Rollouts:
         return arise_rl.assign_roles(sample(rollouts, ctx))

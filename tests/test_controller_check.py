@@ -15,8 +15,8 @@ from rubric_rl.controller_check import (
     ScriptedPolicy,
     run_check,
 )
-from rubric_rl.controllers.arise_config import PRE_ISSUE13, with_arise_settings
 from rubric_rl.envs.constraints import ConstraintDomain, hard_constraints
+from rubric_rl.methods.arise.arise_config import PRE_ISSUE13, with_arise_settings
 
 
 def test_script_probabilities():

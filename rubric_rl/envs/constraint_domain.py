@@ -18,7 +18,7 @@ three splits:
 Each task type is an environment: ``Task.env_name == Task.task_type`` (``list``, ``format``,
 ``short_answer``, ``rewrite``, ``filter``), so evaluation reports per-environment pass rates and
 multi-environment samplers (RISED) have environments to select among. They are single-turn
-environments, not tool environments (``envs.registry.is_tool_env`` is False for them).
+environments, not tool environments (``envs.tool_envs.is_tool_env`` is False for them).
 
 Each task's seed rubric mixes, on purpose, the failure classes HarnessRL (§2.3) studies: one
 genuine criterion per stated constraint; *blind* ones (a conjunction of every constraint, and an
@@ -38,8 +38,6 @@ the seed rubric.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -86,6 +84,7 @@ from rubric_rl.envs.constraint_spec import (
     requirements,
     sample_filter,
 )
+from rubric_rl.envs.hashed_splits import generate
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verifier
 
 __all__ = [
@@ -105,7 +104,6 @@ __all__ = [
     "verify",
 ]
 
-_SPLIT_IDS = {"train": 0, "heldout": 1, "ood": 2, "validation": 3}
 # Weight of each spurious seed criterion. A realistic seed rubric gives superficial cues small
 # weight next to the stated requirements (genuine weights are 1-3): all spurious cues of a rubric
 # together (<= 0.3) weigh less than its least important requirement, so fluff can never buy back a
@@ -494,14 +492,6 @@ def _capabilities(cons: Sequence[Constraint]) -> tuple[str, ...]:
     return tuple(c for c in CAPABILITIES if any(k.capability == c for k in cons))
 
 
-def _hash_split(key: str) -> str:
-    """The in-distribution split of a task, from the hash of its parameters."""
-    bucket = int(key[:8], 16) % 100
-    if bucket < HELDOUT_PERCENT:
-        return "heldout"
-    return "validation" if bucket < HELDOUT_PERCENT + VALIDATION_PERCENT else "train"
-
-
 class ConstraintDomain:
     """Seeded generator of constraint-following tasks: train / validation / heldout / ood."""
 
@@ -520,30 +510,16 @@ class ConstraintDomain:
 
     def tasks(self, split: str, n: int) -> list[Task]:
         """The first ``n`` tasks of ``split`` (prefix-stable: tasks(s, n) == tasks(s, m)[:n])."""
-        if split not in SPLITS:
-            raise ValueError(
-                f"ConstraintDomain.tasks: split must be one of {SPLITS}, got {split!r}"
-            )
-        if n < 0:
-            raise ValueError(f"ConstraintDomain.tasks: n must be >= 0, got {n}")
-        rng = np.random.default_rng([self.seed, _SPLIT_IDS[split]])
-        out: list[Task] = []
-        seen: set[str] = set()
-        budget = 200 * n + 1000
-        while len(out) < n:
-            budget -= 1
-            if budget < 0:
-                raise RuntimeError(f"ConstraintDomain: cannot find {n} distinct {split} tasks")
-            params = self._sample_params(split, rng)
-            # Keyed on the parameters, so one task (whatever its clause order) has one split.
-            key = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()
-            if split != "ood" and _hash_split(key) != split:
-                continue
-            if key in seen:
-                continue
-            seen.add(key)
-            out.append(self._make_task(split, params, key))
-        return out
+        return generate(
+            "ConstraintDomain",
+            self.seed,
+            split,
+            n,
+            self._sample_params,
+            self._make_task,
+            heldout_percent=HELDOUT_PERCENT,
+            validation_percent=VALIDATION_PERCENT,
+        )
 
     @staticmethod
     def _make_task(split: str, params: dict[str, Any], key: str) -> Task:
@@ -560,7 +536,7 @@ class ConstraintDomain:
             task_type=params["type"],
             capabilities=_capabilities(requirements(params)),
             # DESIGN §7: each task type is an environment (per-environment pass rates); it is
-            # not a tool environment (envs.registry.is_tool_env), so rollouts stay single-turn.
+            # not a tool environment (envs.tool_envs.is_tool_env), so rollouts stay single-turn.
             env_name=params["type"],
             raw=raw,
         )
@@ -591,5 +567,5 @@ def with_hard_env(tasks: Sequence[Task], min_constraints: int) -> list[Task]:
 
 
 def task_bank(split: str = "train", n: int = 100, seed: int = 0) -> list[Task]:
-    """``ConstraintDomain(seed).tasks(split, n)``, shaped like ``envs.registry.task_bank``."""
+    """``ConstraintDomain(seed).tasks(split, n)``, shaped like ``envs.tool_envs.task_bank``."""
     return ConstraintDomain(seed).tasks(split, n)

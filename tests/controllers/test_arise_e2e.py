@@ -21,7 +21,7 @@ import pytest
 
 from launch import aggregate
 from rubric_rl import analysis as an
-from rubric_rl.controllers.arise_pool import STATES
+from rubric_rl.methods.arise.arise_pool import STATES
 from tests.launch_env import launch_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

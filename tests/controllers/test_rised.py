@@ -1,4 +1,4 @@
-"""The RISED controller (rubric_rl/controllers/rised.py): per-rollout teacher contexts (top-n of
+"""The RISED controller (rubric_rl/methods/rised/rised.py): per-rollout teacher contexts (top-n of
 the rollout ∪ top-n of its group, exactly no teacher without a positive rubric), anti-pattern
 injection and withdrawal per environment, selection through the step's select hook with
 per-environment quotas, the embedded descriptions in the policy's own words, the config's arms,
@@ -14,16 +14,16 @@ import pytest
 
 from configs import rised as rised_config
 from rubric_rl.controller_check import ScriptedPolicy, scripted_run
-from rubric_rl.controllers import rised_selection as sel
-from rubric_rl.controllers.rised import (
+from rubric_rl.envs.constraint_domain import task_bank
+from rubric_rl.methods.rised import rised_selection as sel
+from rubric_rl.methods.rised.rised import (
     RisedConfig,
     RisedController,
     embedded_description,
     embedded_renderer,
     generic_renderer,
 )
-from rubric_rl.controllers.rised_tags import Tags, group_profile
-from rubric_rl.envs.constraint_domain import task_bank
+from rubric_rl.methods.rised.rised_tags import Tags, group_profile
 from rubric_rl.rollout.batch import Group, Rollouts, Trajectory
 from rubric_rl.rubrics.types import Message, Rubric, Task
 from rubric_rl.rubrics.vocabulary import RubricEntry, Vocabulary
@@ -177,8 +177,8 @@ def test_variance_selectors_keep_the_highest_variance_groups():
 
 
 def test_embedded_descriptions_use_the_domains_words_and_the_tasks_values():
-    from rubric_rl.controllers.rised_tagger import embedded_vocabulary
     from rubric_rl.envs.constraint_lexicon import domain_vocabulary
+    from rubric_rl.methods.rised.rised_tagger import embedded_vocabulary
 
     vocab = embedded_vocabulary()
     words = set(domain_vocabulary())

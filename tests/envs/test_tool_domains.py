@@ -13,8 +13,8 @@ from configs import common, grpo
 from rubric_rl import builders, config_validation
 from rubric_rl.envs import constraints, tool_domain
 from rubric_rl.envs.inventory import InventoryEnv
-from rubric_rl.envs.registry import ENVS
 from rubric_rl.envs.sql import SqlEnv
+from rubric_rl.envs.tool_envs import ENVS
 from rubric_rl.envs.trajectory import score_rules, transcript_of
 from rubric_rl.rollout.agent import AgentConfig, ChatFormat, run_agent
 from rubric_rl.rollout.engine import Generation, RolloutEngine, SamplingParams
