@@ -956,11 +956,19 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
                 f"config.rised.tagger='programmatic' tags the embedded constraint domain only, "
                 f"not {domain.name!r}: use tagger='llm'"
             )
-        tagger = ProgrammaticTagger(vocab)
+        # A key missing from a config (a run from before the key existed) means its behaviour
+        # then, so an archived config.json reruns as it ran.
+        tagging = str(r.get("tagging", "unconditioned"))
+        if tagging not in ("outcome", "unconditioned"):
+            raise ValueError(
+                f"config.rised.tagging={tagging!r}: expected 'outcome' or 'unconditioned'"
+            )
+        conditioned = tagging == "outcome"
+        tagger = ProgrammaticTagger(vocab, outcome_conditioned=conditioned)
         if tools:  # the tool environments' episodes: their own tagger
             from rubric_rl.methods.rised.rised_tool_tagger import MixedTagger, ToolTagger
 
-            tagger = MixedTagger(tagger, ToolTagger(vocab))
+            tagger = MixedTagger(tagger, ToolTagger(vocab, outcome_conditioned=conditioned))
     elif r.tagger == "llm":
         from rubric_rl.rubrics.llm import client_from_settings
 
@@ -975,7 +983,11 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
         k=int(config.rollout.train_groups), selection=r.selection, beta=float(r.beta),
         overlap=r.overlap, teacher=r.teacher, top_n=int(r.top_n),
         anti_patterns=bool(r.anti_patterns), anti_top=int(r.anti_top),
-        variance_target=float(r.variance_target), retag_every=int(r.get("retag_every", 0)),
+        variance_target=float(r.variance_target),
+        variance_targeting=str(r.get("variance_targeting", "pool_multiple")),
+        profile_counts=str(r.get("profile_counts", "raw")),
+        batch_profile=str(r.get("batch_profile", "sum")), untagged=str(r.get("untagged", "score0")),
+        hint_rank=str(r.get("hint_rank", "count")), retag_every=int(r.get("retag_every", 0)),
         retag_samples=int(r.get("retag_samples", 16)), seed=int(config.train.seed),
     )  # fmt: skip
     ctl = RisedController(
