@@ -1,4 +1,4 @@
-"""``python -m rubric_rl.launch`` against the faults of issue 19 (real processes, real files): two
+"""``python -m rubric_rl.launch`` against its run-directory faults (real processes, real files): two
 runs into one workdir, refused launches that must not touch the run's config record, ``--resume``
 with nothing to resume or a changed config, a damaged latest checkpoint, and the CLI's messages."""
 

@@ -1,5 +1,5 @@
 """ARISE-RL generator domain: the output format round trip, malformed answers, the lookup tool
-through the agent loop (R_tool), and the generator's vocabulary (issue 18, item 1)."""
+through the agent loop (R_tool), and the generator's vocabulary."""
 
 import dataclasses
 

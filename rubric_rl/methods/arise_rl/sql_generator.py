@@ -1,5 +1,5 @@
-"""ARISE-RL's generator role over the SQL environment (seed 002 §3.1, App. D.5, E.1; issue 18
-item 1: "on a GPU the same role prompts run on a real model with the SQL … env as the tool").
+"""ARISE-RL's generator role over the SQL environment (seed 002 §3.1, App. D.5, E.1):
+the same role prompts, on a real model on a GPU, with the SQL env as the tool.
 
 The generator gets a role prompt and a database (a db seed of the domain's training split), explores
 it with the SQL env's read-only tools (``list_tables``, ``describe``, ``sql``: the same
