@@ -417,7 +417,7 @@ def make_task(split: str, params: dict[str, Any], key: str) -> Task:
 
 
 def task_bank(split: str = "train", n: int = 100, seed: int = 0) -> list[Task]:
-    """``InstructDomain(seed).tasks(split, n)``, shaped like ``envs.registry.task_bank``."""
+    """``InstructDomain(seed).tasks(split, n)``, shaped like ``envs.tool_envs.task_bank``."""
     return InstructDomain(seed).tasks(split, n)
 
 
