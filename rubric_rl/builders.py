@@ -37,6 +37,7 @@ from rubric_rl.models import (
     Tokenizer,
 )
 from rubric_rl.models.config import checkpoint_shape_error, with_shape
+from rubric_rl.models.gguf_io import is_gguf_source
 from rubric_rl.models.hf_io import load_config
 from rubric_rl.models.layer_stack import REMAT_POLICIES
 from rubric_rl.models.qwen3 import ATTENTION_IMPLS
@@ -511,7 +512,8 @@ def model_config(config: ConfigDict, tokenizer: Tokenizer) -> Qwen3Config:
         if shape:
             raise ValueError(checkpoint_shape_error(m.name))
         cfg = load_config(m.name)  # Qwen3 / Qwen2, or Qwen3.5 (hybrid) by model_type
-        vocab, why = cfg.vocab_size, f"the checkpoint {m.name!r}'s config.json"
+        source = "GGUF metadata" if is_gguf_source(m.name) else "config.json"
+        vocab, why = cfg.vocab_size, f"the checkpoint {m.name!r}'s {source}"
     else:
         cfg = with_shape(PRESETS[m.name], shape)
         vocab, why = model_vocab_size(config, cfg, tokenizer)
@@ -956,11 +958,19 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
                 f"config.rised.tagger='programmatic' tags the embedded constraint domain only, "
                 f"not {domain.name!r}: use tagger='llm'"
             )
-        tagger = ProgrammaticTagger(vocab)
+        # A key missing from a config (a run from before the key existed) means its behaviour
+        # then, so an archived config.json reruns as it ran.
+        tagging = str(r.get("tagging", "unconditioned"))
+        if tagging not in ("outcome", "unconditioned"):
+            raise ValueError(
+                f"config.rised.tagging={tagging!r}: expected 'outcome' or 'unconditioned'"
+            )
+        conditioned = tagging == "outcome"
+        tagger = ProgrammaticTagger(vocab, outcome_conditioned=conditioned)
         if tools:  # the tool environments' episodes: their own tagger
             from rubric_rl.methods.rised.rised_tool_tagger import MixedTagger, ToolTagger
 
-            tagger = MixedTagger(tagger, ToolTagger(vocab))
+            tagger = MixedTagger(tagger, ToolTagger(vocab, outcome_conditioned=conditioned))
     elif r.tagger == "llm":
         from rubric_rl.rubrics.llm import client_from_settings
 
@@ -975,7 +985,11 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
         k=int(config.rollout.train_groups), selection=r.selection, beta=float(r.beta),
         overlap=r.overlap, teacher=r.teacher, top_n=int(r.top_n),
         anti_patterns=bool(r.anti_patterns), anti_top=int(r.anti_top),
-        variance_target=float(r.variance_target), retag_every=int(r.get("retag_every", 0)),
+        variance_target=float(r.variance_target),
+        variance_targeting=str(r.get("variance_targeting", "pool_multiple")),
+        profile_counts=str(r.get("profile_counts", "raw")),
+        batch_profile=str(r.get("batch_profile", "sum")), untagged=str(r.get("untagged", "score0")),
+        hint_rank=str(r.get("hint_rank", "count")), retag_every=int(r.get("retag_every", 0)),
         retag_samples=int(r.get("retag_samples", 16)), seed=int(config.train.seed),
     )  # fmt: skip
     ctl = RisedController(
