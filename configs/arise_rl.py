@@ -5,7 +5,7 @@ reward, tool-grounded rubrics and reward-gated self-evolution distillation (RG-S
     python -m rubric_rl.launch --config=configs/arise_rl.py:smoke        # seconds, for tests
     python -m rubric_rl.launch --config=configs/arise_rl.py:no_rgsed     # an ablation (below)
 
-The run is ``arise_rl.cycles`` co-evolution cycles (rubric_rl/controllers/arise_rl.py): each
+The run is ``arise_rl.cycles`` co-evolution cycles (rubric_rl/methods/arise_rl/arise_rl.py): each
 trains the generator role (agent episodes with a ``lookup`` tool writing ``<question>`` +
 ``<rubric>``; R_G = R_tool · R_fmt · (1 + R_diff) from K = 8 solver attempts, γ = 0.9), refreshes
 the solver's pool of generated tasks (deduplicated, the 10 most recent as in-context negatives),
@@ -23,8 +23,11 @@ Variants (comma-separated, big_vision style):
   rollouts, 16 rollouts per query at temperature 0.8) — hours on a CPU;
 - ablations (seed Table 2): ``no_rgsed`` (no SD, no memory rollouts), ``no_gate`` (gate ≡ 1:
   "w/o reward gating"), ``no_tool`` (R_tool ≡ 1), ``no_difficulty`` (R_diff := 0);
-- baselines' proposer rewards in R_diff's place (notes/baselines.md §6): ``dr_zero``,
-  ``absolute_zero``; distillation baselines with an EXTERNAL teacher (§7; give
+- self-evolution baselines as their frameworks (notes/baselines.md §6), SD off: ``dr_zero``
+  (its proposer reward 0.5·f + difficulty, HRPO's task-type-grouped baseline) and
+  ``absolute_zero`` (format-aware learnability with −0.5 / −1, TRR++ per-role baselines);
+  ``shape=<dr_zero|absolute_zero>``: only their difficulty shape in R_diff's place (RG-SED on);
+  distillation baselines with an EXTERNAL teacher (§7; give
   ``--config.teacher.model=<preset> --config.teacher.params=<orbax dir>``, e.g. a larger preset's
   ``warmstart/params`` from a longer warm start): ``opcd`` (the teacher sees the memory, reverse
   KL, constant λ) and ``gkd`` (the teacher sees the student's prompt, JSD β = 0.5);
@@ -36,8 +39,8 @@ Variants (comma-separated, big_vision style):
   last_user`` (m appended to the last user message instead of the system message),
   ``estimator=full|topk|sampled``;
 - ``sql``: the generator role over the SQL env (``arise_rl.generator_domain="sql"``,
-  rubric_rl/envs/sql_generator.py): the generator explores a training-split database with the
-  env's read-only tools and writes ``<question>`` + ``<rubric>`` of checkable items
+  rubric_rl/methods/arise_rl/sql_generator.py): the generator explores a training-split database
+  with the env's read-only tools and writes ``<question>`` + ``<rubric>`` of checkable items
   (``answer_equals`` grounded in its own tool observations, ``queried_tables``, ``no_write``…);
   the solver runs agent episodes in the SQL env (``rollout.mode="agent"``, configs/grpo.py's
   ``apply_tool_domain``) for its trained rollouts, K attempts, memory rollouts and base probe.
@@ -61,7 +64,7 @@ from configs import common, grpo
 VARIANTS = (
     "smoke", "model", "protocol", "seed_scale", "no_rgsed", "no_gate", "no_tool", "no_difficulty",
     "dr_zero", "absolute_zero", "hard_gate", "final_turn", "placement", "estimator",
-    "current_solver", "opcd", "gkd", "solver_grpo", "sql", "gpu",
+    "current_solver", "opcd", "gkd", "solver_grpo", "sql", "gpu", "shape",
 )  # fmt: skip
 ARMS = (
     "no_rgsed", "no_gate", "no_tool", "no_difficulty", "dr_zero", "absolute_zero", "opcd", "gkd",
@@ -81,9 +84,9 @@ def get_arise_rl_section() -> common.ConfigDict:
     a.refresh_batch = 64
     a.n_negatives = 3  # seed: 10 (``seed_scale``); ours on the tiny policy (prompt length)
     a.generator_max_new_tokens = 96  # ours: a generator turn (question + rubric) fits
-    # K attempts against the solver frozen at the start of each cycle's generator phase (issue 18;
-    # "current": the live policy). Both roles share one parameter set: "frozen" holds a second
-    # one (the JAX engine) during the generator phase only.
+    # K attempts against the solver frozen at the start of each cycle's generator phase
+    # (the default; "current": the live policy). Both roles share one parameter set: "frozen"
+    # holds a second one (the JAX engine) during the generator phase only.
     a.solver_policy = "frozen"
     # The frozen base policy's single-shot pass rate on up to this many fresh generated tasks at
     # each refresh (seed Fig. 4; 0 = off): holds the warm-start parameters for the whole run.
@@ -95,7 +98,31 @@ def get_arise_rl_section() -> common.ConfigDict:
     a.difficulty = True
     a.tool_grounding = True
     a.rgsed_roles = ("generator", "solver")  # seed: both roles
-    a.memory_rollouts = 4  # ours: the seed does not give J'
+    # J' memory rollouts per group; 0 = J, the group's own size (the authors' scripts: 8 + 8).
+    a.memory_rollouts = 0
+    # The placebo arm: J' more rollouts per group with another task's memory (shuffled); its Δr,
+    # logged beside the real one, is the null (ours).
+    a.placebo = True
+    # Seeds of the memory rollouts: "placebo" (the real and placebo arms share fresh seeds: a
+    # paired contrast, and Δr unbiased), "standard" (memory j on standard j's seed: biased up
+    # when the memory names the standard rollouts' misses), "none".
+    a.paired_seeds = "placebo"
+    # The coach writes memory for every group (the seed's); "majority": only the criteria most of
+    # a group missed (rgsed_coach.py).
+    a.coach_rule = "every_group"
+    # Warm-up/decay clock: "phase" restarts at each role phase (ours: the seed is ambiguous),
+    # "global" runs on the training step.
+    a.schedule_clock = "phase"
+    a.satisfaction = "unweighted"  # eq. 7's mean; "weighted" by |λ|
+    a.pool_filter = "parsed"  # the seed keeps every task it can extract; "grounded": R_tool = 1 too
+    # A generated rubric is completed with every library criterion its question implies (the
+    # task verifier's requirement set, which the solver is evaluated on); "as_written".
+    a.rubric_completion = "library"
+    # Generator SD only on steps where its memory helps on average (mean Δr > 0): its warm start
+    # never showed the generator a memory; "always": the per-group gate alone.
+    a.generator_sd = "after_positive"
+    a.proposer_reward = "arise_rl"  # arise_rl | dr_zero | absolute_zero (their own rewards)
+    a.advantage_grouping = "group"  # group | hrpo (Dr. Zero) | trr++ (Absolute Zero)
     a.memory_placement = "system"  # seed App. E: the memory sits at the system prompt's tail
     a.gate = "soft"  # the authors' code; "hard" is the seed's eq. 12; "none" = w/o gating
     a.tau = 0.05
@@ -138,9 +165,9 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
     # Measured on the generator's parse rate alone (benchmarks/protocol_arise_rl.md, amendment 1):
     # the default 500 steps (200 of them copy demonstrations, batch 32) left 0 of 128 generator
     # episodes parseable; 1500 steps of the mixed corpus at batch 16 without the copy phase give
-    # 24 of 64 parseable, 60 of 64 tool-grounded (benchmarks/generator_parse_rate.py, 2026-12-03).
+    # 24 of 64 parseable, 60 of 64 tool-grounded (benchmarks/generator_parse_rate.py).
     # copy_fraction stays at the 0.1 this was measured (and the comparison ran) with; the base
-    # default became 0.2 on 2026-12-04 for the constraint domain's copy criteria (defaults.py).
+    # default is 0.2, for the constraint domain's copy criteria (defaults.py).
     c.warmstart.update(steps=1500, batch=16, copy_steps=0, copy_fraction=0.1)
     c.rollout.buckets = (8, 16, 24, 32, 64, 96)
     if "seed_scale" in variants:
@@ -201,20 +228,36 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
         c.arise_rl.tool_grounding = False
     if "no_difficulty" in variants:
         c.arise_rl.difficulty = False
-    if "dr_zero" in variants or "absolute_zero" in variants:
-        c.arise_rl.shape = arms[0]
+    if "dr_zero" in variants:
+        # Dr. Zero as its framework (notes/baselines.md §6.1): its proposer reward 0.5·f +
+        # difficulty, HRPO's baseline shared by the generator groups of a task type (its hop
+        # count), no self-distillation. Approximated where the rubric setting has no counterpart
+        # (arise_rl.proposer_reward documents each term); J rollouts per prompt, not one.
+        c.arise_rl.update(proposer_reward="dr_zero", advantage_grouping="hrpo")
+        c.loss.update(sd_estimator="none", sd_coef=0.0)
+    if "absolute_zero" in variants:
+        # Absolute Zero as its framework (§6.2): format-aware learnability (−0.5 invalid, −1 a
+        # format error), TRR++ (a baseline per role x task type, one std), no self-distillation.
+        c.arise_rl.update(proposer_reward="absolute_zero", advantage_grouping="trr++")
+        c.loss.update(sd_estimator="none", sd_coef=0.0)
+    if "shape" in variants:
+        # A baseline's difficulty shape in R_diff's place, inside ARISE-RL (RG-SED on): the
+        # comparison of the difficulty shapes alone, not of the frameworks.
+        c.arise_rl.shape = variants["shape"]
     if "opcd" in variants:
         # OPCD (notes/baselines.md §7.1, ours where inferred): the external teacher sees the
         # coach's memory, the student the plain prompt; reverse KL, constant λ = λ0, no gate.
         c.arise_rl.teacher = "opcd"
-        c.loss.sd_estimator = "full"
+        # OPCD's loss is the per-token reverse KL averaged over each sequence, then over
+        # sequences; the coach writes memory for every group, so every group has its context.
+        c.loss.update(sd_estimator="full", sd_agg_mode="seq-mean-token-mean")
     if "gkd" in variants:
         # GKD (§7.2): the external teacher sees the student's own prompt; generalised JSD with
         # β = 0.5 (TRL's default) on the on-policy rollouts, constant λ = λ0.
         c.arise_rl.teacher = "gkd"
         c.loss.update(sd_estimator="jsd", sd_jsd_beta=0.5)
     if "solver_grpo" in variants:
-        # Solver-only GRPO (issue 18's baseline): the domain's designed training tasks and seed
+        # Solver-only GRPO (the baseline): the domain's designed training tasks and seed
         # rubrics, ARISE-RL's weighted solver reward, the same warm start (generator
         # demonstrations included: the arms of a seed share it) and number of steps; no generator
         # role, no self-distillation.

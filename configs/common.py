@@ -53,7 +53,7 @@ def apply_protocol(c: ConfigDict) -> None:
 
 
 def apply_ruscarl(c: ConfigDict) -> None:
-    """RuscaRL's rubric scaffold (rubric_rl/controllers/ruscarl.py): the released script's
+    """RuscaRL's rubric scaffold (rubric_rl/methods/harness_rl/ruscarl.py): the released script's
     linear intra-group ratio and sigmoid decay (x0 = 0.2, κ = 125), at most 3 criteria shown
     (ours: the warm start's shape); π_old recomputed on the unscaffolded prompt, no importance
     correction (``rollout_correction="off"``), as its verl code does."""

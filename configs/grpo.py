@@ -10,12 +10,12 @@ Variants (comma-separated, big_vision style): ``smoke``, ``protocol`` (the evalu
 of ``benchmarks/protocol.md``), ``model=<preset or HF dir>``, ``gpu``
 (optionally ``gpu=<checkpoint dir>``; otherwise $QWEN3_4B_PATH), ``domain=sql|inventory`` (a
 tool environment with multi-turn agent rollouts: ``--config=configs/grpo.py:smoke,domain=sql``),
-``sec`` (SEC's difficulty bandit as the sampler, ``rubric_rl/controllers/sec.py``; HarnessRL's
-``p_t <- SEC`` switching arm is ``configs/harness_rl.py:switch=p``), ``ruscarl`` (RuscaRL's
-rubric scaffold, ``rubric_rl/controllers/ruscarl.py``; ``g_t <- RuscaRL`` is
+``sec`` (SEC's difficulty bandit as the sampler, ``rubric_rl/methods/harness_rl/sec.py``;
+HarnessRL's ``p_t <- SEC`` switching arm is ``configs/harness_rl.py:switch=p``), ``ruscarl``
+(RuscaRL's rubric scaffold, ``rubric_rl/methods/harness_rl/ruscarl.py``; ``g_t <- RuscaRL`` is
 ``configs/harness_rl.py:switch=g``), ``skillrl`` (SkillRL's skill bank with a programmatic
-teacher, ``rubric_rl/controllers/skillrl.py``), ``varsel=top|top_env|targeted|targeted_env``
-(RISED's reward-variance selector baselines, ``rubric_rl/controllers/rised_selectors.py``: per
+teacher, ``rubric_rl/methods/harness_rl/skillrl.py``), ``varsel=top|top_env|targeted|targeted_env``
+(RISED's reward-variance selector baselines, ``rubric_rl/methods/rised/rised_selectors.py``: per
 environment quotas in sampling (``env_quota``), ``tasks_per_step`` candidate groups, half of them
 trained by within-group reward variance, globally or per environment), ``sglang_cpu``
 (rollouts from a CPU SGLang server started by the trainer), ``async1`` (asynchronous rollouts one
@@ -195,8 +195,10 @@ def apply_variance_select(c: common.ConfigDict, which: str) -> None:
     mode, _, env = which.partition("_")
     c.controllers.sampler = "env_quota"
     c.rollout.train_groups = int(c.rollout.tasks_per_step) // 2
+    # targeted: k drawn with probability ∝ within-group variance (rised_selection.VARIANCE_TARGETS;
+    # "pool_multiple" with target_multiple=2 is the previous rule, 2× the pool mean).
     c.variance_select = dict(mode=mode, per_env=bool(env), reward="evidence", target=None,
-                             target_multiple=2.0)  # fmt: skip
+                             targeting="proportional", target_multiple=2.0)  # fmt: skip
 
 
 def get_config(arg: str | None = None) -> common.ConfigDict:
@@ -215,8 +217,8 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
             "domain=, protocol, sec, ruscarl, skillrl, varsel=, sglang_cpu, async1"
         )
     if "skillrl" in variants:
-        # SkillRL's skill bank (rubric_rl/controllers/skillrl.py): its update threshold 0.4 and
-        # at most 3 new skills; the rest ours (the module says which).
+        # SkillRL's skill bank (rubric_rl/methods/harness_rl/skillrl.py): its update threshold
+        # 0.4 and at most 3 new skills; the rest ours (the module says which).
         c.skillrl = dict(
             init_skills=3, min_fail=0.5, max_shown=3, update_every=10, threshold=0.4,
             max_new=3, max_failed=10,
@@ -224,7 +226,7 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
     if "ruscarl" in variants:
         common.apply_ruscarl(c)
     if "sec" in variants:
-        # SEC's difficulty bandit as the sampler (rubric_rl/controllers/sec.py): α, τ of the
+        # SEC's difficulty bandit as the sampler (rubric_rl/methods/harness_rl/sec.py): α, τ of the
         # paper's runs; arms = task type x number of positive seed criteria (ours).
         c.controllers.sampler = "sec"
         c.sec = dict(lr=0.5, temperature=1.0, max_level=5)

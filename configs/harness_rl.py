@@ -29,8 +29,9 @@ not public; README "HarnessRL" says which choices are ours):
   (prune zero-variance criteria, regenerate verified ones: ``harness/evorubric.py``), no
   attributor, proposer, critic or memory.
 - ``switch=p``: HarnessRL with SEC's difficulty bandit as the sampler (p_t ← SEC,
-  ``rubric_rl/controllers/sec.py``); ``switch=g``: with RuscaRL's scheduled scaffold instead of
-  the harness's guidance fields (g_t ← RuscaRL, ``rubric_rl/controllers/ruscarl.py``);
+  ``rubric_rl/methods/harness_rl/sec.py``); ``switch=g``: with RuscaRL's scheduled scaffold
+  instead of the harness's guidance fields (g_t ← RuscaRL,
+  ``rubric_rl/methods/harness_rl/ruscarl.py``);
   ``switch=c``: with EvoRubric's rule on the rubric interface (c_t ← EvoRubric).
 - GRPO + SEC alone: ``configs/grpo.py:sec``; RuscaRL: ``configs/grpo.py:ruscarl``; SkillRL:
   ``configs/grpo.py:skillrl``.

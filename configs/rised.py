@@ -1,5 +1,5 @@
 """RISED (seed 003): rubric-profile online group selection across environments, positive-rubric
-self-distillation and negative-rubric anti-patterns (rubric_rl/controllers/rised.py).
+self-distillation and negative-rubric anti-patterns (rubric_rl/methods/rised/rised.py).
 
     python -m rubric_rl.launch --config=configs/rised.py               # embedded default (CPU)
     python -m rubric_rl.launch --config=configs/rised.py:smoke         # seconds, for tests
@@ -20,10 +20,14 @@ Variants (comma-separated, big_vision style):
   steps) with RISED's budget: 2k = 32 candidate groups, k = 16 trained;
 - baselines (seed §4.2), each tagging its rollouts too (for the behaviour analyses):
   ``grpo_k`` (k groups generated and trained), ``grpo_2k`` (2k generated, all trained),
-  ``top_var`` / ``var_target`` (k of 2k by within-group reward variance: the k largest / the k
-  closest to 2× the pool mean, per-environment quotas), ``all_rubric_sd`` (k groups, no
-  selection, no anti-patterns, teacher conditioned on all tagged rubrics);
-- ablations: ``no_select`` (k groups generated, SD and anti-patterns on), ``no_sd``,
+  ``top_var`` / ``var_target`` (k of 2k by within-group reward variance: the k largest / k
+  drawn with probability ∝ variance, per-environment quotas; ``rised.variance_targeting``
+  ``pool_multiple`` gives the previous arm, the k closest to 2× the pool mean),
+  ``all_rubric_sd`` (k groups, no selection, no anti-patterns, teacher conditioned on all
+  tagged rubrics);
+- ablations: ``no_select`` (a uniformly random k of the same 2k candidates, per-environment
+  quotas, SD and anti-patterns on; ``no_select_k``: the previous reading, k groups generated
+  and all trained), ``no_sd``,
   ``positive_only`` (positive-rubric teacher, no anti-patterns), ``all_rubric`` (all-rubric
   teacher, no anti-patterns);
 - ``beta=<float>``: the overlap penalty;
@@ -42,9 +46,9 @@ Variants (comma-separated, big_vision style):
   validation split (at least 64 tasks) is evaluated at every checkpoint. It combines with an
   arm: ``single_env=list,grpo_k`` trains plain GRPO, our reading of the seed's preliminary
   analysis (it does not say which trainer its single-environment runs used). Analyse the run
-  with ``python -m rubric_rl.rised_transfer <workdir>``.
+  with ``python -m rubric_rl.methods.rised.rised_transfer <workdir>``.
 
-What the seed states and what is ours: the module docstrings of rubric_rl/controllers/rised*.py
+What the seed states and what is ours: the module docstrings of rubric_rl/methods/rised/rised*.py
 and the README's "RISED" section. Ours here: k = 16 of 32 on the embedded default (the seed: 64 of
 128 groups of 8 rollouts); sd_estimator "full" (reverse KL over the vocabulary) with sd_coef 0.01,
 chosen on the validation split (the seed gives neither; benchmarks/protocol_rised.md amendment 1);
@@ -57,10 +61,11 @@ from configs import common, grpo
 
 VARIANTS = (
     "smoke", "model", "hard", "protocol", "beta", "grpo_k", "grpo_2k", "top_var", "var_target",
-    "all_rubric_sd", "no_select", "no_sd", "positive_only", "all_rubric", "single_env", "tools",
+    "all_rubric_sd", "no_select", "no_select_k", "no_sd", "positive_only", "all_rubric",
+    "single_env", "tools",
 )  # fmt: skip
-ARMS = ("grpo_k", "grpo_2k", "top_var", "var_target", "all_rubric_sd", "no_select", "no_sd",
-        "positive_only", "all_rubric")  # fmt: skip
+ARMS = ("grpo_k", "grpo_2k", "top_var", "var_target", "all_rubric_sd", "no_select",
+        "no_select_k", "no_sd", "positive_only", "all_rubric")  # fmt: skip
 # single_env: the seed's checkpoint spacing (step 25 the baseline, 50..500 analysed); keep is
 # "all of them" for any step count (ours: a bound orbax needs).
 TRANSFER_EVERY = 25
@@ -77,7 +82,26 @@ def get_rised_section() -> common.ConfigDict:
     r.top_n = 3  # the seed: top-3 of the rollout ∪ top-3 of its group
     r.anti_patterns = True
     r.anti_top = 3  # ours: negatives per environment's anti-patterns block
-    r.variance_target = 2.0  # var_target: multiple of the pool mean variance (ours)
+    # var_target (rubric_rl/methods/rised/rised_selection.py VARIANCE_TARGETS): "proportional"
+    # (ours: k of 2k drawn with probability ∝ within-group variance), "max" (closest to the
+    # variance of success rate 0.5), "pool_multiple" (variance_target × the pool mean: the
+    # previous arm, which prefers zero-variance groups).
+    r.variance_targeting = "proportional"
+    r.variance_target = 2.0  # "pool_multiple" only
+    # The tagger (rised_tagger.ProgrammaticTagger): "outcome" = positives from successes only,
+    # negatives from failures only (the seed's tagger); "unconditioned" = every detected rubric
+    # whatever the outcome (the previous tagging).
+    r.tagging = "outcome"
+    # Profiles (rised_tags.PROFILE_COUNTS): "presence" per rollout (ours), "log", "raw" (the
+    # previous); batch profile of unit-norm group profiles ("unit", ours) or the plain sum; an
+    # untagged (all-zero) group picked only after every tagged one of its environment ("last",
+    # ours), at the median score ("median") or at 0 ("score0": the previous).
+    r.profile_counts = "presence"
+    r.batch_profile = "unit"
+    r.untagged = "last"
+    # Teacher hints ranked by success/failure contrast, then rarity ("contrast", ours) or by
+    # count, ties by vocabulary order ("count": the previous).
+    r.hint_rank = "contrast"
     # The tagger's reliability probe (seed C.2): every 10 steps 16 of the step's rollouts are
     # tagged again under another seed (tag/reliability/*; ours: the schedule and sample size).
     r.retag_every = 10
@@ -194,7 +218,9 @@ def apply_arm(c: common.ConfigDict, arm: str) -> None:
     elif arm == "all_rubric_sd":
         c.rised.update(selection="none", teacher="all", anti_patterns=False)
         c.rollout.update(tasks_per_step=k, train_groups=0)
-    elif arm == "no_select":
+    elif arm == "no_select":  # a uniformly random k of the same 2k candidates
+        c.rised.selection = "random"
+    elif arm == "no_select_k":  # the previous reading: only k groups generated, all trained
         c.rised.selection = "none"
         c.rollout.update(tasks_per_step=k, train_groups=0)
     elif arm == "no_sd":

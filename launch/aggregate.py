@@ -66,7 +66,10 @@ from typing import Any
 
 import numpy as np
 
-from rubric_rl import analysis as an
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from launch import packed  # noqa: E402
+from rubric_rl import analysis as an  # noqa: E402
 
 AUTO = "auto"
 FINAL = "final"  # --select default: no selection, every number at the final step
@@ -441,7 +444,7 @@ DYNAMICS = (
     ("SD context share", "sd/context_frac", ALL_STEPS),
     ("SD KL", "train/sd/kl", ALL_STEPS),
     ("anti-pattern share of envs", "rised/anti/env_share", ALL_STEPS),
-    # ARISE-RL's (issue 18): means over the steps that log them (generator figures on generator
+    # ARISE-RL's: means over the steps that log them (generator figures on generator
     # steps; Δr regions where a memory was measured: the seed's Fig. 5 72.1 / 19.6 / 8.3 %).
     ("generator format rate", "arise_rl/generator/fmt_rate", ALL_STEPS),
     ("generator tool rate", "arise_rl/generator/tool_rate", ALL_STEPS),
@@ -470,7 +473,7 @@ def _run_steps(run: an.Run) -> int | None:
 
 
 def cycle_rows(groups: Mapping[str, Sequence[an.Run]]) -> list[dict[str, Any]]:
-    """ARISE-RL's per-cycle table (the seed's Table 3 shape, issue 18): per group and cycle c,
+    """ARISE-RL's per-cycle table (the seed's Table 3 shape): per group and cycle c,
     the solver's held-out pass rate and oracle at the cycle's last step (the last evaluation at
     or before it) and the frozen base policy's single-shot pass rate on the fresh generated tasks
     of the cycle's refresh (``arise_rl/pool/base_pass_rate``, the seed's Fig. 4), mean ± CI over
@@ -858,7 +861,11 @@ def report(
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("root", help="sweep root holding <group>/seed<k> run directories")
+    p.add_argument(
+        "root",
+        help="sweep root holding <group>/seed<k> run directories, or a packed archive "
+        "(<name>.tar.xz, launch/packed.py)",
+    )
     p.add_argument("--out", default=None, help="output directory (default: the root)")
     p.add_argument("--reference", default=None, help="group the paired differences are to")
     p.add_argument("--match", default=None, help="group whose final held-out pass rate to reach")
@@ -886,17 +893,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--cost-reference", default=None, help="group the per-step cost ratio is to (by seed)"
     )
     args = p.parse_args(argv)
-    groups = load_groups(args.root, args.groups)
-    text = report(
-        groups,
-        args.out or args.root,
-        reference=args.reference,
-        match=args.match,
-        select=args.select,
-        allow_incomplete=args.allow_incomplete,
-        dynamics=args.dynamics,
-        cost_reference=args.cost_reference,
-    )
+    if packed.is_packed(args.root) and args.out is None:
+        p.error(f"{args.root} is a packed archive: --out is required (tables go next to a tree)")
+    with packed.opened(args.root) as root:
+        groups = load_groups(root, args.groups)
+        text = report(
+            groups,
+            args.out or root,
+            reference=args.reference,
+            match=args.match,
+            select=args.select,
+            allow_incomplete=args.allow_incomplete,
+            dynamics=args.dynamics,
+            cost_reference=args.cost_reference,
+        )
     print(text)
     return 0
 

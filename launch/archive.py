@@ -3,13 +3,16 @@ directories are gone: per run, ``config.json``, ``metrics.jsonl`` gzipped and AR
 when present, under the same ``<group>/seed<k>`` layout: every table of the aggregate but the
 calibration's (its probe files are large; aggregate the run directories for that one).
 
-    python launch/archive.py runs/protocol_h benchmarks/results/runs/protocol_h
+    python launch/archive.py runs/protocol_h benchmarks/results/runs/protocol_h.tar.xz
+
+A destination ending in ``.tar.xz`` is the packed form (``launch/packed.py``: one file per
+comparison, the form the repository keeps); any other is a directory tree.
 
 A protocol whose runs take longer than one machine's session adds its seeds to the archive as
-they finish; ``aggregate.py <archive>`` then tables every archived run. Unfinished runs are
-skipped and listed (never archived half-way); an archived run is not replaced unless
-``--force``. The archive's gzip files carry no timestamp, so re-archiving a run gives the same
-bytes.
+they finish; ``aggregate.py <archive>`` (with ``--out <dir>`` for a packed one) then tables
+every archived run. Unfinished runs are skipped and listed (never archived half-way); an archived
+run is not replaced unless ``--force``. The archive's gzip files and packed members carry no
+timestamp, so re-archiving a run gives the same bytes.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ import gzip
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from launch import packed  # noqa: E402
 from rubric_rl import analysis as an  # noqa: E402
 
 COPIED = ("config.json", "controllers/arise.jsonl", "COMMIT")
@@ -76,13 +81,29 @@ def archive(root: str, dest_root: str, *, force: bool = False) -> dict[str, list
     return done
 
 
+def archive_to(root: str, dest: str, *, force: bool = False) -> dict[str, list[str]]:
+    """``archive`` into ``dest``: a directory, or a packed archive (``<name>.tar.xz``,
+    ``launch/packed.py``) that is unpacked when present, added to and packed again, so a
+    comparison's runs can be archived as they finish."""
+    if not packed.is_packed(dest):
+        return archive(root, dest, force=force)
+    with tempfile.TemporaryDirectory(prefix="archive-") as tmp:
+        tree = os.path.join(tmp, "tree")
+        if os.path.exists(dest):
+            packed.unpack(dest, tree)
+        done = archive(root, tree, force=force)
+        if os.path.isdir(tree):
+            packed.pack(tree, dest)
+    return done
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("root", help="the sweep's root (<root>/<group>/seed<k>)")
-    p.add_argument("dest", help="the archive's root")
+    p.add_argument("dest", help="the archive: a directory, or a packed <name>.tar.xz")
     p.add_argument("--force", action="store_true", help="replace runs already archived")
     args = p.parse_args(argv)
-    for what, names in archive(args.root, args.dest, force=args.force).items():
+    for what, names in archive_to(args.root, args.dest, force=args.force).items():
         print(f"{what}: {len(names)}" + (f" ({', '.join(names)})" if names else ""))
 
 

@@ -19,9 +19,11 @@ with each other and named in the slug; ``--set key=value`` overrides apply to ev
 NOT in the slug. ``{seed}`` in a variant or an override is the run's seed
 (``frozen_rubrics=runs/p/arise-protocol/seed{seed}`` pairs each seed with the same seed's ARISE
 run); the group name keeps the placeholder. A run is skipped when finished (``SWEEP_DONE.json``
-written after exit 0, or a checkpoint at its ``train.steps``) unless ``--force`` (which deletes
-its workdir first); a run with checkpoints but unfinished is continued with ``--resume``. Local
-runs log to ``<wd>/launch.log``.
+written after exit 0, or a checkpoint at its ``train.steps``) unless ``--force``, which moves
+its workdir aside to ``<wd>.replaced-<UTC time>`` (never deletes it; aggregation skips it) and
+starts afresh; a run with checkpoints but unfinished is continued with ``--resume``. A sweep
+never touches a workdir a live run holds: ``--force`` on one is refused, naming the holder's pid,
+before any run starts. Local runs log to ``<wd>/launch.log``.
 
 Local runs share one persistent XLA compilation cache (``--jax_cache``, default
 ``<root>/jax_cache``; ``off`` for none; an explicit ``JAX_COMPILATION_CACHE_DIR`` in the
@@ -41,13 +43,13 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 
 from rubric_rl.analysis import FINISHED_MARKER, checkpoint_steps, is_finished
+from rubric_rl.run_dir import RunDirError, lock_holder, set_aside
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED_KEY = "train.seed"  # configs/common.py: c.train.seed
@@ -188,21 +190,40 @@ def plan(runs: Sequence[RunSpec], force: bool = False) -> tuple[list[RunSpec], l
     return todo, done
 
 
+def refuse_live(runs: Sequence[RunSpec]) -> None:
+    """Raises ``RunDirError`` listing every run whose workdir a live process holds (its pid):
+    ``--force`` would otherwise move a running run's files from under it."""
+    live = [(r.workdir, h) for r in runs if (h := lock_holder(r.workdir)) is not None]
+    if live:
+        lines = "\n".join(f"  {wd}: {holder}" for wd, holder in live)
+        raise RunDirError(
+            f"--force: {len(live)} run(s) are live; nothing was moved or started:\n{lines}\n"
+            "wait for them to finish or stop them, then run the sweep again"
+        )
+
+
 def print_commands(runs: Sequence[RunSpec], force: bool, python: str = "python") -> list[str]:
-    """One shell line per run to launch (finished runs skipped unless forced)."""
+    """One shell line per run to launch (finished runs skipped unless forced). A forced run that
+    has a workdir is moved aside first by ``rubric_rl.run_dir --set-aside``, which refuses (and
+    so stops the line) when the run is live by the time the line runs."""
     todo, _ = plan(runs, force)
+    if force:
+        refuse_live(todo)
     lines = []
     for r in todo:
         if force and os.path.exists(r.workdir):
-            lines.append(f"rm -rf {shlex.quote(r.workdir)} && " + shlex.join(r.command(python)))
+            aside = shlex.join([python, "-m", "rubric_rl.run_dir", "--set-aside", r.workdir])
+            lines.append(f"{aside} && " + shlex.join(r.command(python)))
         else:
             lines.append(shlex.join(r.command(python, resume=needs_resume(r.workdir))))
     return lines
 
 
 def _start(run: RunSpec, force: bool, python: str, env: dict[str, str]) -> subprocess.Popen:
-    if force and os.path.exists(run.workdir):
-        shutil.rmtree(run.workdir)
+    if force:
+        moved = set_aside(run.workdir)  # RunDirError when it went live since refuse_live
+        if moved:
+            print(f"[sweep] moved aside: {run.workdir} -> {moved}", flush=True)
     os.makedirs(run.workdir, exist_ok=True)
     cmd = run.command(python, resume=needs_resume(run.workdir))
     log = open(os.path.join(run.workdir, "launch.log"), "ab")
@@ -253,13 +274,20 @@ def run_local(
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
     todo, done = plan(runs, force)
+    if force:
+        refuse_live(todo)
     for r in done:
         print(f"[sweep] skip (finished): {r.workdir}", flush=True)
     env = with_jax_cache(dict(os.environ if env is None else env), jax_cache)
     pending, active, codes = list(todo), [], {}
     while pending or active:
         while pending and len(active) < jobs:
-            active.append(_start(pending.pop(0), force, python, env))
+            run = pending.pop(0)
+            try:
+                active.append(_start(run, force, python, env))
+            except RunDirError as e:  # went live after refuse_live: left alone, counted failed
+                print(f"[sweep] FAILED (not started): {e}", flush=True)
+                codes[run.workdir] = 1
         time.sleep(0.05)
         for p in [p for p in active if p.poll() is not None]:
             active.remove(p)
@@ -284,7 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seed: every arm of a seed before the next seed (default; the protocols' order); "
         "config: every seed of an arm before the next arm",
     )
-    p.add_argument("--force", action="store_true", help="rerun finished runs (deletes workdir)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="rerun finished runs (moves each workdir aside to <wd>.replaced-<time>; refused "
+        "while any of them is live)",
+    )
     p.add_argument("--python", default=None, help="interpreter (default: python / this one)")
     p.add_argument(
         "--jax_cache",
@@ -307,14 +340,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.order == "seed":
         runs = seed_major(runs)
-    if args.print:
-        for line in print_commands(runs, args.force, args.python or "python"):
-            print(line)
-        return 0
     cache = args.jax_cache
-    if cache is None and CACHE_ENV not in os.environ:
+    if cache is None and CACHE_ENV not in os.environ and not args.print:
         cache = os.path.join(os.path.abspath(args.root), "jax_cache")
-    codes = run_local(runs, args.jobs, args.force, args.python or sys.executable, jax_cache=cache)
+    try:
+        if args.print:
+            for line in print_commands(runs, args.force, args.python or "python"):
+                print(line)
+            return 0
+        codes = run_local(
+            runs, args.jobs, args.force, args.python or sys.executable, jax_cache=cache
+        )
+    except RunDirError as e:
+        print(f"[sweep] error: {e}", file=sys.stderr, flush=True)
+        return 1
     failed = [w for w, rc in codes.items() if rc != 0]
     print(f"[sweep] {len(codes) - len(failed)} ok, {len(failed)} failed", flush=True)
     return 1 if failed else 0

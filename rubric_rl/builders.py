@@ -37,6 +37,7 @@ from rubric_rl.models import (
     Tokenizer,
 )
 from rubric_rl.models.config import checkpoint_shape_error, with_shape
+from rubric_rl.models.gguf_io import is_gguf_source
 from rubric_rl.models.hf_io import load_config
 from rubric_rl.models.layer_stack import REMAT_POLICIES
 from rubric_rl.models.qwen3 import ATTENTION_IMPLS
@@ -101,7 +102,7 @@ class Domain:
 
 
 DOMAINS: Registry[Callable[[ConfigDict], Domain]] = Registry("domain")
-# Domains whose rollouts are multi-turn episodes in a tool environment (rubric_rl.envs.registry).
+# Domains whose rollouts are multi-turn episodes in a tool environment (rubric_rl.envs.tool_envs).
 TOOL_DOMAINS = tool_domain.TOOL_DOMAINS
 
 
@@ -135,7 +136,7 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
     )
     demos = float(cfg.get("generator_demos", 0.0))
     if demos > 0:
-        from rubric_rl.envs.generator_corpus import with_generator_demonstrations
+        from rubric_rl.methods.arise_rl.generator_corpus import with_generator_demonstrations
 
         domain = with_generator_demonstrations(
             domain, fraction=demos, n_negatives=int(cfg.get("generator_negatives", 10))
@@ -146,6 +147,30 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
 
         domain = with_tool_envs(domain, tools, int(cfg.seed), float(cfg.tool_demo_share))
     return domain
+
+
+@DOMAINS.register("instruct")
+def instruct_domain(cfg: ConfigDict) -> Domain:
+    """The English instruction-following domain (envs/instruct_domain.py) for a pretrained chat
+    policy: no warm-start corpus (``warmstart.steps=0``); the embedded "spaced" tokenizer over
+    its vocabulary serves tiny test models, a real model brings its own tokenizer."""
+    from rubric_rl.envs import instruct
+    from rubric_rl.envs.instruct_library import library_criteria
+
+    gen = instruct.InstructDomain(int(cfg.seed))
+    return Domain(
+        name="instruct",
+        train=tuple(gen.tasks("train", int(cfg.n_train))),
+        heldout=tuple(gen.tasks("heldout", int(cfg.n_heldout))),
+        ood=tuple(gen.tasks("ood", int(cfg.n_ood))),
+        verify=instruct.verify,
+        oracle=instruct.oracle_quality,
+        vocabulary=instruct.vocabulary(),
+        embedded_tokenizer="spaced",
+        guidance=instruct.skill_guidance,
+        criteria_library=library_criteria,
+        validation=tuple(gen.tasks("validation", int(cfg.n_validation))),
+    )
 
 
 def tool_env_names(cfg: ConfigDict) -> tuple[str, ...]:
@@ -310,14 +335,14 @@ def _tool_domain(name: str, cfg: ConfigDict) -> Domain:
     warm-start corpus). The OOD split is the env's held-out task type (``OOD_TASK_TYPES``: SQL's
     ``group``, inventory's ``budget_max``), never seen in training. No hidden oracle: the envs
     have no quality beyond what the verifier and the rubric check."""
-    from rubric_rl.envs.registry import ENVS
+    from rubric_rl.envs.tool_envs import ENVS
 
     env_cls = ENVS.get(name)
     seed = int(cfg.seed)
     vocabulary = tool_domain.vocabulary(name)
     if name == "sql" and bool(cfg.get("generator_units", False)):
         # ARISE-RL's SQL generator (configs/arise_rl.py:sql): its role prompt's units appended.
-        from rubric_rl.envs.sql_generator import generator_units
+        from rubric_rl.methods.arise_rl.sql_generator import generator_units
 
         vocabulary = (*vocabulary, *sorted(set(generator_units()) - set(vocabulary)))
     return Domain(
@@ -487,7 +512,8 @@ def model_config(config: ConfigDict, tokenizer: Tokenizer) -> Qwen3Config:
         if shape:
             raise ValueError(checkpoint_shape_error(m.name))
         cfg = load_config(m.name)  # Qwen3 / Qwen2, or Qwen3.5 (hybrid) by model_type
-        vocab, why = cfg.vocab_size, f"the checkpoint {m.name!r}'s config.json"
+        source = "GGUF metadata" if is_gguf_source(m.name) else "config.json"
+        vocab, why = cfg.vocab_size, f"the checkpoint {m.name!r}'s {source}"
     else:
         cfg = with_shape(PRESETS[m.name], shape)
         vocab, why = model_vocab_size(config, cfg, tokenizer)
@@ -735,6 +761,7 @@ def build_judge(config: ConfigDict, workdir: str):
     j = config.judge
     if j.kind == "programmatic":
         import rubric_rl.envs.constraint_checkers  # noqa: F401 (registers the cf_* checkers)
+        import rubric_rl.envs.instruct_checkers  # noqa: F401 (registers the if_* checkers)
 
         return ProgrammaticJudge()
     from rubric_rl.rubrics.judge_cache import JudgeCache
@@ -779,8 +806,8 @@ def ruscarl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
     """RuscaRL's rubric scaffold (``config.ruscarl``, when the config has that section)."""
     if config.get("ruscarl") is None:
         return []
-    from rubric_rl.controllers.harness.style import style_for
-    from rubric_rl.controllers.ruscarl import RuscaRLConfig, RuscaRLController
+    from rubric_rl.methods.harness_rl.ruscarl import RuscaRLConfig, RuscaRLController
+    from rubric_rl.methods.harness_rl.style import style_for
 
     if str(config.loss.rollout_correction) == "bypass":
         raise ValueError(
@@ -809,7 +836,7 @@ def variance_select_controllers(config: ConfigDict) -> list[Controller]:
     has that section): keep ``rollout.train_groups`` of the step's groups."""
     if config.get("variance_select") is None:
         return []
-    from rubric_rl.controllers.rised_selectors import VarianceSelectConfig, VarianceSelector
+    from rubric_rl.methods.rised.rised_selectors import VarianceSelectConfig, VarianceSelector
 
     k = int(config.rollout.train_groups)
     if k < 1:
@@ -827,8 +854,8 @@ def skillrl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
     """SkillRL's skill bank (``config.skillrl``, when the config has that section)."""
     if config.get("skillrl") is None:
         return []
-    from rubric_rl.controllers.harness.style import style_for
-    from rubric_rl.controllers.skillrl import SkillRLConfig, SkillRLController
+    from rubric_rl.methods.harness_rl.skillrl import SkillRLConfig, SkillRLController
+    from rubric_rl.methods.harness_rl.style import style_for
 
     sc = _from_section(SkillRLConfig, config, "skillrl")
     return [SkillRLController(sc, style_for(domain), domain.criteria_library)]
@@ -838,12 +865,12 @@ def _grpo_sampler(
     config: ConfigDict, domain: Domain, train: Sequence[Task] | None = None
 ) -> list[Controller]:
     """The step's sampler over ``train`` (default: the domain's training tasks)."""
-    from rubric_rl.controllers import rised_selectors  # noqa: F401  (registers "env_quota")
+    from rubric_rl.methods.rised import rised_selectors  # noqa: F401  (registers "env_quota")
 
     train = list(domain.train if train is None else train)
 
     if config.controllers.sampler == "sec":
-        from rubric_rl.controllers.sec import SECConfig, SECSampler
+        from rubric_rl.methods.harness_rl.sec import SECConfig, SECSampler
 
         sec = _from_section(SECConfig, config, "sec")
         batch, seed = int(config.rollout.tasks_per_step), int(config.train.seed)
@@ -854,8 +881,8 @@ def _grpo_sampler(
 
 @CONTROLLER_BUILDERS.register("arise")
 def arise_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
-    from rubric_rl.controllers.arise import make_arise_controller
-    from rubric_rl.controllers.arise_config import arise_controller_kwargs
+    from rubric_rl.methods.arise.arise import make_arise_controller
+    from rubric_rl.methods.arise.arise_config import arise_controller_kwargs
 
     client = None
     if config.arise.reflection == "llm":
@@ -882,7 +909,7 @@ def arise_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
 
 @CONTROLLER_BUILDERS.register("harness_rl")
 def harness_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
-    from rubric_rl.controllers.harness.builder import make_harness_controller
+    from rubric_rl.methods.harness_rl.builder import make_harness_controller
 
     harness = make_harness_controller(config, domain)
     if harness.config.rollout_rule == "ruscarl":  # the g_t <- RuscaRL switching arm
@@ -897,7 +924,7 @@ def harness_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
 def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
     """RISED (configs/rised.py): the per-environment quota sampler and the RISED controller
     (tagger, selection, anti-patterns, per-rollout teacher contexts)."""
-    from rubric_rl.controllers.rised import (
+    from rubric_rl.methods.rised.rised import (
         RisedConfig,
         RisedController,
         embedded_description,
@@ -906,7 +933,7 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
         mixed_description,
         mixed_renderer,
     )
-    from rubric_rl.controllers.rised_tagger import (
+    from rubric_rl.methods.rised.rised_tagger import (
         LLMTagger,
         ProgrammaticTagger,
         embedded_vocabulary,
@@ -931,11 +958,19 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
                 f"config.rised.tagger='programmatic' tags the embedded constraint domain only, "
                 f"not {domain.name!r}: use tagger='llm'"
             )
-        tagger = ProgrammaticTagger(vocab)
+        # A key missing from a config (a run from before the key existed) means its behaviour
+        # then, so an archived config.json reruns as it ran.
+        tagging = str(r.get("tagging", "unconditioned"))
+        if tagging not in ("outcome", "unconditioned"):
+            raise ValueError(
+                f"config.rised.tagging={tagging!r}: expected 'outcome' or 'unconditioned'"
+            )
+        conditioned = tagging == "outcome"
+        tagger = ProgrammaticTagger(vocab, outcome_conditioned=conditioned)
         if tools:  # the tool environments' episodes: their own tagger
-            from rubric_rl.controllers.rised_tool_tagger import MixedTagger, ToolTagger
+            from rubric_rl.methods.rised.rised_tool_tagger import MixedTagger, ToolTagger
 
-            tagger = MixedTagger(tagger, ToolTagger(vocab))
+            tagger = MixedTagger(tagger, ToolTagger(vocab, outcome_conditioned=conditioned))
     elif r.tagger == "llm":
         from rubric_rl.rubrics.llm import client_from_settings
 
@@ -950,7 +985,11 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
         k=int(config.rollout.train_groups), selection=r.selection, beta=float(r.beta),
         overlap=r.overlap, teacher=r.teacher, top_n=int(r.top_n),
         anti_patterns=bool(r.anti_patterns), anti_top=int(r.anti_top),
-        variance_target=float(r.variance_target), retag_every=int(r.get("retag_every", 0)),
+        variance_target=float(r.variance_target),
+        variance_targeting=str(r.get("variance_targeting", "pool_multiple")),
+        profile_counts=str(r.get("profile_counts", "raw")),
+        batch_profile=str(r.get("batch_profile", "sum")), untagged=str(r.get("untagged", "score0")),
+        hint_rank=str(r.get("hint_rank", "count")), retag_every=int(r.get("retag_every", 0)),
         retag_samples=int(r.get("retag_samples", 16)), seed=int(config.train.seed),
     )  # fmt: skip
     ctl = RisedController(
@@ -986,8 +1025,8 @@ def arise_rl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]
     generator tasks, then the pool of generated tasks) and owns R_G, the solver reward and
     RG-SED. The generator role writes tasks of ``config.arise_rl.generator_domain``: the
     embedded constraint domain or the SQL env (controllers/arise_rl_domain.py)."""
-    from rubric_rl.controllers.arise_rl import AriseRLConfig, AriseRLController
-    from rubric_rl.controllers.arise_rl_domain import build_generator_domain
+    from rubric_rl.methods.arise_rl.arise_rl import AriseRLConfig, AriseRLController
+    from rubric_rl.methods.arise_rl.arise_rl_domain import build_generator_domain
 
     a = config.arise_rl.to_dict()
     a["rgsed_roles"] = tuple(a["rgsed_roles"])
@@ -1004,7 +1043,9 @@ def arise_rl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]
             f"config.arise_rl.generator_domain='sql': the solver answers SQL tasks in agent "
             f"episodes; config.rollout.mode must be 'agent', got {mode!r}"
         )
-    generator_domain = build_generator_domain(cfg.generator_domain, domain.train)
+    generator_domain = build_generator_domain(
+        cfg.generator_domain, domain.train, rubric_completion=cfg.rubric_completion
+    )
     external = bool(config.get("teacher") is not None and config.teacher.model)
     if (cfg.teacher != "self") != external:
         raise ValueError(

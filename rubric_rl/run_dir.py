@@ -118,6 +118,55 @@ def lock(workdir: str) -> str:
     return path
 
 
+def lock_holder(workdir: str) -> str | None:
+    """Who holds ``workdir``'s lock (``"pid N on host"``), or None when no live process does (no
+    lock file, or one whose holder has exited). Probes with a non-blocking ``flock`` it releases
+    at once, so it never takes a run directory from anyone."""
+    path = os.path.join(workdir, LOCK)
+    if os.path.abspath(workdir) in _held:
+        return _holder(path)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(path)
+    finally:
+        os.close(fd)  # closing drops the probe's lock when it got one
+    return None
+
+
+ASIDE = ".replaced-"  # <workdir>.replaced-<UTC time>: a forced rerun's earlier run, kept
+
+
+def set_aside(workdir: str, now: datetime.datetime | None = None) -> str | None:
+    """Moves ``workdir`` to ``<workdir>.replaced-<UTC time>`` beside it (returned; None when
+    there is no such directory) so a forced rerun starts empty without deleting the earlier
+    run. Raises ``RunDirError`` naming the holder's pid when a live run holds its lock; the
+    lock is held across the rename, so no run can claim the directory between check and move.
+    The new name does not match ``seed<k>``, so aggregation never mixes it into a group."""
+    workdir = os.path.abspath(workdir)
+    if not os.path.isdir(workdir):
+        return None
+    fd = os.open(os.path.join(workdir, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirError(
+                f"{workdir} is in use by a live run ({_holder(os.path.join(workdir, LOCK))}); "
+                "not moved or deleted: wait for it to finish or stop it first"
+            ) from None
+        stamp = (now or datetime.datetime.now(datetime.UTC)).strftime("%Y%m%d-%H%M%S-%f")
+        dest = f"{workdir}{ASIDE}{stamp}"
+        os.rename(workdir, dest)  # same parent: atomic, never a copy-and-delete
+        return dest
+    finally:
+        os.close(fd)
+
+
 def unlock(workdir: str) -> None:
     """Releases this process's lock on ``workdir`` (process exit releases it too)."""
     fd = _held.pop(os.path.abspath(workdir), None)
@@ -277,7 +326,32 @@ __all__ = [
     "config_record",
     "default_workdir",
     "lock",
+    "lock_holder",
     "record_config",
+    "set_aside",
     "unlock",
     "writes_no_checkpoint",
 ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rubric_rl.run_dir --set-aside W``: ``set_aside`` from a shell (the commands
+    ``launch/sweep.py --print --force`` writes); exit 1 naming the holder when W is live."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--set-aside", required=True, metavar="WORKDIR", help="the run to move aside")
+    args = p.parse_args(argv)
+    try:
+        dest = set_aside(args.set_aside)
+    except RunDirError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if dest:
+        print(f"moved {os.path.abspath(args.set_aside)} aside to {dest}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rubric_rl.diagnostics import failure_metrics
+from rubric_rl.pair_failures import failure_metrics
 from rubric_rl.rollout.batch import Rollouts, score_matrices, task_outcome_metrics
 from rubric_rl.rubrics.rewards import POINTS_SCALE, REWARDS, batch_rewards
 from rubric_rl.rubrics.scores import ScoreMatrices, failure_counts
@@ -57,6 +57,8 @@ def step_metrics(
         "reward/points": float(POINTS_SCALE * d.mean()) if d.size else float("nan"),
         "reward/undefined": int(np.isnan(rewards[sel.valid]).sum()),
         "reward/zero_variance_frac": rollouts.metrics.get("reward/zero_variance_frac", 0.0),
+        # 1 when no trained reward was defined this step (it trained nothing; warned).
+        "reward/all_undefined": rollouts.metrics.get("reward/all_undefined", 0.0),
     }
     names = sorted({k for g in sel.groups for t in g.trajectories for k in t.signals})
     for name in names:

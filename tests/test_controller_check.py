@@ -15,8 +15,8 @@ from rubric_rl.controller_check import (
     ScriptedPolicy,
     run_check,
 )
-from rubric_rl.controllers.arise_config import PRE_ISSUE13, with_arise_settings
 from rubric_rl.envs.constraints import ConstraintDomain, hard_constraints
+from rubric_rl.methods.arise.arise_config import PRE_ISSUE13, with_arise_settings
 
 
 def test_script_probabilities():
@@ -66,7 +66,7 @@ def _arise(previous: bool):
     c.rollout.tasks_per_step = 16
     c.domain.n_train = 512
     c.lock()
-    # The settings before issue 13 (importance weights, separation ranking, no exit for a pair
+    # ARISE's earlier defaults (importance weights, separation ranking, no exit for a pair
     # that never improves, seed-rubric candidates, a pool of 8 filled 2 a step) or the defaults.
     return with_arise_settings(c, PRE_ISSUE13 if previous else {})
 

@@ -148,7 +148,7 @@ TRANSFER_GAIN = {2: {"list": 0.2, "format": 0.05, "rewrite": -0.05},
 
 
 def transfer_rows() -> list[dict]:
-    from rubric_rl import rised_transfer_stats as rts
+    from rubric_rl.methods.rised import rised_transfer_stats as rts
 
     rows = []
     for step, gains in TRANSFER_GAIN.items():
@@ -161,7 +161,7 @@ def transfer_rows() -> list[dict]:
 
 
 def write_transfer(d: str) -> None:
-    from rubric_rl import rised_transfer_stats as rts
+    from rubric_rl.methods.rised import rised_transfer_stats as rts
 
     rows = transfer_rows()
     summary = {"train_env": "list", "baseline_step": 1, "signals": rts.summarize(rows)}

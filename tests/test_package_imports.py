@@ -72,7 +72,7 @@ def test_the_detector_sees_every_form_of_import(tmp_path):
 
 def test_no_package_module_imports_configs():
     files = _package_files()
-    assert "rubric_rl/launch.py" in files and "rubric_rl/controllers/arise_config.py" in files
+    assert "rubric_rl/launch.py" in files and "rubric_rl/methods/arise/arise_config.py" in files
     offenders = {f: lines for f in files if (lines := configs_imports(os.path.join(ROOT, f)))}
     unexpected = {f: lines for f, lines in offenders.items() if f not in _PENDING}
     assert not unexpected, f"rubric_rl/ must not import configs/ (file: lines): {unexpected}"
@@ -87,7 +87,7 @@ def test_importing_the_entry_points_loads_no_configs_module():
     code = (
         "import sys\n"
         "import rubric_rl.builders, rubric_rl.config_validation, rubric_rl.launch\n"
-        "import rubric_rl.controllers.arise_config\n"
+        "import rubric_rl.methods.arise.arise_config\n"
         "print(sorted(m for m in sys.modules if m == 'configs' or m.startswith('configs.')))\n"
     )
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}

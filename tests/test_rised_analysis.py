@@ -1,12 +1,12 @@
-"""RISED's behaviour analyses (rubric_rl/rised_analysis.py): frequencies per environment from
-the behaviours file (absent = 0 that step), half-lives by hand, bad files named."""
+"""RISED's behaviour analyses (rubric_rl/methods/rised/rised_analysis.py): frequencies per
+environment from the behaviours file (absent = 0 that step), half-lives by hand, bad files named."""
 
 import json
 
 import numpy as np
 import pytest
 
-from rubric_rl.rised_analysis import (
+from rubric_rl.methods.rised.rised_analysis import (
     BEHAVIOURS_FILE,
     behaviour_frequencies,
     half_life,

@@ -1,7 +1,8 @@
-"""RISED's transfer analysis (rubric_rl/rised_transfer.py, rised_transfer_stats.py; seed §2.3,
-C.1): profile similarities against numpy, improvements relative to the baseline checkpoint,
-pooled Spearman / Pearson (all and held-out) and most-improved hits against hand-computed values,
-the single-environment config variant, and one tiny run analysed end to end."""
+"""RISED's transfer analysis (rubric_rl/methods/rised/rised_transfer.py, rised_transfer_stats.py;
+seed §2.3, C.1): profile similarities against numpy, improvements relative to the baseline
+checkpoint, pooled Spearman / Pearson (all and held-out) and most-improved hits against
+hand-computed values, the single-environment config variant, and one tiny run analysed end to
+end."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import numpy as np
 import pytest
 
 from configs import rised as rised_config
-from rubric_rl import rised_transfer_stats as rt
-from rubric_rl.controllers.rised_tags import Tags
+from rubric_rl.methods.rised import rised_transfer_stats as rt
+from rubric_rl.methods.rised.rised_tags import Tags
 from rubric_rl.rubrics.vocabulary import RubricEntry, Vocabulary
 
 VOCAB = Vocabulary(
@@ -191,7 +192,7 @@ def test_pool_gradient_of_rows_is_the_mean_over_unpadded_sequences(tiny_model):
     from flax import nnx
     from jax.flatten_util import ravel_pytree
 
-    from rubric_rl.rised_transfer import PoolRow, _gradient_cosine, pool_gradient
+    from rubric_rl.methods.rised.rised_transfer import PoolRow, _gradient_cosine, pool_gradient
 
     graphdef, state, vocab_size = tiny_model
     rng = np.random.default_rng(3)
@@ -265,8 +266,8 @@ def test_tiny_single_env_run_analysed_end_to_end(tmp_path, monkeypatch):
     logged (rewritten here to distinct values; removed at step 3, where the fresh evaluation must
     give what the run logged) give the improvements, a stand-in verifier gives non-zero rewards
     so the pool gradients are not 0, and the files hold what summarize says."""
+    from rubric_rl.methods.rised.rised_transfer import main
     from rubric_rl.metrics import read_metrics
-    from rubric_rl.rised_transfer import main
     from rubric_rl.services import Services
     from tests.launch_env import launch_train
 

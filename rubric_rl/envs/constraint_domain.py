@@ -18,7 +18,7 @@ three splits:
 Each task type is an environment: ``Task.env_name == Task.task_type`` (``list``, ``format``,
 ``short_answer``, ``rewrite``, ``filter``), so evaluation reports per-environment pass rates and
 multi-environment samplers (RISED) have environments to select among. They are single-turn
-environments, not tool environments (``envs.registry.is_tool_env`` is False for them).
+environments, not tool environments (``envs.tool_envs.is_tool_env`` is False for them).
 
 Each task's seed rubric mixes, on purpose, the failure classes HarnessRL (§2.3) studies: one
 genuine criterion per stated constraint; *blind* ones (a conjunction of every constraint, and an
@@ -38,8 +38,6 @@ the seed rubric.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -86,6 +84,7 @@ from rubric_rl.envs.constraint_spec import (
     requirements,
     sample_filter,
 )
+from rubric_rl.envs.hashed_splits import generate
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verifier
 
 __all__ = [
@@ -105,13 +104,12 @@ __all__ = [
     "verify",
 ]
 
-_SPLIT_IDS = {"train": 0, "heldout": 1, "ood": 2, "validation": 3}
 # Weight of each spurious seed criterion. A realistic seed rubric gives superficial cues small
 # weight next to the stated requirements (genuine weights are 1-3): all spurious cues of a rubric
 # together (<= 0.3) weigh less than its least important requirement, so fluff can never buy back a
 # missed constraint. At 1.0 each the three free cues (fluff never costs a genuine criterion) were
 # ~20% of a rubric: static-rubric GRPO adopted them within ~10 steps, which halves the oracle, and
-# the held-out score rose by fluff alone (2026-11-30: score 43 -> 64 while the oracle fell
+# the held-out score rose by fluff alone (measured: score 43 -> 64 while the oracle fell
 # 0.46 -> 0.24). Fluff still raises the seed reward, so the spurious class stays hackable and
 # measurable (HarnessRL §2.3). Measured with Dr.GRPO advantages (configs/common.py) over 100
 # steps: 0.25 let the claim creep from 7% to 19% of rollouts (held-out oracle 0.50 -> 0.55),
@@ -149,8 +147,8 @@ def task_requirements(task: Task) -> tuple[Constraint, ...]:
 # With random violations the asked format stayed the demonstrations' mode (p_keep against
 # (1 - p_keep) / 2 for each other option), the warm-started policy already decoded it wherever it
 # had picked up the instruction, and RL's gains in sampled pass rates (end 0.53 -> 0.91, count
-# 0.43 -> 0.76 over 200 steps) moved the greedy held-out score by only +2.8 (measured
-# 2026-11-30). With the habit, an instruction followed less than half the time is not the mode,
+# 0.43 -> 0.76 over 200 steps) moved the greedy held-out score by only +2.8 (measured).
+# With the habit, an instruction followed less than half the time is not the mode,
 # and RL that makes the policy follow it shows in the greedy score (+11.7 over 200 steps at
 # warmstart.p_keep=0.4, held-out oracle 0.44 -> 0.57).
 HABITS = {"case": "lower", "end": ".", "sep": ","}
@@ -357,8 +355,8 @@ def _graded(c: Constraint, response: str) -> float:
     """Partial credit where a stronger judge would give it (content); else pass / fail."""
     if c.kind == "category":
         # Distinct members only: "cairo , cairo , cairo" is one city, not three. The seed rubric's
-        # category and count criteria accept the repeat (a cue a small policy takes, measured
-        # 2026-11-30: 36 of 37 greedy held-out list answers after RL repeat a word); the hidden
+        # category and count criteria accept the repeat (a cue a small policy takes, measured:
+        # 36 of 37 greedy held-out list answers after RL repeat a word); the hidden
         # quality must not.
         members = category_members(dict(c.args)["category"])
         words = [w.lower() for w in ck.words_of(ck.body_units(response))]
@@ -494,14 +492,6 @@ def _capabilities(cons: Sequence[Constraint]) -> tuple[str, ...]:
     return tuple(c for c in CAPABILITIES if any(k.capability == c for k in cons))
 
 
-def _hash_split(key: str) -> str:
-    """The in-distribution split of a task, from the hash of its parameters."""
-    bucket = int(key[:8], 16) % 100
-    if bucket < HELDOUT_PERCENT:
-        return "heldout"
-    return "validation" if bucket < HELDOUT_PERCENT + VALIDATION_PERCENT else "train"
-
-
 class ConstraintDomain:
     """Seeded generator of constraint-following tasks: train / validation / heldout / ood."""
 
@@ -520,30 +510,16 @@ class ConstraintDomain:
 
     def tasks(self, split: str, n: int) -> list[Task]:
         """The first ``n`` tasks of ``split`` (prefix-stable: tasks(s, n) == tasks(s, m)[:n])."""
-        if split not in SPLITS:
-            raise ValueError(
-                f"ConstraintDomain.tasks: split must be one of {SPLITS}, got {split!r}"
-            )
-        if n < 0:
-            raise ValueError(f"ConstraintDomain.tasks: n must be >= 0, got {n}")
-        rng = np.random.default_rng([self.seed, _SPLIT_IDS[split]])
-        out: list[Task] = []
-        seen: set[str] = set()
-        budget = 200 * n + 1000
-        while len(out) < n:
-            budget -= 1
-            if budget < 0:
-                raise RuntimeError(f"ConstraintDomain: cannot find {n} distinct {split} tasks")
-            params = self._sample_params(split, rng)
-            # Keyed on the parameters, so one task (whatever its clause order) has one split.
-            key = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()
-            if split != "ood" and _hash_split(key) != split:
-                continue
-            if key in seen:
-                continue
-            seen.add(key)
-            out.append(self._make_task(split, params, key))
-        return out
+        return generate(
+            "ConstraintDomain",
+            self.seed,
+            split,
+            n,
+            self._sample_params,
+            self._make_task,
+            heldout_percent=HELDOUT_PERCENT,
+            validation_percent=VALIDATION_PERCENT,
+        )
 
     @staticmethod
     def _make_task(split: str, params: dict[str, Any], key: str) -> Task:
@@ -560,7 +536,7 @@ class ConstraintDomain:
             task_type=params["type"],
             capabilities=_capabilities(requirements(params)),
             # DESIGN §7: each task type is an environment (per-environment pass rates); it is
-            # not a tool environment (envs.registry.is_tool_env), so rollouts stay single-turn.
+            # not a tool environment (envs.tool_envs.is_tool_env), so rollouts stay single-turn.
             env_name=params["type"],
             raw=raw,
         )
@@ -578,7 +554,7 @@ HARD_ENV = "hard"
 def with_hard_env(tasks: Sequence[Task], min_constraints: int) -> list[Task]:
     """``tasks`` with every task of at least ``min_constraints`` stated constraints moved to the
     environment ``"hard"`` (its ``env_name``; task type, prompt and rubric unchanged): RISED's
-    deliberately hard environment for the stress test (issue 17; ``domain.hard_min_constraints``).
+    deliberately hard environment for the stress test (``domain.hard_min_constraints``).
     """
     if min_constraints < 1:
         raise ValueError(f"with_hard_env: min_constraints must be >= 1, got {min_constraints}")
@@ -591,5 +567,5 @@ def with_hard_env(tasks: Sequence[Task], min_constraints: int) -> list[Task]:
 
 
 def task_bank(split: str = "train", n: int = 100, seed: int = 0) -> list[Task]:
-    """``ConstraintDomain(seed).tasks(split, n)``, shaped like ``envs.registry.task_bank``."""
+    """``ConstraintDomain(seed).tasks(split, n)``, shaped like ``envs.tool_envs.task_bank``."""
     return ConstraintDomain(seed).tasks(split, n)

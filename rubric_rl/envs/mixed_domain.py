@@ -32,7 +32,7 @@ from typing import Any
 
 from rubric_rl.envs import tool_domain
 from rubric_rl.envs.base import derive_seed, is_tool_env
-from rubric_rl.envs.registry import ENVS, env_for_task
+from rubric_rl.envs.tool_envs import ENVS, env_for_task
 from rubric_rl.rubrics.types import Task
 
 __all__ = ["interleave", "tool_split_size", "with_tool_envs"]

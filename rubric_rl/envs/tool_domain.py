@@ -39,8 +39,8 @@ from collections.abc import Callable, Iterator
 from rubric_rl.envs import inventory_data, sql_data
 from rubric_rl.envs.base import SPLITS, Env, StepResult, derive_seed
 from rubric_rl.envs.inventory import check_order_matches
-from rubric_rl.envs.registry import ENVS
 from rubric_rl.envs.tool_calls import render_tool_call
+from rubric_rl.envs.tool_envs import ENVS
 from rubric_rl.envs.trajectory import answer_matches, check_answer_matches, transcript_of
 from rubric_rl.rubrics.types import Task
 

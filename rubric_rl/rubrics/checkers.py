@@ -27,6 +27,7 @@ get = CHECKERS.get
 # Modules whose import registers the built-in checkers (the embedded domain and the tool envs).
 BUILTIN_CHECKER_MODULES = (
     "rubric_rl.envs.constraint_checkers",
+    "rubric_rl.envs.instruct_checkers",
     "rubric_rl.envs.trajectory",
     "rubric_rl.envs.sql",
     "rubric_rl.envs.inventory",

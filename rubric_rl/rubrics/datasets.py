@@ -35,7 +35,7 @@ format's name. plain: "plain". healthbench: the first ``theme:`` example tag (it
 ``data_source`` (as ``domain``), else "rubrichub". openrubrics: ``source`` / ``domain`` (as
 ``domain``), else "openrubrics". jsonl: the row's ``env_name``; when absent or null its
 ``domain``, else "jsonl" (so what ``dump_tasks`` writes loads back equal). None of these is a tool
-environment unless it names one registered in ``envs.registry`` (``is_tool_env``).
+environment unless it names one registered in ``envs.tool_envs`` (``is_tool_env``).
 
 Ids: a task id is the row's own id (``prompt_id`` / ``id``) when it has one, else
 ``f"{format}-{sha1(row)[:12]}"`` (deterministic in the row's content, independent of order).

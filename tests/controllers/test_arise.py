@@ -7,7 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from rubric_rl.controllers.arise import (
+from rubric_rl.controllers.base import ControllerSet
+from rubric_rl.controllers.sampling import UniformSampler
+from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
+from rubric_rl.envs.constraints import ConstraintDomain, hard_constraints, render_response
+from rubric_rl.methods.arise.arise import (
     ACTIVE,
     ADDED,
     HIDDEN,
@@ -17,12 +21,8 @@ from rubric_rl.controllers.arise import (
     RubricSkillPool,
     arise_advantages,
 )
-from rubric_rl.controllers.base import ControllerSet
-from rubric_rl.controllers.capability_sampler import CapabilitySampler, CapabilitySamplerConfig
-from rubric_rl.controllers.reflection import LLMReflection, ProgrammaticReflection, Proposal
-from rubric_rl.controllers.sampling import UniformSampler
-from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
-from rubric_rl.envs.constraints import ConstraintDomain, hard_constraints, render_response
+from rubric_rl.methods.arise.capability_sampler import CapabilitySampler, CapabilitySamplerConfig
+from rubric_rl.methods.arise.reflection import LLMReflection, ProgrammaticReflection, Proposal
 from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.judges import JudgeItem, ProgrammaticJudge
 from rubric_rl.rubrics.llm import LocalEngineClient
@@ -602,7 +602,7 @@ def test_task_metrics_with_a_custom_verifier(tasks):
 
 
 def test_factory_builds_the_configured_parts(tasks):
-    from rubric_rl.controllers.arise import make_arise_controller
+    from rubric_rl.methods.arise.arise import make_arise_controller
 
     ctl = make_arise_controller(
         tasks, 4, seed=2, sampler_options={"discovery_share": 0.5}, pool_cap=3

@@ -1,4 +1,4 @@
-"""End to end (issue 6): ``configs/arise.py:smoke`` through ``python -m rubric_rl.launch``; the
+"""End to end: ``configs/arise.py:smoke`` through ``python -m rubric_rl.launch``; the
 pool changes during the run; lifecycle events, pool metrics and sampling probabilities are logged
 consistently; ``rubric_rl.analysis`` and ``launch/aggregate.py`` read the run directory; resume
 from the step-2 checkpoint replays steps 3-4 exactly (pool, estimates and windows restored).
@@ -21,7 +21,7 @@ import pytest
 
 from launch import aggregate
 from rubric_rl import analysis as an
-from rubric_rl.controllers.arise_pool import STATES
+from rubric_rl.methods.arise.arise_pool import STATES
 from tests.launch_env import launch_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

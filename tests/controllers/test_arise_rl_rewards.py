@@ -6,8 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from rubric_rl.controllers import arise_rl_rewards as ar
-from rubric_rl.controllers.arise_rl_rewards import (
+from rubric_rl.envs.trajectory import ToolRecord
+from rubric_rl.methods.arise_rl import arise_rl_rewards as ar
+from rubric_rl.methods.arise_rl.arise_rl_rewards import (
     DIFFICULTY_SHAPES,
     GeneratorOutcome,
     absolute_zero_learnability,
@@ -25,7 +26,6 @@ from rubric_rl.controllers.arise_rl_rewards import (
     tool_observed,
     weighted_satisfaction,
 )
-from rubric_rl.envs.trajectory import ToolRecord
 from rubric_rl.rubrics.rewards import batch_rewards, rubric_reward
 from rubric_rl.rubrics.scores import pack_verdicts
 from rubric_rl.rubrics.types import Criterion

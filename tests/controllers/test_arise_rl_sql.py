@@ -11,16 +11,20 @@ import pytest
 
 from configs import arise_rl as arise_rl_config
 from rubric_rl import builders
-from rubric_rl.controllers.arise_rl import SIGNAL, AriseRLConfig, AriseRLController
-from rubric_rl.controllers.arise_rl_domain import (
+from rubric_rl.envs.sql_data import SYSTEM_PROMPT, database_rows
+from rubric_rl.envs.tool_calls import render_tool_call
+from rubric_rl.methods.arise_rl import generator_domain, sql_generator
+from rubric_rl.methods.arise_rl.arise_rl import SIGNAL, AriseRLConfig, AriseRLController
+from rubric_rl.methods.arise_rl.arise_rl_domain import (
     GENERATOR_ENVS,
     ConstraintGeneratorDomain,
     build_generator_domain,
 )
-from rubric_rl.envs import generator_domain, sql_generator
-from rubric_rl.envs.sql_data import SYSTEM_PROMPT, database_rows
-from rubric_rl.envs.sql_generator import COACH_HINTS, SqlGeneratorDomain, format_generated
-from rubric_rl.envs.tool_calls import render_tool_call
+from rubric_rl.methods.arise_rl.sql_generator import (
+    COACH_HINTS,
+    SqlGeneratorDomain,
+    format_generated,
+)
 from rubric_rl.services import _STREAM_STRIDE, stream_base
 from rubric_rl.trainer_batch import rollouts_to_batch
 from tests.controllers.test_arise_rl import ScriptEngine, scripted_steps
@@ -191,7 +195,7 @@ def test_solver_step_on_sql(run):
     config, services, controllers, _, steps = run
     rollouts, ctx, requests = steps[2]
     assert [g.role for g in rollouts.groups] == ["solver", "solver"]
-    wrong = 0.8 * (2 + 2) / 9  # answer missed (5), tables read (2), no write (|-2|): s = 4/9
+    wrong = 0.8 * 2 / 3  # answer missed, tables read, no write: eq. 7's unweighted s = 2/3
     for g in rollouts.groups:
         assert g.trajectories[0].info["tool_calls"] == 1  # agent episodes in the SQL env
         np.testing.assert_allclose([t.signals[SIGNAL] for t in g.trajectories], [1.0] + [wrong] * 4)

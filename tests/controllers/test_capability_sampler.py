@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from rubric_rl.controllers.capability_sampler import (
+from rubric_rl.controllers.sampling import SAMPLERS
+from rubric_rl.methods.arise.capability_sampler import (
     CapabilitySampler,
     CapabilitySamplerConfig,
     variance_priority,
 )
-from rubric_rl.controllers.sampling import SAMPLERS
 from rubric_rl.rubrics.types import Criterion, Rubric, Task, Verdict, Verifier
 
 

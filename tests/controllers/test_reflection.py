@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import rubric_rl.envs.constraint_checkers  # noqa: F401  (registers the cf_* checkers)
-from rubric_rl.controllers.arise import PoolEntry
-from rubric_rl.controllers.reflection import (
+from rubric_rl.methods.arise.arise import PoolEntry
+from rubric_rl.methods.arise.reflection import (
     CRITERION_SLOT,
     LLMReflection,
     ProgrammaticReflection,

@@ -1,4 +1,4 @@
-"""The RISED controller (rubric_rl/controllers/rised.py): per-rollout teacher contexts (top-n of
+"""The RISED controller (rubric_rl/methods/rised/rised.py): per-rollout teacher contexts (top-n of
 the rollout ∪ top-n of its group, exactly no teacher without a positive rubric), anti-pattern
 injection and withdrawal per environment, selection through the step's select hook with
 per-environment quotas, the embedded descriptions in the policy's own words, the config's arms,
@@ -14,16 +14,16 @@ import pytest
 
 from configs import rised as rised_config
 from rubric_rl.controller_check import ScriptedPolicy, scripted_run
-from rubric_rl.controllers import rised_selection as sel
-from rubric_rl.controllers.rised import (
+from rubric_rl.envs.constraint_domain import task_bank
+from rubric_rl.methods.rised import rised_selection as sel
+from rubric_rl.methods.rised.rised import (
     RisedConfig,
     RisedController,
     embedded_description,
     embedded_renderer,
     generic_renderer,
 )
-from rubric_rl.controllers.rised_tags import Tags, group_profile
-from rubric_rl.envs.constraint_domain import task_bank
+from rubric_rl.methods.rised.rised_tags import Tags, group_profile
 from rubric_rl.rollout.batch import Group, Rollouts, Trajectory
 from rubric_rl.rubrics.types import Message, Rubric, Task
 from rubric_rl.rubrics.vocabulary import RubricEntry, Vocabulary
@@ -79,7 +79,8 @@ def controller(**kw) -> RisedController:
 
 
 def test_teacher_context_is_the_rollouts_top_n_with_its_groups_and_none_without_positives():
-    ctl = controller(top_n=2)
+    # The count ranking (hint_rank="count", the previous one): count, ties by vocabulary order.
+    ctl = controller(top_n=2, hint_rank="count")
     t0, t1 = task(0, "e1"), task(1, "e1")
     r = rollouts(1, [
         # group 0: counts per rollout
@@ -119,7 +120,8 @@ def test_teacher_mode_none_gives_no_teacher():
 
 
 def test_anti_patterns_are_injected_per_environment_then_withdrawn():
-    ctl = controller(anti_top=1)
+    # Raw counts (profile_counts="raw", the previous trigger; presence counts: below).
+    ctl = controller(anti_top=1, profile_counts="raw")
     a, b = task(0, "ea"), task(1, "eb")
     # ea: negatives 3 (n_y 2, n_x 1) > positives 1 -> its top negative n_y next step;
     # eb: positives 2 = negatives 2 -> nothing. Outcome tags are not counted.
@@ -177,8 +179,8 @@ def test_variance_selectors_keep_the_highest_variance_groups():
 
 
 def test_embedded_descriptions_use_the_domains_words_and_the_tasks_values():
-    from rubric_rl.controllers.rised_tagger import embedded_vocabulary
     from rubric_rl.envs.constraint_lexicon import domain_vocabulary
+    from rubric_rl.methods.rised.rised_tagger import embedded_vocabulary
 
     vocab = embedded_vocabulary()
     words = set(domain_vocabulary())

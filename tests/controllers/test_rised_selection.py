@@ -1,4 +1,4 @@
-"""RISED's selection (rubric_rl/controllers/rised_selection.py) and the controllers around it
+"""RISED's selection (rubric_rl/methods/rised/rised_selection.py) and the controllers around it
 (rised_selectors.py): hand-checked greedy picks, a plain-loop reference on random profiles, the
 variance selectors on hand-made rewards, the quota sampler, and the selector in the scripted
 check's real pipeline."""
@@ -13,7 +13,9 @@ import pytest
 from configs import grpo
 from rubric_rl import builders
 from rubric_rl.controller_check import ScriptedPolicy, run_check, scripted_run
-from rubric_rl.controllers.rised_selection import (
+from rubric_rl.controllers.sampling import SAMPLERS
+from rubric_rl.evaluation import env_of
+from rubric_rl.methods.rised.rised_selection import (
     cosine,
     env_quotas,
     greedy_picks,
@@ -24,13 +26,11 @@ from rubric_rl.controllers.rised_selection import (
     variance_target,
     variance_targeted,
 )
-from rubric_rl.controllers.rised_selectors import (
+from rubric_rl.methods.rised.rised_selectors import (
     EnvQuotaSampler,
     VarianceSelectConfig,
     VarianceSelector,
 )
-from rubric_rl.controllers.sampling import SAMPLERS
-from rubric_rl.evaluation import env_of
 from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.types import Criterion, Rubric, Task
 
@@ -409,7 +409,9 @@ def test_the_varsel_variants_build_the_quota_sampler_and_the_selector():
     domain = builders.build_domain(c)
     sampler, selector = builders.grpo_controllers(c, domain)
     assert isinstance(sampler, EnvQuotaSampler) and isinstance(selector, VarianceSelector)
-    assert selector.config == VarianceSelectConfig(k=2, mode="targeted", per_env=True, seed=0)
+    assert selector.config == VarianceSelectConfig(
+        k=2, mode="targeted", per_env=True, targeting="proportional", seed=0
+    )
     with pytest.raises(ValueError, match="varsel must be one of"):
         grpo.get_config("smoke,varsel=bottom")
     c = _varsel_config("top")

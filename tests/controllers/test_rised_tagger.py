@@ -10,7 +10,8 @@ import re
 import numpy as np
 import pytest
 
-from rubric_rl.controllers.rised_tagger import (
+from rubric_rl.envs.constraint_domain import task_bank
+from rubric_rl.methods.rised.rised_tagger import (
     LLMTagger,
     ProgrammaticTagger,
     Tags,
@@ -23,7 +24,6 @@ from rubric_rl.controllers.rised_tagger import (
     top_negative,
     top_positive,
 )
-from rubric_rl.envs.constraint_domain import task_bank
 from rubric_rl.rubrics.llm import LocalEngineClient
 from rubric_rl.rubrics.vocabulary import RubricEntry, Vocabulary
 
@@ -384,7 +384,7 @@ def test_llm_tagger_failure_is_recorded_as_failed(tasks):
 def test_llm_tagger_probe_leaves_its_state_alone(tasks):
     """The reliability probe (``retag_batch``): a second call under another seed; the tagger's
     counts, running profile and retry list stay as they were."""
-    from rubric_rl.controllers.rised_tags import reliability
+    from rubric_rl.methods.rised.rised_tags import reliability
 
     v = _small_vocab()
     tagger, calls = _llm(v, _reply(("a_pos", 1), ("b_neg", 1)), _reply(("a_pos", 1)))

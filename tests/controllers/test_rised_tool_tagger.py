@@ -5,9 +5,12 @@ import dataclasses
 
 import pytest
 
-from rubric_rl.controllers.rised import mixed_description, mixed_renderer
-from rubric_rl.controllers.rised_tagger import ProgrammaticTagger, embedded_vocabulary
-from rubric_rl.controllers.rised_tool_tagger import (
+from rubric_rl.envs.constraint_domain import task_bank as constraint_tasks
+from rubric_rl.envs.inventory import InventoryEnv
+from rubric_rl.envs.sql import SqlEnv
+from rubric_rl.methods.rised.rised import mixed_description, mixed_renderer
+from rubric_rl.methods.rised.rised_tagger import ProgrammaticTagger, embedded_vocabulary
+from rubric_rl.methods.rised.rised_tool_tagger import (
     _MALFORMED_CALL,
     _WRITE_CALL,
     MixedTagger,
@@ -16,9 +19,6 @@ from rubric_rl.controllers.rised_tool_tagger import (
     tool_catalogue,
     tool_description,
 )
-from rubric_rl.envs.constraint_domain import task_bank as constraint_tasks
-from rubric_rl.envs.inventory import InventoryEnv
-from rubric_rl.envs.sql import SqlEnv
 from rubric_rl.rubrics.vocabulary import Vocabulary
 
 

@@ -1,6 +1,6 @@
-"""RuscaRL's scaffold (rubric_rl/controllers/ruscarl.py): the schedule against its formulas, the
-per-sample prompts, the generate stage's behaviour prompts, and — through the real trainer —
-that the loss is taken on the unscaffolded prompt with π_old recomputed there."""
+"""RuscaRL's scaffold (rubric_rl/methods/harness_rl/ruscarl.py): the schedule against its
+formulas, the per-sample prompts, the generate stage's behaviour prompts, and — through the real
+trainer — that the loss is taken on the unscaffolded prompt with π_old recomputed there."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from configs import grpo, harness_rl
 from rubric_rl.builders import build_domain
 from rubric_rl.controller_check import ScriptedPolicy, scripted_run
 from rubric_rl.controllers.base import Controller, ControllerSet
-from rubric_rl.controllers.harness.style import style_for
-from rubric_rl.controllers.ruscarl import (
+from rubric_rl.methods.harness_rl.ruscarl import (
     RuscaRLConfig,
     RuscaRLController,
     group_ratio,
     shown_count,
     step_ratio,
 )
+from rubric_rl.methods.harness_rl.style import style_for
 from rubric_rl.trainer_batch import build_train_batch
 
 

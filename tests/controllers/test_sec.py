@@ -1,4 +1,4 @@
-"""SEC's difficulty bandit (rubric_rl/controllers/sec.py) against plain-numpy references, its
+"""SEC's difficulty bandit (rubric_rl/methods/harness_rl/sec.py) against plain-numpy references, its
 per-arm queues, exact resume, and the sampler on the scripted stand-in policy."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from configs import grpo
 from rubric_rl.controller_check import ScriptedPolicy, scripted_run
-from rubric_rl.controllers.sec import SECBandit, SECConfig, SECSampler, arm_of
+from rubric_rl.methods.harness_rl.sec import SECBandit, SECConfig, SECSampler, arm_of
 from rubric_rl.rubrics.types import Criterion, Rubric, Task, Verifier
 
 ARMS = ["a", "b", "a", "c", "b", "a"]  # task -> arm

@@ -1,4 +1,4 @@
-"""SkillRL with the programmatic teacher (rubric_rl/controllers/skillrl.py) on the scripted
+"""SkillRL with the programmatic teacher (rubric_rl/methods/harness_rl/skillrl.py) on the scripted
 stand-in policy through the real stages and judge: the bank distilled from the first step's
 rollouts, retrieval into the trained prompt, evolution of failing categories, exact resume."""
 
@@ -11,14 +11,14 @@ import pytest
 
 from configs import grpo
 from rubric_rl.controller_check import ScriptedPolicy, scripted_run
-from rubric_rl.controllers.harness.style import generic_style
-from rubric_rl.controllers.skillrl import (
+from rubric_rl.methods.harness_rl.skillrl import (
     SkillRLConfig,
     SkillRLController,
     category_of,
     failure_rates,
     kind_of,
 )
+from rubric_rl.methods.harness_rl.style import generic_style
 
 
 def test_kinds_and_failure_rates():

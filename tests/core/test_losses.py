@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rubric_rl.core import losses, registry
+from rubric_rl.core import losses
+from rubric_rl.core import variants as registry
 from rubric_rl.core.aggregation import finalize_metrics
 from rubric_rl.core.losses import (
     ROLLOUT_CORRECTION_PRESETS,

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rubric_rl.core import registry
+from rubric_rl.core import variants as registry
 from rubric_rl.core.aggregation import finalize_metrics
 from rubric_rl.core.rollout_correction import RolloutCorrection, rollout_correction
 from tests.core import reference as ref

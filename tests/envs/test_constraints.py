@@ -24,7 +24,7 @@ from rubric_rl.envs.constraint_corpus import (
     warmstart_example,
 )
 from rubric_rl.envs.constraint_lexicon import GUIDANCE_KINDS, canonical, units
-from rubric_rl.envs.registry import is_tool_env
+from rubric_rl.envs.tool_envs import is_tool_env
 from rubric_rl.rubrics.checkers import CHECKERS
 from rubric_rl.rubrics.types import Message, Rubric, Task
 
@@ -341,13 +341,13 @@ def test_warmstart_corpus_imperfect_and_guidance_raises_verify_rate():
 
 
 def test_warmstart_corpus_covers_every_prompt_shape_training_can_show(tmp_path):
-    """Issue 13, item 4: several skills at once, rewritten skills (both refinement levels, in the
+    """Several skills at once, rewritten skills (both refinement levels, in the
     reflection's wording), up to three guidance fields, a system-message placement, within the
     model's prompt limit (the warm start drops the few longer ones)."""
     from configs.common import get_base_config
     from rubric_rl.builders import build_word_tokenizer
-    from rubric_rl.controllers.reflection import ProgrammaticReflection
     from rubric_rl.envs.constraint_corpus import MISSED_PREFIX, REMEMBER_PREFIX
+    from rubric_rl.methods.arise.reflection import ProgrammaticReflection
 
     base = get_base_config()
     tok = build_word_tokenizer(cf.domain_vocabulary(), str(tmp_path / "tok"))

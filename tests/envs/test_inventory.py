@@ -6,8 +6,8 @@ import pytest
 
 from rubric_rl.envs.inventory import InventoryEnv
 from rubric_rl.envs.inventory_data import catalog
-from rubric_rl.envs.registry import env_for_task, task_bank
 from rubric_rl.envs.tool_calls import render_tool_call as call
+from rubric_rl.envs.tool_envs import env_for_task, task_bank
 from rubric_rl.envs.trajectory import score_rules
 from rubric_rl.rubrics.rewards import rubric_reward
 

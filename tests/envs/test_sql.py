@@ -7,7 +7,10 @@ import time
 import pytest
 
 from rubric_rl.envs.constraints import ConstraintDomain
-from rubric_rl.envs.registry import (
+from rubric_rl.envs.sql import SqlEnv
+from rubric_rl.envs.sql_data import database_bytes, database_rows
+from rubric_rl.envs.tool_calls import render_tool_call
+from rubric_rl.envs.tool_envs import (
     ENVS,
     env_for_task,
     is_tool_env,
@@ -15,9 +18,6 @@ from rubric_rl.envs.registry import (
     mixed_task_bank,
     task_bank,
 )
-from rubric_rl.envs.sql import SqlEnv
-from rubric_rl.envs.sql_data import database_bytes, database_rows
-from rubric_rl.envs.tool_calls import render_tool_call
 from rubric_rl.envs.trajectory import score_rules
 from rubric_rl.rubrics.rewards import rubric_reward
 from rubric_rl.rubrics.types import Task
@@ -335,7 +335,7 @@ def test_bad_tasks_are_rejected():
 
 
 # ---------------------------------------------------------------------------------------------
-# Read-only pragma functions, REINDEX, malformed input (issue 19)
+# Read-only pragma functions, REINDEX, malformed input
 
 PRAGMA_READS = [
     ("SELECT name FROM pragma_table_info('customers') ORDER BY cid", "name\nid\nname\ncountry"),

@@ -6,7 +6,10 @@ import pytest
 
 from rubric_rl.envs.sql import SqlEnv
 from rubric_rl.envs.sql_data import database_rows
-from rubric_rl.envs.sql_generator import (
+from rubric_rl.envs.tool_calls import render_tool_call
+from rubric_rl.envs.tool_domain import verify_sql
+from rubric_rl.envs.trajectory import score_rules
+from rubric_rl.methods.arise_rl.sql_generator import (
     REASONS,
     SQL_GENERATOR_ENV,
     SqlGeneratorDomain,
@@ -19,9 +22,6 @@ from rubric_rl.envs.sql_generator import (
     role_prompt,
     task_signature,
 )
-from rubric_rl.envs.tool_calls import render_tool_call
-from rubric_rl.envs.tool_domain import verify_sql
-from rubric_rl.envs.trajectory import score_rules
 
 DB = 7
 N_EMP = len(database_rows(DB)["employees"])  # 22 on db 7

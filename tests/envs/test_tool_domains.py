@@ -13,8 +13,8 @@ from configs import common, grpo
 from rubric_rl import builders, config_validation
 from rubric_rl.envs import constraints, tool_domain
 from rubric_rl.envs.inventory import InventoryEnv
-from rubric_rl.envs.registry import ENVS
 from rubric_rl.envs.sql import SqlEnv
+from rubric_rl.envs.tool_envs import ENVS
 from rubric_rl.envs.trajectory import score_rules, transcript_of
 from rubric_rl.rollout.agent import AgentConfig, ChatFormat, run_agent
 from rubric_rl.rollout.engine import Generation, RolloutEngine, SamplingParams
@@ -192,7 +192,7 @@ def test_inventory_verifier_enforces_the_budget():
 
 def test_constraint_tokenizer_is_unchanged(tmp_path):
     """The embedded default keeps its ids bit for bit (pinned: the vocabulary as (token, id)
-    pairs and the chat template; the tool domains never change it). Issue 13 added the four
+    pairs and the chat template; the tool domains never change it). It includes the four
     words of the implicit requirements' criterion texts: claim, item, praise, repeated."""
     tok = builders.build_word_tokenizer(constraints.domain_vocabulary(), str(tmp_path / "c"))
     pairs = sorted(tok.vocab().items(), key=lambda kv: kv[1])

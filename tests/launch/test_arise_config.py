@@ -11,8 +11,8 @@ from configs import arise
 from rubric_rl import analysis as an
 from rubric_rl import builders
 from rubric_rl.config_validation import validate_config
-from rubric_rl.controllers.arise import make_arise_controller
 from rubric_rl.envs.constraint_corpus import warmstart_example
+from rubric_rl.methods.arise.arise import make_arise_controller
 from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.judges import JudgeItem, ProgrammaticJudge
 
@@ -100,7 +100,7 @@ def test_llm_reflection_is_registered_where_the_arise_section_is_read():
     client = object()  # never called while the controller is built
     kw = arise.arise_controller_kwargs(c)
     ctl = make_arise_controller(domain.train, b, seed=0, llm_client=client, **kw)
-    from rubric_rl.controllers.reflection_llm import LLMReflection
+    from rubric_rl.methods.arise.reflection_llm import LLMReflection
 
     assert isinstance(ctl.reflection, LLMReflection)
     assert ctl.reflection.client is client and ctl.reflection.max_examples == 5

@@ -1,14 +1,23 @@
 """launch/sweep.py: expansion (configs × variants × grid × seeds), --print, skip-finished,
 local runs."""
 
+import glob
 import json
 import os
 import shlex
 import stat
+import subprocess
+import sys
+import time
 
 import pytest
 
 from launch import sweep
+from rubric_rl import run_dir
+from rubric_rl.metrics import read_metrics
+from tests.launch_env import launch_env
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _expand(root):
@@ -147,21 +156,28 @@ def test_print_skips_finished_and_resumes_partial(tmp_path, capsys):
     assert sweep.main([*argv, "--force"]) == 0
     forced = capsys.readouterr().out.strip().split("\n")
     assert len(forced) == 4
-    assert forced[0] == f"rm -rf {shlex.quote(wd[0])} && {base} --workdir={wd[0]} " + (
+    aside = f"python -m rubric_rl.run_dir --set-aside {shlex.quote(wd[0])}"
+    assert forced[0] == f"{aside} && {base} --workdir={wd[0]} " + (
         "--config.train.seed=0 --config.train.steps=10"
     )
 
 
-def test_run_local_parallel_logs_and_markers(tmp_path):
-    # A stand-in interpreter: records its arguments, fails for seed 1.
+def _fake_python(tmp_path, then=""):
+    """A stand-in interpreter that records its arguments in the run's workdir (``args.txt``),
+    then runs the shell line ``then`` (``$wd``: the workdir); exits 0 unless ``then`` exits."""
     fake = tmp_path / "fakepy"
     fake.write_text(
         "#!/bin/sh\n"
         'for a in "$@"; do case $a in --workdir=*) wd=${a#--workdir=};; esac; done\n'
-        'echo "$@" > "$wd/args.txt"\n'
-        'case "$*" in *train.seed=1*) echo boom; exit 3;; esac\n'
+        'echo "$@" > "$wd/args.txt"\n' + then
     )
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    return str(fake)
+
+
+def test_run_local_parallel_logs_and_markers(tmp_path):
+    # Records its arguments, fails for seed 1.
+    fake = _fake_python(tmp_path, 'case "$*" in *train.seed=1*) echo boom; exit 3;; esac\n')
     root = str(tmp_path / "runs")
     runs = sweep.expand(root, ["configs/grpo.py:smoke"], seeds=[0, 1, 2])
     _finish(runs[2].workdir, marker=True)
@@ -177,14 +193,8 @@ def test_run_local_parallel_logs_and_markers(tmp_path):
 
 
 def test_local_runs_share_a_compilation_cache(tmp_path, monkeypatch):
-    # A stand-in interpreter that records the cache directory it was given.
-    fake = tmp_path / "fakepy"
-    fake.write_text(
-        "#!/bin/sh\n"
-        'for a in "$@"; do case $a in --workdir=*) wd=${a#--workdir=};; esac; done\n'
-        'echo "${JAX_COMPILATION_CACHE_DIR:-none}" > "$wd/cache.txt"\n'
-    )
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    # Records the cache directory it was given.
+    fake = _fake_python(tmp_path, 'echo "${JAX_COMPILATION_CACHE_DIR:-none}" > "$wd/cache.txt"\n')
     monkeypatch.delenv(sweep.CACHE_ENV, raising=False)
 
     def cache_seen(root, *extra):
@@ -201,3 +211,68 @@ def test_local_runs_share_a_compilation_cache(tmp_path, monkeypatch):
     monkeypatch.setenv(sweep.CACHE_ENV, str(tmp_path / "mine"))  # the user's own: kept
     assert cache_seen(tmp_path / "e") == str(tmp_path / "mine")
     assert sweep.with_jax_cache({sweep.CACHE_ENV: "x", "A": "1"}, "off") == {"A": "1"}
+
+
+def test_force_refuses_a_live_run_naming_its_pid_and_moves_an_idle_one_aside(tmp_path):
+    """Real processes: a sweep's smoke run is going; ``--force`` against it must refuse, naming
+    the launcher's pid, and leave every file of the live run (it used to ``rmtree`` the workdir,
+    and the live run died mid-checkpoint). Once the run is finished, ``--force`` moves it aside
+    (kept whole) and starts afresh."""
+    root = tmp_path / "runs"
+    env = launch_env(tmp_path / "jax_cache")
+    argv = ["--root", str(root), "--config", "configs/grpo.py:smoke"]
+    argv += ["--set", "train.steps=3", "--set", "checkpoint.every=1"]
+    wd = root / "grpo-smoke" / "seed0"
+    live = subprocess.Popen(
+        [sys.executable, "-m", "launch.sweep", *argv], cwd=REPO, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.time() + 120
+    while not (wd / "config.json").exists():  # written once the launcher holds the lock
+        assert live.poll() is None and time.time() < deadline, "the sweep's run never started"
+        time.sleep(0.05)
+    holder = (wd / ".lock").read_text().strip()  # "pid N on host"
+    pid = int(holder.split()[1])
+    assert b"rubric_rl.launch" in open(f"/proc/{pid}/cmdline", "rb").read()
+    forced = subprocess.run(
+        [sys.executable, "-m", "launch.sweep", *argv, "--force"], cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert live.poll() is None, "the forced sweep was too slow to test against a live run"
+    assert forced.returncode == 1, forced.stdout + forced.stderr
+    assert f"  {wd}: {holder}\n" in forced.stderr and "nothing was moved or started" in (
+        forced.stderr
+    )
+    out, _ = live.communicate(timeout=600)
+    assert live.returncode == 0, out[-3000:]
+    # The live run finished whole, in place; nothing was set aside.
+    assert [r["step"] for r in read_metrics(str(wd / "metrics.jsonl"))] == [0, 1, 2, 3]
+    assert (wd / "SWEEP_DONE.json").exists()
+    assert glob.glob(f"{wd}.replaced-*") == []
+    before = sorted(os.listdir(wd))
+
+    # Idle now: --force moves it aside (every file kept) and starts a new run in an empty wd.
+    assert sweep.main([*argv, "--force", "--python", _fake_python(tmp_path)]) == 0
+    (aside,) = glob.glob(f"{wd}.replaced-*")
+    assert sorted(os.listdir(aside)) == before
+    assert [r["step"] for r in read_metrics(f"{aside}/metrics.jsonl")] == [0, 1, 2, 3]
+    assert sorted(os.listdir(wd)) == ["SWEEP_DONE.json", "args.txt", "launch.log"]
+
+
+def test_set_aside_from_a_shell_refuses_a_held_workdir(tmp_path):
+    """The ``--print --force`` lines move a run aside with ``python -m rubric_rl.run_dir
+    --set-aside``: a workdir whose lock is held (here by this process) is refused, naming it."""
+    wd = tmp_path / "seed0"
+    run_dir.lock(str(wd))
+    (wd / "metrics.jsonl").write_text("{}\n")
+    cmd = [sys.executable, "-m", "rubric_rl.run_dir", "--set-aside", str(wd)]
+    try:
+        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1
+        assert f"(pid {os.getpid()} on " in r.stderr and "not moved or deleted" in r.stderr
+        assert sorted(os.listdir(wd)) == [".lock", "metrics.jsonl"]
+    finally:
+        run_dir.unlock(str(wd))
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert not wd.exists() and len(glob.glob(f"{wd}.replaced-*")) == 1

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from rubric_rl.controllers.harness.attributor import (
+from rubric_rl.methods.harness_rl.attributor import (
     PastGroup,
     ProgrammaticAttributor,
     RelatedEvidence,

@@ -12,7 +12,7 @@ import pytest
 
 from configs import harness_rl
 from rubric_rl.controller_check import ScriptedPolicy, run_check, scripted_run
-from rubric_rl.controllers.harness.interfaces import guidance_cap
+from rubric_rl.methods.harness_rl.interfaces import guidance_cap
 
 pytest.importorskip("chromadb")
 
@@ -147,7 +147,7 @@ def test_ablation_configs():
         harness_rl.get_config("interfaces=x")
     with pytest.raises(ValueError, match="unknown variant"):
         harness_rl.get_config("nope")
-    from rubric_rl.controllers.harness.builder import harness_config
+    from rubric_rl.methods.harness_rl.builder import harness_config
 
     c = harness_rl.get_config("smoke")
     c.loss.reward = "task_verifier"
@@ -211,8 +211,8 @@ def test_trainer_resume_of_a_harness_run_equals_the_uninterrupted_run(tmp_path):
 def test_an_invalid_rubric_candidate_is_rejected_not_raised(tmp_path, variant):
     # Regression: without the critic a candidate was accepted unmeasured and applied, so a
     # create of an id already in the rubric raised out of observe (protocol w/o critic, seed 2).
-    from rubric_rl.controllers.harness.proposer import Candidate
-    from rubric_rl.controllers.harness.rubric_ops import RubricOp
+    from rubric_rl.methods.harness_rl.proposer import Candidate
+    from rubric_rl.methods.harness_rl.rubric_ops import RubricOp
 
     run = scripted_run(small_config(variant), ScriptedPolicy(seed=0), str(tmp_path))
     run.step(1)

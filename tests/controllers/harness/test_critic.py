@@ -6,14 +6,14 @@ import itertools
 import numpy as np
 import pytest
 
-from rubric_rl.controllers.harness.cold_start import (
+from rubric_rl.methods.harness_rl.cold_start import (
     MIN_LEVEL,
     null_variation_bound,
     range_upper_bound,
     regrade_bound,
     tertile_levels,
 )
-from rubric_rl.controllers.harness.critic import Band, rollout_verdict, rubric_verdict
+from rubric_rl.methods.harness_rl.critic import Band, rollout_verdict, rubric_verdict
 
 ROLL = Band(10.2, 28.0)
 RUB = Band(3.1, 28.0)

@@ -11,7 +11,7 @@ import pytest
 
 from configs import harness_rl
 from rubric_rl.controller_check import ScriptedPolicy, scripted_run
-from rubric_rl.controllers.harness import evorubric
+from rubric_rl.methods.harness_rl import evorubric
 from rubric_rl.rubrics.types import Criterion, Rubric, Task, Verifier
 
 pytest.importorskip("chromadb")

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rubric_rl.controllers.harness.interfaces import (
+from rubric_rl.methods.harness_rl.interfaces import (
     SEED_LEVELS,
     draw_tasks,
     enforce_cap,

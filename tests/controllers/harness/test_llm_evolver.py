@@ -15,10 +15,10 @@ from configs import harness_rl
 from rubric_rl.builders import build_domain
 from rubric_rl.controller_check import ScriptedPolicy, scripted_run
 from rubric_rl.controllers.base import ControllerSet
-from rubric_rl.controllers.harness.attributor import CriterionLabel, TaskAttribution
-from rubric_rl.controllers.harness.builder import make_harness_controller
-from rubric_rl.controllers.harness.llm import LLMAttributor, LLMEvolverError, LLMProposer
-from rubric_rl.controllers.harness.proposer import ProposalContext
+from rubric_rl.methods.harness_rl.attributor import CriterionLabel, TaskAttribution
+from rubric_rl.methods.harness_rl.builder import make_harness_controller
+from rubric_rl.methods.harness_rl.llm_evolver import LLMAttributor, LLMEvolverError, LLMProposer
+from rubric_rl.methods.harness_rl.proposer import ProposalContext
 from rubric_rl.rubrics.llm import LocalEngineClient
 from rubric_rl.rubrics.types import Criterion, Rubric, Task, Verifier
 

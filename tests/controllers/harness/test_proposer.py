@@ -3,17 +3,17 @@ rewrites into a library criterion that checks something new; no retry of a rejec
 target); no reversal of a recent update; guidance fields in order under the cap, drops once the
 target leaves blind; sampling one level down."""
 
-from rubric_rl.controllers.harness.attributor import CriterionLabel, TaskAttribution
-from rubric_rl.controllers.harness.proposer import (
-    ProgrammaticProposer,
-    ProposalContext,
-    criterion_state,
-)
-from rubric_rl.controllers.harness.rubric_ops import apply_ops, checks_the_same
 from rubric_rl.envs.constraint_corpus import format_critique, format_reference
 from rubric_rl.envs.constraint_domain import task_bank
 from rubric_rl.envs.constraint_library import library_criteria
 from rubric_rl.envs.constraint_spec import guidance_hint
+from rubric_rl.methods.harness_rl.attributor import CriterionLabel, TaskAttribution
+from rubric_rl.methods.harness_rl.proposer import (
+    ProgrammaticProposer,
+    ProposalContext,
+    criterion_state,
+)
+from rubric_rl.methods.harness_rl.rubric_ops import apply_ops, checks_the_same
 
 TASK = next(t for t in task_bank("train", n=50, seed=0) if t.task_type == "list")
 PROP = ProgrammaticProposer(

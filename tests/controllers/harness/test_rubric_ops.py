@@ -4,7 +4,7 @@ with anchors at a fixed share, and rewrite / merge / split change what is checke
 import numpy as np
 import pytest
 
-from rubric_rl.controllers.harness.rubric_ops import (
+from rubric_rl.methods.harness_rl.rubric_ops import (
     AnchorError,
     RubricOp,
     anchor_share_of,

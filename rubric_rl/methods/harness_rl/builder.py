@@ -1,0 +1,109 @@
+"""``config.harness`` -> the HarnessRL controller (``CONTROLLER_BUILDERS["harness_rl"]``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from rubric_rl.methods.harness_rl.attributor import AttributorConfig
+from rubric_rl.methods.harness_rl.controller import HarnessConfig, HarnessController
+from rubric_rl.methods.harness_rl.sec import SECConfig
+from rubric_rl.methods.harness_rl.style import style_for
+
+
+def harness_config(config: Any) -> HarnessConfig:
+    h = config.harness
+    cs = h.cold_start
+    if str(config.loss.reward) != "weighted":
+        # The harness's critic and attributor read the trained rubric reward under c_t.
+        raise ValueError(
+            f"config.loss.reward={config.loss.reward!r}: HarnessRL trains its weighted rubric "
+            "reward (r = Σλs / Σmax(λ, 0) under the harness rubric); set it to 'weighted'"
+        )
+    try:
+        return HarnessConfig(
+            total_steps=int(config.train.steps),
+            batch_size=int(config.rollout.tasks_per_step),
+            samples_per_task=int(config.rollout.samples_per_task),
+            seed=int(config.train.seed),
+            levels=tuple(float(x) for x in h.levels),
+            rollout_band=tuple(float(x) for x in h.rollout_band),
+            rubric_band=tuple(float(x) for x in h.rubric_band),
+            total_weight=float(h.total_weight),
+            interfaces=tuple(h.interfaces),
+            critic=bool(h.critic),
+            memory=str(h.memory),
+            anchors=str(h.anchors),
+            retry_after=int(h.retry_after),
+            max_rollout_measurements=int(h.max_rollout_measurements),
+            cold_start_tasks=int(cs.tasks),
+            cold_start_groups=int(cs.groups),
+            cold_start_regradings=int(cs.regradings),
+            deterministic_floor=float(cs.deterministic_floor),
+            attributor=AttributorConfig(**dict(h.attributor)),
+            sampling_rule=str(h.get("sampling_rule", "harness")),
+            rollout_rule=str(h.get("rollout_rule", "harness")),
+            rubric_rule=str(h.get("rubric_rule", "harness")),
+            sec=SECConfig(**dict(h.get("sec", {}))),
+            evolver=str(h.get("evolver", "programmatic")),
+        )
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"config.harness: {e}") from e
+
+
+def cold_start_key(config: Any) -> str:
+    """What the cold start depends on: the warm start (its cache key), the judge, the sampling
+    and the cold start's own settings."""
+    from rubric_rl.warmstart import cache_key
+
+    blob = json.dumps(
+        {
+            "warmstart": cache_key(config),
+            "judge": config.judge.to_dict(),
+            "rollout": {k: v for k, v in config.rollout.to_dict().items() if k != "sglang"},
+            "domain": config.domain.to_dict(),
+            "cold_start": {k: v for k, v in config.harness.cold_start.to_dict().items()
+                           if k != "cache_dir"},
+            "seed": int(config.train.seed),
+        },
+        sort_keys=True,
+        default=str,
+    )  # fmt: skip
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def evolver_client(config: Any):
+    """The LLM client of ``harness.evolver="llm"`` (``harness.llm``; empty fields fall back to
+    ``judge.llm``), else None."""
+    h = config.harness
+    if str(h.get("evolver", "programmatic")) != "llm":
+        return None
+    from rubric_rl.rubrics.llm import client_from_settings
+
+    llm, judge = h.llm, config.judge.llm
+    if not (llm.backend or judge.backend) or not (llm.model or judge.model):
+        raise ValueError(
+            "harness.evolver='llm': set harness.llm.backend and harness.llm.model (or "
+            "judge.llm.backend / judge.llm.model)"
+        )
+    return client_from_settings(llm, judge)
+
+
+def make_harness_controller(config: Any, domain: Any, llm_client=None) -> HarnessController:
+    h = config.harness
+    floor = float(h.floor)
+    return HarnessController(
+        domain.train,
+        harness_config(config),
+        style_for(domain),
+        embedder_spec=str(h.embedder),
+        memory_floor=None if floor < -1.0 + 1e-12 else floor,
+        memory_top_k=int(h.top_k),
+        cache_key=cold_start_key(config),
+        cache_dir=str(h.cold_start.cache_dir) or None,
+        llm_client=llm_client if llm_client is not None else evolver_client(config),
+    )
+
+
+__all__ = ["cold_start_key", "evolver_client", "harness_config", "make_harness_controller"]

@@ -1,0 +1,173 @@
+"""HarnessRL's memory cold start (§2.3, §3): what the seed policy's groups on training tasks set
+before RL — the sampling levels γ₁ ≥ γ₂ ≥ γ₃ and the two acceptance bands. The estimators here
+are pure; the run that produces their inputs goes through ``Services``.
+
+- **Levels**: γ₁, γ₂, γ₃ = the medians of the task tertiles of discriminative mass (a task's
+  mass: the mean over its cold-start groups), highest tertile first (§2.3). A level of 0 would
+  starve a task for good (p = 0, u undefined), so each is at least ``MIN_LEVEL`` (ours).
+- **Rollout lower bound**: the 95th percentile of null variation across independent groups of
+  one task: |r̄_a − r̄_b| over pairs of the task's groups (same policy, no guidance), pooled
+  over tasks (§3).
+- **Rubric lower bound**: the 95th percentile of |r̄_a − r̄_b| over repeated gradings of one
+  group (the judge's own noise, §3). A deterministic judge gives exactly 0, which would accept
+  any change however small; the bound is then ``deterministic_floor`` (ours: the seed's
+  calibrated 3.1 points, an LLM judge's noise, by default).
+- **Upper bounds** (both bands): the median within-group reward range (max − min over the
+  group's rollouts) (§3).
+All in points (Λ·r, Λ = 100).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rubric_rl.methods.harness_rl.critic import SEED_RUBRIC_BAND
+
+MIN_LEVEL = 0.05
+
+
+def _mean_points(rewards: Sequence[float]) -> float:
+    r = np.asarray(rewards, np.float64)
+    r = r[~np.isnan(r)]
+    return float(100.0 * r.mean()) if len(r) else float("nan")
+
+
+def _pair_diffs(groups_of_groups: Mapping[str, Sequence[Sequence[float]]]) -> list[float]:
+    """|r̄_a − r̄_b| (points) over the pairs within each entry's groups (undefined means out)."""
+    diffs = []
+    for groups in groups_of_groups.values():
+        means = [x for x in (_mean_points(g) for g in groups) if np.isfinite(x)]
+        diffs += [abs(a - b) for a, b in itertools.combinations(means, 2)]
+    return diffs
+
+
+def tertile_levels(mass_by_task: Mapping[str, float]) -> tuple[float, float, float, float]:
+    """(1, γ₁, γ₂, γ₃): medians of the tasks' discriminative-mass tertiles, highest first."""
+    m = np.sort(np.asarray([v for v in mass_by_task.values() if np.isfinite(v)], np.float64))
+    if len(m) < 3:
+        raise ValueError(f"cold start: {len(m)} tasks with a discriminative mass; need at least 3")
+    thirds = np.array_split(m[::-1], 3)
+    g = [max(MIN_LEVEL, min(1.0, float(np.median(t)))) for t in thirds]
+    return (1.0, g[0], g[1], g[2])
+
+
+def null_variation_bound(groups_by_task: Mapping[str, Sequence[Sequence[float]]]) -> float:
+    """95th percentile of |r̄_a − r̄_b| (points) over pairs of independent groups of one task."""
+    diffs = _pair_diffs(groups_by_task)
+    if not diffs:
+        raise ValueError("cold start: no task has two groups with a defined mean reward")
+    return float(np.percentile(diffs, 95))
+
+
+def regrade_bound(
+    gradings_by_group: Mapping[str, Sequence[Sequence[float]]],
+    deterministic_floor: float = SEED_RUBRIC_BAND[0],
+) -> tuple[float, bool]:
+    """95th percentile of |r̄_a − r̄_b| (points) over repeated gradings of one group, and whether
+    the floor replaced it (every grading identical: a deterministic judge)."""
+    diffs = _pair_diffs(gradings_by_group)
+    if not diffs:
+        raise ValueError("cold start: no group was graded twice with a defined mean reward")
+    p95 = float(np.percentile(diffs, 95))
+    if max(diffs) == 0.0:
+        return float(deterministic_floor), True
+    return p95, False
+
+
+def range_upper_bound(groups: Sequence[Sequence[float]]) -> float:
+    """The median within-group reward range (points)."""
+    ranges = []
+    for g in groups:
+        r = np.asarray(g, np.float64)
+        r = r[~np.isnan(r)]
+        if len(r) >= 2:
+            ranges.append(100.0 * float(r.max() - r.min()))
+    if not ranges:
+        raise ValueError("cold start: no group with two defined rewards")
+    return float(np.median(ranges))
+
+
+COLD_START_STREAM = "harness_cold_start"
+
+
+def run_cold_start(
+    services: Any,
+    tasks: Sequence[Any],
+    *,
+    seed: int,
+    n_tasks: int,
+    groups: int,
+    regradings: int,
+    samples_per_task: int,
+    deterministic_floor: float,
+) -> dict[str, Any]:
+    """The cold start through ``Services``: ``groups`` independent groups of the current
+    (warm-started) policy on ``n_tasks`` training tasks under their seed rubrics, and
+    ``regradings`` fresh gradings (no verdict cache) of one group per task. Returns the levels,
+    the two bands (points) and what produced them."""
+    from rubric_rl.methods.harness_rl.attributor import discriminative_mass, satisfied
+    from rubric_rl.methods.harness_rl.state import met_matrix, row_reward
+
+    t0 = time.perf_counter()
+    rng = np.random.default_rng([int(seed), 7])
+    n = min(int(n_tasks), len(tasks))
+    pick = [tasks[i] for i in sorted(rng.choice(len(tasks), n, replace=False))]
+    drawn = [t for t in pick for _ in range(int(groups))]
+    _, trajs = services.generate(
+        [t.messages for t in drawn], int(samples_per_task), stream=COLD_START_STREAM,
+        names=[t.id for t in drawn],
+    )  # fmt: skip
+    responses = [[x.response for x in ts] for ts in trajs]
+    verdicts = services.judge(drawn, responses)
+    by_task: dict[str, list[list[float]]] = {}
+    mass: dict[str, list[float]] = {}
+    all_groups = []
+    for t, vs in zip(drawn, verdicts, strict=True):
+        crits = t.rubric.evaluated().criteria
+        rewards = [row_reward(crits, row) for row in vs]
+        by_task.setdefault(t.id, []).append(rewards)
+        all_groups.append(rewards)
+        sat = satisfied(met_matrix(crits, vs), [c.weight for c in crits])
+        mass.setdefault(t.id, []).append(discriminative_mass(sat))
+    first: dict[str, tuple[Any, list[str]]] = {}
+    for t, r in zip(drawn, responses, strict=True):
+        first.setdefault(t.id, (t, r))
+    gradings: dict[str, list[list[float]]] = {}
+    for _ in range(int(regradings)):
+        ts = [v[0] for v in first.values()]
+        vs = services.judge(ts, [v[1] for v in first.values()], fresh=True)
+        for t, rows in zip(ts, vs, strict=True):
+            crits = t.rubric.evaluated().criteria
+            gradings.setdefault(t.id, []).append([row_reward(crits, row) for row in rows])
+    levels = tertile_levels({k: float(np.mean(v)) for k, v in mass.items()})
+    roll_lo = null_variation_bound(by_task)
+    rub_lo, floored = regrade_bound(gradings, deterministic_floor)
+    upper = range_upper_bound(all_groups)
+    # An upper bound below its lower bound would accept nothing: it is raised to the lower.
+    return {
+        "source": "cold_start",
+        "tasks": n,
+        "groups": int(groups),
+        "levels": list(levels),
+        "rollout_band": [roll_lo, max(upper, roll_lo)],
+        "rubric_band": [rub_lo, max(upper, rub_lo)],
+        "rubric_lower_floored": floored,
+        "median_range": upper,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+__all__ = [
+    "COLD_START_STREAM",
+    "run_cold_start",
+    "MIN_LEVEL",
+    "null_variation_bound",
+    "range_upper_bound",
+    "regrade_bound",
+    "tertile_levels",
+]

@@ -1,0 +1,811 @@
+"""The HarnessRL controller: H_t = (task weights, per-task guidance fields, per-task weighted
+criteria) evolving with the policy through memory, attributor, proposer and JIT critic (§2).
+
+It is the step's sampler. Each step:
+
+1. ``sample_tasks``: at the first step, the memory cold start (``cold_start``) sets the levels
+   and bands (or the seed's values, ``harness.cold_start.tasks = 0``); the guidance cap of the
+   step is enforced (fields over it are dropped by the schedule); tasks are drawn from Cat(p)
+   with u = 1/(N p), each carrying its current harness rubric (so the judge stage scores S under
+   c_t and the built-in ``rubric`` signal is the harness reward).
+2. ``decorate``: the task's mounted fields after the prompt (``style.mount``).
+3. ``observe``: per task (its first group of the step), the group's S and responses go to the
+   memory's time index; the attributor labels every criterion from the group, the task's history
+   and related criteria; the proposer makes one candidate or noop per interface; the critic
+   measures rollout and rubric candidates on the current frozen policy (re-sampled groups through
+   ``Services.generate`` on the ``harness_critic`` stream, which is never trained; re-grading the
+   recorded group through ``Services.judge``, whose cache makes unchanged criteria free) and
+   accepts within the bands; sampling candidates are accepted on their attribution. Accepted
+   updates change H_{t+1}; every candidate, accepted or rejected, is recorded with its
+   measurement (time index) and logged (``controllers/harness.jsonl``).
+
+Ablations by flag: ``harness.critic=False`` accepts every candidate unmeasured (w/o critic);
+``harness.memory="none"`` gives the attributor and proposer only the current group (w/o critic
+& memory, with the critic off too); ``"task"`` keeps the per-task time index but no semantic
+index (AMARIS++'s per-task revision log); ``harness.interfaces`` restricts the interfaces
+(HarnessRL_g = rollout only, HarnessRL_c = rubric only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rubric_rl.controllers.base import Controller, TaskBatch
+from rubric_rl.methods.harness_rl import cold_start as cs
+from rubric_rl.methods.harness_rl import evidence, evorubric
+from rubric_rl.methods.harness_rl.attributor import (
+    GENERIC_PROBES,
+    LABELS,
+    AttributorConfig,
+    ProgrammaticAttributor,
+    TaskAttribution,
+    satisfied,
+)
+from rubric_rl.methods.harness_rl.critic import Band, Verdict, rollout_verdict, rubric_verdict
+from rubric_rl.methods.harness_rl.interfaces import (
+    draw_tasks,
+    enforce_cap,
+    guidance_cap,
+    validate_levels,
+)
+from rubric_rl.methods.harness_rl.llm_evolver import LLMEvolverError
+from rubric_rl.methods.harness_rl.proposer import (
+    INTERFACES,
+    Candidate,
+    ProgrammaticProposer,
+    ProposalContext,
+    criterion_state,
+)
+from rubric_rl.methods.harness_rl.rubric_ops import (
+    anchor_share_of,
+    apply_ops,
+    checks_the_same,
+    criterion_json,
+    rescale,
+)
+from rubric_rl.methods.harness_rl.sec import SECBandit, SECConfig, arm_of
+from rubric_rl.methods.harness_rl.state import (
+    TaskHarness,
+    check_key,
+    criterion_from_json,
+    fields_after,
+    mean_points,
+    met_matrix,
+    row_reward,
+    same_state,
+)
+from rubric_rl.methods.harness_rl.style import GuidanceStyle
+from rubric_rl.rollout.batch import Rollouts
+from rubric_rl.rubrics.types import Criterion, Rubric, Task
+
+CRITIC_STREAM = "harness_critic"
+# A rollout candidate beyond the step's measurement budget is neither accepted nor rejected: it
+# is not recorded (the proposer makes it again at the task's next draw), only counted.
+DEFERRED = "deferred: over the step's measurement budget"
+MEMORY_MODES = ("full", "task", "none")
+# Switching arms (§3.2 RQ1): a published rule replaces the harness on one interface, with no
+# attributor, proposer or critic there — SEC's difficulty bandit for p_t, RuscaRL's scheduled
+# scaffold for g_t (a separate controller, rubric_rl/methods/harness_rl/ruscarl.py: the harness then
+# mounts no field), EvoRubric's pruning and regeneration for c_t.
+SAMPLING_RULES = ("harness", "sec")
+ROLLOUT_RULES = ("harness", "ruscarl")
+RUBRIC_RULES = ("harness", evorubric.RULE)
+EVOLVERS = ("programmatic", "llm")
+
+
+@dataclasses.dataclass(frozen=True)
+class HarnessConfig:
+    total_steps: int
+    batch_size: int
+    samples_per_task: int
+    seed: int = 0
+    levels: tuple[float, ...] = (1.0, 0.61, 0.38, 0.17)  # the seed's, until calibrated
+    rollout_band: tuple[float, float] = (10.2, 28.0)
+    rubric_band: tuple[float, float] = (3.1, 28.0)
+    total_weight: float = 100.0  # Λ
+    interfaces: tuple[str, ...] = INTERFACES
+    critic: bool = True
+    memory: str = "full"
+    anchors: str = "library"  # library | none | seed
+    retry_after: int = 2  # draws of the task during which a rejected (op, target) is not retried
+    max_rollout_measurements: int = 32  # rollout candidates the critic re-samples per step
+    cold_start_tasks: int = 32  # 0: the seed's levels and bands
+    cold_start_groups: int = 3
+    cold_start_regradings: int = 2
+    deterministic_floor: float = 3.1
+    attributor: AttributorConfig = dataclasses.field(default_factory=AttributorConfig)
+    sampling_rule: str = "harness"  # harness | sec (the p_t <- SEC switching arm)
+    rollout_rule: str = "harness"  # harness | ruscarl (the g_t <- RuscaRL switching arm)
+    rubric_rule: str = "harness"  # harness | evorubric (the c_t <- EvoRubric switching arm)
+    sec: SECConfig = dataclasses.field(default_factory=SECConfig)
+    evolver: str = "programmatic"  # programmatic | llm (attributor and proposer via LLMClient)
+
+    def __post_init__(self):
+        validate_levels(self.levels)
+        Band(*self.rollout_band)
+        Band(*self.rubric_band)
+        rules = {"sampling_rule": SAMPLING_RULES, "rollout_rule": ROLLOUT_RULES,
+                 "rubric_rule": RUBRIC_RULES, "evolver": EVOLVERS}  # fmt: skip
+        for field, allowed in rules.items():
+            if getattr(self, field) not in allowed:
+                raise ValueError(
+                    f"harness.{field}={getattr(self, field)!r}: expected one of {allowed}"
+                )
+        if self.memory not in MEMORY_MODES:
+            raise ValueError(f"harness.memory={self.memory!r}: expected one of {MEMORY_MODES}")
+        if self.anchors not in ("library", "none", "seed"):
+            raise ValueError(f"harness.anchors={self.anchors!r}: expected library, none or seed")
+        bad = [i for i in self.interfaces if i not in INTERFACES]
+        if bad or not self.interfaces:
+            raise ValueError(
+                f"harness.interfaces={self.interfaces}: a non-empty subset of {INTERFACES}"
+            )
+        if self.max_rollout_measurements < 0:
+            raise ValueError(
+                f"harness.max_rollout_measurements={self.max_rollout_measurements}: must be >= 0"
+            )
+        if self.total_weight <= 0:
+            raise ValueError(f"harness.total_weight={self.total_weight}: Λ must be > 0")
+        if self.cold_start_tasks and (self.cold_start_groups < 2 or self.cold_start_regradings < 2):
+            raise ValueError("harness.cold_start: groups and regradings must be >= 2")
+
+
+class HarnessController(Controller):
+    name = "harness"
+
+    def __init__(
+        self,
+        tasks: Sequence[Task],
+        config: HarnessConfig,
+        style: GuidanceStyle,
+        *,
+        embedder_spec: str = "minilm",
+        memory_floor: float | None = None,
+        memory_top_k: int = 4,
+        cache_key: str | None = None,
+        cache_dir: str | None = None,
+        llm_client=None,
+    ):
+        if not tasks:
+            raise ValueError("harness: the training task bank is empty")
+        self.tasks = tuple(tasks)
+        self.index = {t.id: i for i, t in enumerate(self.tasks)}
+        self.config = config
+        self.style = style
+        self.attributor = ProgrammaticAttributor(config.attributor, style.features)
+        # The interfaces a switching rule owns get no proposer candidate.
+        ruled = {"sampling": config.sampling_rule != "harness",
+                 "rollout": config.rollout_rule != "harness",
+                 "rubric": config.rubric_rule != "harness"}  # fmt: skip
+        proposed = tuple(i for i in config.interfaces if not ruled.get(i, False))
+        self.proposer = ProgrammaticProposer(
+            hint=style.hint, reference=style.reference, critique=style.critique,
+            library=style.library, interfaces=proposed,
+        )  # fmt: skip
+        self.llm = None
+        if config.evolver == "llm":
+            from rubric_rl.methods.harness_rl.llm_evolver import LLMAttributor, LLMProposer
+
+            if llm_client is None:
+                raise ValueError("harness.evolver='llm' needs an LLM client (harness.llm)")
+            self.attributor = LLMAttributor(llm_client)
+            self.proposer = LLMProposer(llm_client, interfaces=proposed, total=config.total_weight)
+            self.llm = (self.attributor, self.proposer)
+        self.sec = (
+            SECBandit(
+                [arm_of(t, config.sec.max_level) for t in self.tasks], config.sec, seed=config.seed
+            )
+            if config.sampling_rule == "sec"
+            else None
+        )
+        self.embedder_spec = embedder_spec
+        self.memory_floor = memory_floor
+        self.memory_top_k = memory_top_k
+        self.cache_key = cache_key
+        self.cache_dir = cache_dir
+        self.memory = None
+        self.levels = tuple(config.levels)
+        self.rollout_band = Band(*config.rollout_band)
+        self.rubric_band = Band(*config.rubric_band)
+        self.calibrated: dict[str, Any] | None = None
+        self.state: dict[str, TaskHarness] = {}
+        self.last_label: dict[str, str] = {}  # "task/criterion" -> its latest label
+        self.generic: dict[str, bool] = {}  # criterion check key -> passes on generic content
+        self.accepted_log: dict[str, list[dict[str, Any]]] = {}  # task -> accepted rubric updates
+        self.totals = {"accepted_rubric": 0, "reversals": 0}
+        self._events: list[dict[str, Any]] = []
+        # The step's attributions (analysis: the scripted-policy check scores them).
+        self.last_attributions: list[TaskAttribution] = []
+
+    # ------------------------------------------------------------------ setup
+
+    def bind(self, services, run_dir):
+        super().bind(services, run_dir)
+        if self.config.memory != "none" and run_dir is not None and self.memory is None:
+            from rubric_rl.memory.embedder import make_embedder
+            from rubric_rl.memory.store import HarnessMemory
+
+            self.memory = HarnessMemory(
+                os.path.join(run_dir, "memory"),
+                make_embedder(self.embedder_spec),
+                top_k=self.memory_top_k,
+                floor=self.memory_floor,
+            )
+
+    def rollback(self, step: int) -> None:
+        if self.memory is not None:
+            self.memory.rollback(step)
+
+    def disk_records(self) -> dict[str, int]:
+        if self.memory is None:
+            return {}
+        counts = self.memory.counts()  # flushes: the records of every step up to now
+        return {f"memory {k}": counts[k] for k in ("time_records", "criterion_versions")}
+
+    def _task_state(self, task: Task) -> TaskHarness:
+        st = self.state.get(task.id)
+        if st is None:
+            seed = tuple(task.rubric.evaluated().criteria)
+            crits = tuple(c.replace(anchor=self._is_anchor(task, c)) for c in seed)
+            share = anchor_share_of(crits)
+            crits = rescale(crits, total=self.config.total_weight, anchor_share=share)
+            st = TaskHarness(crits, share)
+            self.state[task.id] = st
+        return st
+
+    def _is_anchor(self, task: Task, c: Criterion) -> bool:
+        """Anchors (ours for rule domains): seed criteria the checker library also derives from
+        the prompt — requirements the task states, whose text the cold start fixes."""
+        mode = self.config.anchors
+        if mode == "none":
+            return False
+        if mode == "seed":
+            return True
+        if self.style.library is None:
+            return False
+        return any(checks_the_same(c, lib) for lib in self.style.library(task))
+
+    def harness_task(self, task: Task) -> Task:
+        """The task with its current harness rubric c_t."""
+        st = self._task_state(task)
+        return dataclasses.replace(task, rubric=Rubric(st.criteria, aggregation="weighted"))
+
+    # ------------------------------------------------------------------ sampling + guidance
+
+    def sample_tasks(self, step: int, rng: np.random.Generator) -> TaskBatch:
+        if self.calibrated is None:
+            self._cold_start()
+        cap = guidance_cap(step, self.config.total_steps)
+        for tid, st in self.state.items():
+            if st.fields:
+                keep, dropped = enforce_cap({f: v for f, v in st.fields.items()}, cap)
+                if dropped:
+                    st.fields = dict(keep)
+                    self._events.append(
+                        {
+                            "event": "schedule_drop",
+                            "task_id": tid,
+                            "fields": list(dropped),
+                            "cap": cap,
+                        }
+                    )
+        if self.sec is not None:  # p_t <- SEC: the bandit draws, no importance weight (SEC's)
+            idx = self.sec.draw(self.config.batch_size, rng)
+            u = np.ones(len(idx))
+        else:
+            level = np.array([self._level(t) for t in self.tasks])
+            idx, u = draw_tasks(level, self.levels, self.config.batch_size, rng)
+        return TaskBatch(tuple(self.harness_task(self.tasks[i]) for i in idx), u)
+
+    def _level(self, task: Task) -> int:
+        st = self.state.get(task.id)
+        return 0 if st is None else st.level
+
+    def decorate(self, tasks: Sequence[Task], prompts: Sequence[Any]) -> list:
+        out = []
+        for t, p in zip(tasks, prompts, strict=True):
+            st = self.state.get(t.id)
+            if st is None or not st.fields:
+                out.append(list(p))
+            else:
+                out.append(self.style.mount(t, {f: v["text"] for f, v in st.fields.items()}))
+        return out
+
+    # ------------------------------------------------------------------ cold start
+
+    def _cold_start(self) -> None:
+        cfg = self.config
+        if cfg.cold_start_tasks <= 0 or self.services is None:
+            self.calibrated = {"source": "seed"}
+            return
+        cached = self._cold_start_cache()
+        if cached is not None and os.path.exists(cached):
+            with open(cached, encoding="utf-8") as f:
+                self._apply_cold_start(json.load(f))
+            return
+        out = cs.run_cold_start(
+            self.services, self.tasks, seed=cfg.seed, n_tasks=cfg.cold_start_tasks,
+            groups=cfg.cold_start_groups, regradings=cfg.cold_start_regradings,
+            samples_per_task=cfg.samples_per_task, deterministic_floor=cfg.deterministic_floor,
+        )  # fmt: skip
+        if cached is not None:
+            os.makedirs(os.path.dirname(cached), exist_ok=True)
+            tmp = cached + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(out, f, sort_keys=True)
+            os.replace(tmp, cached)
+        self._apply_cold_start(out)
+
+    def _cold_start_cache(self) -> str | None:
+        if self.cache_dir and self.cache_key:
+            return os.path.join(self.cache_dir, self.cache_key, "cold_start.json")
+        if self.run_dir:
+            return os.path.join(self.run_dir, "cold_start.json")
+        return None
+
+    def _apply_cold_start(self, cal: Mapping[str, Any]) -> None:
+        self.levels = validate_levels(cal["levels"], "cold start levels")
+        self.rollout_band = Band(*cal["rollout_band"])
+        self.rubric_band = Band(*cal["rubric_band"])
+        self.calibrated = dict(cal)
+        self._events.append({"event": "cold_start", **self.calibrated})
+
+    # ------------------------------------------------------------------ observe
+
+    def observe(self, rollouts: Rollouts) -> dict[str, float]:
+        step = int(rollouts.step)
+        times = {"attributor_proposer": 0.0, "critic": 0.0, "memory": 0.0}
+        scores = rollouts.scores
+        rewards = rollouts.signal("rubric")
+        seen: set[str] = set()
+        records, label_rows, work = [], [], []
+        not_attributed = 0  # tasks whose LLM attribution failed this step
+        sec_metrics = self._update_sec(rollouts) if self.sec is not None else {}
+        self.last_attributions = []
+        todo = []  # (group index, its task's state, criterion ids, their texts): first draws
+        for g, group in enumerate(rollouts.groups):
+            if group.task.id in seen or group.task.id not in self.index:
+                continue
+            seen.add(group.task.id)
+            st = self._task_state(group.task)
+            crit = {c.id: c for c in st.criteria}
+            ids = list(scores.criterion_ids[g])
+            todo.append((g, st, ids, [crit[i].text if i in crit else i for i in ids]))
+        t0 = time.perf_counter()
+        # The step's memory reads, batched: one search over every criterion text and one
+        # history read for the step's tasks and their neighbours.
+        related, history_cache = evidence.prefetch(
+            self.memory, [(rollouts.groups[g].task.id, texts) for g, _, _, texts in todo],
+            semantic=self.config.memory == "full",
+        )  # fmt: skip
+        times["memory"] += time.perf_counter() - t0
+        for g, st, ids, texts in todo:
+            group = rollouts.groups[g]
+            task = group.task
+            st.draws += 1
+            st.criteria_before_step = st.criteria
+            k, j = len(ids), len(group.trajectories)
+            met = np.where(scores.valid[g, :k, :j], scores.met[g, :k, :j], np.nan)
+            crit = {c.id: c for c in st.criteria}
+            weights = [crit[i].weight if i in crit else 1.0 for i in ids]
+            responses = tuple(t.response for t in group.trajectories)
+            t0 = time.perf_counter()
+            ev = evidence.gather(
+                self.memory, task.id, ids, last_label=self.last_label, draws=st.draws,
+                retry_after=self.config.retry_after, cache=history_cache,
+                related=None if related is None else related[task.id],
+            )  # fmt: skip
+            times["memory"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            generic = self._generic_pass(task, st.criteria)
+            nxt = self.levels[st.level + 1] if st.level + 1 < len(self.levels) else None
+            group_record = (task.id, "group", {
+                "criterion_ids": ids, "weights": weights,
+                "met": [[None if math.isnan(x) else float(x) for x in row] for row in met],
+                "responses": list(responses), "reward_points": mean_points(rewards[g, :j].tolist()),
+                "fields": sorted(st.fields), "level": st.level,
+            })  # fmt: skip
+            seeded = {"seed": step} if self.llm is not None else {}
+            try:
+                att = self.attributor.attribute(
+                    task.id, ids, weights, texts, met, responses, history=ev.history,
+                    past_labels=ev.past_labels, related=ev.related, generic_pass=generic,
+                    next_level=nxt, **seeded,
+                )  # fmt: skip
+            except LLMEvolverError as e:
+                # Recorded as a failure: no labels and no candidates for the task this step.
+                not_attributed += 1
+                self._events.append({"event": "attributor_failed", "task_id": task.id,
+                                     "error": str(e)})  # fmt: skip
+                records.append(group_record)
+                times["attributor_proposer"] += time.perf_counter() - t0
+                continue
+            sat = satisfied(met, weights)
+            ctx = ProposalContext(
+                task=task, criteria=st.criteria, fields=st.fields, level=st.level,
+                n_levels=len(self.levels), cap=guidance_cap(step, self.config.total_steps),
+                responses=responses,
+                satisfied={i: tuple(float(x) for x in sat[m]) for m, i in enumerate(ids)},
+                rejected=ev.rejected,
+                replaced=self._replaced(task.id) if self.config.memory != "none" else {},
+                donors=ev.donors, generic_pass=generic,
+            )  # fmt: skip
+            cands = self.proposer.propose(ctx, att, **seeded)
+            if self.config.rubric_rule == evorubric.RULE and "rubric" in self.config.interfaces:
+                cands = {**cands, "rubric": self._evorubric(task, st, ids, met, responses)}
+            self.last_attributions.append(att)
+            times["attributor_proposer"] += time.perf_counter() - t0
+            baseline = group_record[2]["reward_points"]
+            work.append((task, st, att, cands, responses, baseline))
+            records.append(group_record)
+            label_rows.append(
+                (task.id, "labels", {c.criterion_id: c.to_json() for c in att.labels})
+            )
+            for c in att.labels:
+                self.last_label[f"{task.id}/{c.criterion_id}"] = c.label
+        # The fields this step's groups were rolled out with (before this step's updates).
+        mounted = [len(st.fields) for _, st, *_ in work]
+        guidance_tokens = self._guidance_tokens(rollouts)
+        t0 = time.perf_counter()
+        verdicts = self._critic(step, work)
+        times["critic"] += time.perf_counter() - t0
+        update_rows = self._apply(step, work, verdicts)
+        t0 = time.perf_counter()
+        if self.memory is not None:
+            self.memory.record_many(step, records + label_rows + update_rows)
+            self._index_criteria(step, [w[0] for w in work])
+        times["memory"] += time.perf_counter() - t0
+        metrics = self._metrics(work, verdicts, times, mounted, not_attributed)
+        return {**metrics, **sec_metrics, **guidance_tokens}
+
+    def _guidance_tokens(self, rollouts: Rollouts) -> dict[str, float]:
+        """The guided rollouts' extra cost, bounded: the share of the step's prompt tokens that
+        the mounted fields add (prompt tokens are prefilled, not decoded, so the share of
+        generation time is lower)."""
+        if self.services is None:
+            return {}
+        total = extra = 0
+        for g in rollouts.groups:
+            n = len(g.prompt_ids) * len(g.trajectories)
+            total += n
+            if g.prompt is not None and list(g.prompt) != g.task.messages:
+                base = self.services.encode_prompt(g.task.messages, f"task {g.task.id}")
+                extra += (len(g.prompt_ids) - len(base)) * len(g.trajectories)
+        return {"guidance/prompt_token_share": extra / total} if total else {}
+
+    def _update_sec(self, rollouts: Rollouts) -> dict[str, float]:
+        """SEC's TD(0) update from the step's trained advantages (every group of the step)."""
+        self.sec.observe(rollouts, self.index)
+        return self.sec.metrics(prefix="sec/")
+
+    def _evorubric(self, task, st, ids, met, responses) -> Candidate | None:
+        """c_t <- EvoRubric: prune the group's zero-variance criteria, regenerate one verified
+        library criterion (``evorubric.py``)."""
+        prune = evorubric.prune_ops(st.criteria, met, ids)
+        gone = {op.targets[0] for op in prune}
+        crit = {c.id: c for c in st.criteria}
+        rows = [k for k, cid in enumerate(ids) if cid in crit and cid not in gone]
+        w = np.array([crit[ids[k]].weight for k in rows], np.float64)
+        pos = float(np.maximum(w, 0.0).sum())
+        if rows and pos > 0:
+            rest = (w[:, None] * met[rows]).sum(axis=0) / pos  # NaN where a verdict failed
+        else:
+            rest = np.full(len(responses), np.nan)
+
+        def judge_new(crits):
+            return met_matrix(crits, self.services.judge([task], [list(responses)], [crits])[0])
+
+        new = []
+        if self.services is not None:
+            kept = [c for c in st.criteria if c.id not in gone]
+            new = evorubric.regenerate(task, kept, rest, self.style.library, judge_new)
+        return evorubric.candidate(task, st.criteria, prune, new)
+
+    def _generic_pass(self, task: Task, crits: Sequence[Criterion]) -> dict[str, bool]:
+        """Whether a content-free response (``GENERIC_PROBES``) satisfies each criterion."""
+        todo = [c for c in crits if check_key(c) not in self.generic]
+        if todo and self.services is not None:
+            vs = self.services.judge(
+                [task], [list(GENERIC_PROBES)], [todo], check_failure_rate=False
+            )
+            for i, c in enumerate(todo):
+                ok = [v[i].met for v in vs[0] if v[i].met is not None]
+                self.generic[check_key(c)] = any((m if c.weight > 0 else not m) for m in ok)
+        return {c.id: self.generic.get(check_key(c), False) for c in crits}
+
+    def _replaced(self, task_id: str) -> dict[str, frozenset]:
+        """Per criterion, the states accepted updates replaced within the task's previous two
+        draws (a proposal restoring one would reverse an update)."""
+        st = self.state.get(task_id)
+        out: dict[str, set] = {}
+        for upd in self.accepted_log.get(task_id, []):
+            if st is not None and st.draws - upd["draw"] > 2:
+                continue
+            for cid, before in upd["before"].items():
+                if before is not None:
+                    out.setdefault(cid, set()).add(criterion_state(criterion_from_json(before)))
+        return {k: frozenset(v) for k, v in out.items()}
+
+    # ------------------------------------------------------------------ critic
+
+    def _critic(self, step: int, work) -> dict[tuple[str, str], Verdict]:
+        out: dict[tuple[str, str], Verdict] = {}
+        rollout_todo = []
+        for task, st, _, cands, responses, baseline in work:
+            c = cands.get("sampling")
+            if c is not None:
+                out[(task.id, "sampling")] = Verdict(True, None, "accepted on its attribution")
+            c = cands.get("rollout")
+            if c is not None:
+                if not self.config.critic:
+                    out[(task.id, "rollout")] = Verdict(True, None, "no critic")
+                else:
+                    rollout_todo.append((task, st, c, baseline))
+            c = cands.get("rubric")
+            if c is not None:
+                invalid = self._invalid_rubric(step, st, c)
+                if invalid is not None:
+                    # Unmeasured acceptance still needs an applicable edit: an invalid one (an id
+                    # already in the rubric, an anchor touched) is rejected, never raised.
+                    out[(task.id, "rubric")] = Verdict(False, None, invalid)
+                elif c.label == evorubric.RULE:
+                    out[(task.id, "rubric")] = Verdict(True, None, "switching rule: no critic")
+                elif not self.config.critic:
+                    out[(task.id, "rubric")] = Verdict(True, None, "no critic")
+                else:
+                    out[(task.id, "rubric")] = self._measure_rubric(
+                        step, task, st, c, responses, baseline
+                    )
+        # Re-sampled groups, most confident first, up to the per-step budget; one engine call.
+        rollout_todo = rollout_todo[: self.config.max_rollout_measurements]
+        if rollout_todo:
+            prompts = []
+            for task, st, c, _ in rollout_todo:
+                fields = fields_after(st.fields, c)
+                prompts.append(self.style.mount(task, {f: v["text"] for f, v in fields.items()}))
+            try:
+                _, trajs = self.services.generate(
+                    prompts, self.config.samples_per_task, stream=CRITIC_STREAM,
+                    names=[t.id for t, *_ in rollout_todo],
+                )  # fmt: skip
+                tasks = [self.harness_task(t) for t, *_ in rollout_todo]
+                vs = self.services.judge(tasks, [[x.response for x in ts] for ts in trajs])
+            except Exception as e:  # noqa: BLE001 - no measurement rejects (§3)
+                for task, *_ in rollout_todo:
+                    out[(task.id, "rollout")] = Verdict(False, None, f"no measurement: {e!r}")
+                return out
+            for (task, _, c, baseline), t, rows in zip(rollout_todo, tasks, vs, strict=True):
+                new = mean_points([row_reward(t.rubric.criteria, row) for row in rows])
+                delta = None if new is None or baseline is None else new - baseline
+                out[(task.id, "rollout")] = rollout_verdict(
+                    delta, self.rollout_band, drop_only=c.drop_only
+                )
+        for task, _, _, cands, _, _ in work:
+            if cands.get("rollout") is not None and (task.id, "rollout") not in out:
+                out[(task.id, "rollout")] = Verdict(False, None, DEFERRED)
+        return out
+
+    def _invalid_rubric(self, step: int, st: TaskHarness, cand: Candidate) -> str | None:
+        """Why ``cand``'s ops cannot apply to the task's rubric (None: they apply)."""
+        try:
+            apply_ops(
+                st.criteria, cand.rubric, step=step, total=self.config.total_weight,
+                anchor_share=st.anchor_share,
+            )  # fmt: skip
+        except (ValueError, KeyError) as e:
+            return f"invalid: {e}"
+        return None
+
+    def _measure_rubric(self, step, task, st, cand: Candidate, responses, baseline) -> Verdict:
+        try:
+            new = apply_ops(
+                st.criteria, cand.rubric, step=step, total=self.config.total_weight,
+                anchor_share=st.anchor_share,
+            )  # fmt: skip
+        except (ValueError, KeyError) as e:
+            return Verdict(False, None, f"invalid: {e}")
+        try:
+            rows = self.services.judge([task], [list(responses)], [new])[0]
+        except Exception as e:  # noqa: BLE001 - no measurement rejects (§3)
+            return Verdict(False, None, f"no measurement: {e!r}")
+        after = mean_points([row_reward(new, row) for row in rows])
+        delta = None if after is None or baseline is None else after - baseline
+        return rubric_verdict(delta, self.rubric_band)
+
+    # ------------------------------------------------------------------ apply
+
+    def _apply(self, step: int, work, verdicts) -> list[tuple[str, str, dict]]:
+        rows = []
+        for task, st, _, cands, _, _ in work:
+            for iface in INTERFACES:
+                c = cands.get(iface)
+                if c is None:
+                    continue
+                v = verdicts.get((task.id, iface), Verdict(False, None, "no measurement"))
+                if v.reason == DEFERRED:
+                    continue
+                row = {
+                    "status": "accepted" if v.accepted else "rejected",
+                    "candidate": c.to_json(), "verdict": v.to_json(), "draw": st.draws,
+                    "critic": self.config.critic,
+                }  # fmt: skip
+                if v.accepted:
+                    row.update(self._accept(step, task, st, c))
+                rows.append((task.id, "update", row))
+                self._events.append({"event": "update", "task_id": task.id, **row})
+        return rows
+
+    def _accept(self, step: int, task: Task, st: TaskHarness, c: Candidate) -> dict[str, Any]:
+        if c.interface == "sampling":
+            before = st.level
+            st.level = int(c.level)
+            return {"level": [before, st.level]}
+        if c.interface == "rollout":
+            st.fields = fields_after(st.fields, c, step)
+            return {"fields": sorted(st.fields)}
+        before = {x.id: x for x in st.criteria}
+        new = apply_ops(
+            st.criteria, c.rubric, step=step, total=self.config.total_weight,
+            anchor_share=st.anchor_share,
+        )  # fmt: skip
+        after = {x.id: x for x in new}
+        touched = sorted(
+            {t for op in c.rubric for t in op.targets} | {n.id for op in c.rubric for n in op.new}
+        )
+        change = {
+            "draw": st.draws,
+            "before": {i: (criterion_json(before[i]) if i in before else None) for i in touched},
+            "after": {i: (criterion_json(after[i]) if i in after else None) for i in touched},
+        }
+        reversal = self._is_reversal(task.id, change)
+        self.accepted_log.setdefault(task.id, []).append(change)
+        self.totals["accepted_rubric"] += 1
+        self.totals["reversals"] += int(reversal)
+        st.criteria = new
+        return {"reversal": reversal, "criteria": [criterion_json(x) for x in new]}
+
+    def _is_reversal(self, task_id: str, change: Mapping[str, Any]) -> bool:
+        """An accepted update that undoes an earlier same-criterion update within the task's
+        previous two draws (§3.2 RQ2): for a criterion both touched, it restores the state (or
+        the absence) the earlier update had replaced."""
+        for old in self.accepted_log.get(task_id, []):
+            if change["draw"] - old["draw"] > 2:
+                continue
+            for cid, now in change["after"].items():
+                if cid not in old["before"]:
+                    continue
+                prev, then = old["before"][cid], old["after"].get(cid)
+                if not same_state(prev, then) and same_state(now, prev):
+                    return True
+        return False
+
+    def _index_criteria(self, step: int, tasks: Sequence[Task]) -> None:
+        from rubric_rl.memory.store import CriterionEntry
+
+        entries = []
+        for t in tasks:
+            st = self.state[t.id]
+            live = {c.id for c in st.criteria}
+            for c in st.criteria:
+                entries.append(CriterionEntry(t.id, c.id, c.text, weight=c.weight, anchor=c.anchor))
+            for upd in self.accepted_log.get(t.id, []):
+                for cid, after in upd["after"].items():
+                    if after is None and cid not in live and upd["before"].get(cid):
+                        b = upd["before"][cid]
+                        entries.append(CriterionEntry(t.id, cid, b["text"], deleted=True))
+        self.memory.index_criteria(step, entries)
+
+    # ------------------------------------------------------------------ metrics
+
+    def _metrics(self, work, verdicts, times, mounted=(), not_attributed=0) -> dict[str, float]:
+        m: dict[str, float] = {}
+        labels = [c.label for _, _, att, *_ in work for c in att.labels]
+        for lab in LABELS:
+            m[f"labels/{lab}"] = labels.count(lab) / len(labels) if labels else 0.0
+        for iface in INTERFACES:
+            cands = [(t.id, c[iface]) for t, _, _, c, *_ in work if c.get(iface) is not None]
+            deferred = [tid for tid, _ in cands if verdicts[(tid, iface)].reason == DEFERRED]
+            cands = [(tid, c) for tid, c in cands if tid not in deferred]
+            acc = [verdicts[(tid, iface)].accepted for tid, _ in cands]
+            m[f"updates/{iface}/deferred"] = float(len(deferred))
+            m[f"updates/{iface}/proposed"] = float(len(cands))
+            m[f"updates/{iface}/accepted"] = float(sum(acc))
+            m[f"updates/{iface}/rejected"] = float(len(acc) - sum(acc))
+        measured = {k for k, v in verdicts.items() if v.reason != DEFERRED}
+        grounded = [
+            verdicts[(t.id, i)].accepted
+            for t, _, _, c, *_ in work for i in ("rollout", "rubric")
+            if c.get(i) is not None and c[i].grounded and (t.id, i) in measured
+        ]  # fmt: skip
+        plain = [
+            verdicts[(t.id, i)].accepted
+            for t, _, _, c, *_ in work for i in ("rollout", "rubric")
+            if c.get(i) is not None and not c[i].grounded and (t.id, i) in measured
+        ]  # fmt: skip
+        if grounded:
+            m["critic/accept_rate_with_evidence"] = float(np.mean(grounded))
+        if plain:
+            m["critic/accept_rate_without_evidence"] = float(np.mean(plain))
+        n_fields = [len(self.state[t.id].fields) if t.id in self.state else 0 for t in self.tasks]
+        m["guidance/fields_per_task"] = float(np.mean(n_fields))
+        m["guidance/unguided_share"] = float(np.mean([n == 0 for n in n_fields]))
+        if mounted:
+            # Over the step's drawn tasks (the bank-wide share above counts never-drawn tasks).
+            m["guidance/drawn_fields_per_task"] = float(np.mean(mounted))
+            m["guidance/drawn_unguided_share"] = float(np.mean([n == 0 for n in mounted]))
+        for lv in range(len(self.levels)):
+            m[f"levels/{lv}"] = float(np.mean([self._level(t) == lv for t in self.tasks]))
+        m["reversal_rate"] = self.totals["reversals"] / max(1, self.totals["accepted_rubric"])
+        m["task_saturated"] = (
+            float(np.mean([att.task_saturated for _, _, att, *_ in work])) if work else 0.0
+        )
+        for k, v in times.items():
+            m[f"time/{k}"] = v
+        if self.llm is not None:
+            m["attributor/not_attributed"] = float(not_attributed)
+            for who, caller in zip(("attributor", "proposer"), self.llm, strict=True):
+                for k, v in caller.stats().items():
+                    m[f"llm/{who}/{k}"] = float(v)
+        return m
+
+    def pop_events(self) -> list[dict[str, Any]]:
+        out, self._events = self._events, []
+        return out
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.memory is not None:
+            self.memory.flush()  # a checkpoint never precedes its step's memory records
+        return {
+            "levels": list(self.levels),
+            "rollout_band": [self.rollout_band.lower, self.rollout_band.upper],
+            "rubric_band": [self.rubric_band.lower, self.rubric_band.upper],
+            "calibrated": self.calibrated,
+            "tasks": {
+                tid: {
+                    "criteria": [criterion_json(c) for c in st.criteria],
+                    "anchor_share": st.anchor_share, "level": st.level,
+                    "fields": st.fields, "draws": st.draws,
+                }
+                for tid, st in sorted(self.state.items())
+            },
+            "last_label": dict(sorted(self.last_label.items())),
+            "generic": dict(sorted(self.generic.items())),
+            "accepted_log": self.accepted_log,
+            "totals": dict(self.totals),
+            "sec": self.sec.state_dict() if self.sec is not None else None,
+        }  # fmt: skip
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if not state:
+            return
+        self.levels = validate_levels(state["levels"], "checkpoint harness levels")
+        self.rollout_band = Band(*state["rollout_band"])
+        self.rubric_band = Band(*state["rubric_band"])
+        self.calibrated = state.get("calibrated")
+        self.state = {
+            tid: TaskHarness(
+                criteria=tuple(criterion_from_json(c) for c in d["criteria"]),
+                anchor_share=float(d["anchor_share"]), level=int(d["level"]),
+                fields={k: dict(v) for k, v in d["fields"].items()}, draws=int(d["draws"]),
+            )
+            for tid, d in state["tasks"].items()
+        }  # fmt: skip
+        self.last_label = dict(state["last_label"])
+        self.generic = {k: bool(v) for k, v in state["generic"].items()}
+        self.accepted_log = {k: list(v) for k, v in state["accepted_log"].items()}
+        self.totals = dict(state["totals"])
+        if self.sec is not None and state.get("sec"):
+            self.sec.load_state_dict(state["sec"])
+
+
+__all__ = ["HarnessConfig", "HarnessController", "TaskHarness"]
