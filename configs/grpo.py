@@ -71,11 +71,12 @@ def apply_gpu(c: common.ConfigDict, path: str | bool) -> None:
         prompt_buckets=(128, 256, 512),
         max_teacher_prompt_len=2048,
         attention_impl="auto",  # cuDNN flash attention for the bf16 full-sequence forwards
-        # Ours: a micro-batch below is 32 rows of up to 2048 tokens; on 8 devices (4 rows each)
-        # Qwen3-4B keeps 19.5 GiB of activations with "dots", 112 GiB with "none" (beyond an
-        # 80 GB card, most of an H200), 4.5 GiB with "full" (python benchmarks/remat_memory.py
-        # --preset=qwen3_4b --batch=4 --seq=2048 --fsdp=8). On fewer devices: "full" or more
-        # micro-batches (one device, 32 rows: dots 155 GiB, full 34 GiB).
+        # Ours: an update below is 128 rows (32 tasks x 8 samples / 2 mini-batches) in 8
+        # micro-batches of 16 rows of up to 2048 tokens; on 8 devices (2 rows each) Qwen3-4B
+        # keeps 9.9 GiB of activations with "dots", 59 GiB with "none", 2.3 GiB with "full"
+        # (python benchmarks/remat_memory.py --preset=qwen3_4b --batch=2 --seq=2048 --fsdp=8);
+        # the whole step's per-device peak is benchmarks/aot_fit.py's (docs/gpu.md). On fewer
+        # devices: "full" or more micro-batches.
         remat="dots",
     )
     c.warmstart.max_prompt_len = 1024

@@ -468,9 +468,13 @@ def build_spaced_tokenizer(vocabulary: Sequence[str], directory: str) -> Tokeniz
 
 def build_tokenizer(config: ConfigDict, domain: Domain, workdir: str) -> Tokenizer:
     """``model.tokenizer``, a checkpoint's own, or the embedded one over the domain's vocabulary;
-    prompts formatted as ``model.chat_template`` says (models/tokenizer.py)."""
+    prompts formatted as ``model.chat_template`` and ``model.enable_thinking`` say
+    (models/tokenizer.py)."""
     template = config.model.get("chat_template", "auto")
-    return Tokenizer(_tokenizer(config, domain, workdir).hf, chat_template=template)
+    thinking = bool(config.model.get("enable_thinking", False))
+    return Tokenizer(
+        _tokenizer(config, domain, workdir).hf, chat_template=template, enable_thinking=thinking
+    )
 
 
 def _tokenizer(config: ConfigDict, domain: Domain, workdir: str) -> Tokenizer:

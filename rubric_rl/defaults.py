@@ -63,6 +63,10 @@ def get_base_config() -> ConfigDict:
         # "role: content" lines); "raw" = no template, the messages' contents as they are (one
         # message: exactly its content); or a Jinja template string used instead of the tokenizer's.
         chat_template="auto",
+        # The chat template's ``enable_thinking`` variable (Qwen3: False opens the reply with an
+        # empty <think></think> block; True lets the model reason first, which a rollout's
+        # max_new_tokens then has to hold). Off: the seeds' rollouts answer directly.
+        enable_thinking=False,
     )
 
     # --- device mesh (DESIGN §8): product must equal the device count (-1 = fill) -------------

@@ -104,14 +104,15 @@ def test_cli_prints_one_line_and_names_bad_flags():
 def test_gpu_variant_remat_fits_eight_80gb_devices():
     """configs/grpo.py:gpu's remat against its own micro-batch: Qwen3-4B (the default checkpoint)
     on 8 devices of 80 GiB, rows of the longest prompt + completion. Its policy leaves most of the
-    memory to the LM head, the teacher and XLA; "none" would not fit at all."""
+    memory to the LM head, the teacher and XLA; "none" would not fit jax's default pool (75 %)."""
     from configs import grpo
 
     c = grpo.get_config("gpu")
-    rows = c.rollout.samples_per_task * c.rollout.tasks_per_step // c.optim.num_micro_batches
+    update = c.rollout.samples_per_task * c.rollout.tasks_per_step // c.optim.mini_batches
+    rows = update // c.optim.num_micro_batches
     seq = c.model.max_prompt_len + c.rollout.max_new_tokens
     out = remat_memory.remat_memory(
         "qwen3_4b", rows // 8, seq, c.model.dtype, attention="cudnn", device_gib=80, fsdp=8
     )
     assert out["policies"][c.model.remat]["ratio_to_device"] < 0.5
-    assert out["policies"]["none"]["ratio_to_device"] > 1
+    assert out["policies"]["none"]["ratio_to_device"] > 0.75

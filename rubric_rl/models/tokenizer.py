@@ -46,10 +46,17 @@ class Tokenizer:
     - "raw": no template. The prompt is the messages' contents as they are: one message's content
       exactly, several joined by ``RAW_SEPARATOR``; no role words, no generation prompt.
     - a Jinja template string: used instead of the tokenizer's own (same variables: ``messages``,
-      ``add_generation_prompt``, ``tools``, the special tokens).
+      ``add_generation_prompt``, ``tools``, ``enable_thinking``, the special tokens).
+
+    ``enable_thinking`` is handed to the template as a variable of that name: Qwen3's template
+    then opens the reply with an empty ``<think></think>`` block when it is False (the default
+    here: a reasoning trace would spend the rollout's ``max_new_tokens`` and be cut before the
+    answer), and lets the model think when True; templates without the variable ignore it.
     """
 
-    def __init__(self, path_or_tokenizer: Any, *, chat_template: str = "auto"):
+    def __init__(
+        self, path_or_tokenizer: Any, *, chat_template: str = "auto", enable_thinking: bool = False
+    ):
         from rubric_rl.models.gguf_io import gguf_tokenizer, is_gguf_source
 
         if is_gguf_source(path_or_tokenizer):  # a GGUF file's own vocabulary and chat template
@@ -64,6 +71,7 @@ class Tokenizer:
         else:
             self.hf = path_or_tokenizer
         self.chat_template = check_chat_template(chat_template, "Tokenizer(chat_template=...)")
+        self.enable_thinking = bool(enable_thinking)
 
     @property
     def vocab_size(self) -> int:
@@ -120,6 +128,7 @@ class Tokenizer:
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 chat_template=custom,
+                enable_thinking=self.enable_thinking,
                 **extra,
             )
         text = "".join(f"{m['role']}: {m['content']}\n" for m in msgs)

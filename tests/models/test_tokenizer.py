@@ -69,6 +69,24 @@ def test_chat_template_ids(tok_dir):
     assert tok.apply_chat_template(msgs, add_generation_prompt=False) == expected
 
 
+def test_thinking_is_off_unless_asked(tok_dir):
+    """``enable_thinking`` reaches the template as its variable (as Qwen3's template reads it):
+    off by default, on when asked; a template without it is unchanged either way."""
+    path, v = tok_dir
+    qwen3_like = CHAT_TEMPLATE + (
+        "{% if add_generation_prompt and enable_thinking is defined and not enable_thinking %}"
+        "<|im_start|>\n<|im_end|>\n{% endif %}"
+    )
+    msgs = [{"role": "user", "content": "hello"}]
+    plain = Tokenizer(str(path)).apply_chat_template(msgs)
+    off = Tokenizer(str(path), chat_template=qwen3_like).apply_chat_template(msgs)
+    on = Tokenizer(str(path), chat_template=qwen3_like, enable_thinking=True)
+    empty_think = [v["<|im_start|>"], v["\n"], v["<|im_end|>"], v["\n"]]
+    assert off == plain + empty_think
+    assert on.apply_chat_template(msgs) == plain
+    assert Tokenizer(str(path), enable_thinking=True).apply_chat_template(msgs) == plain
+
+
 def test_fallback_without_template(tmp_path):
     _build(tmp_path, with_template=False)
     tok = Tokenizer(str(tmp_path))
