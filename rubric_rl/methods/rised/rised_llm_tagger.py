@@ -32,6 +32,7 @@ from rubric_rl.rubrics.llm import (
     run_sync,
     strip_json_fence,
 )
+from rubric_rl.rubrics.prompts import FENCE_RULE, fence
 from rubric_rl.rubrics.types import Message, Task
 from rubric_rl.rubrics.vocabulary import Vocabulary, normalise_name
 
@@ -65,7 +66,10 @@ _TAG_USER_V1 = """\
 
 Return the JSON object now."""
 
-TAG_TEMPLATE = ReflectionTemplate("rised_tag", 1, _TAG_SYSTEM_V1, _TAG_USER_V1)
+# v2: the response fenced (``fence``) and the rule in the instructions.
+TAG_TEMPLATE = ReflectionTemplate(
+    "rised_tag", 2, _TAG_SYSTEM_V1 + "\n" + FENCE_RULE.format(label="response"), _TAG_USER_V1
+)
 TAG_SCHEMA = {
     "type": "object",
     "properties": {
@@ -201,7 +205,7 @@ class LLMTagger(RolloutTagger):
             vocabulary=_vocabulary_lines(self.vocab, ids),
             env=task.env_name or task.task_type or "-",
             task=task.question[: self.max_chars],
-            response=response[: self.max_chars] if response else "(empty)",
+            response=fence(response[: self.max_chars]) if response else "(empty)",
             reward="unknown" if reward is None else f"{float(reward):.3g}",
         )
 
