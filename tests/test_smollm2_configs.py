@@ -1,5 +1,5 @@
-"""configs/grpo.py:smollm2, configs/arise.py:smollm2 and :smollm2,outcome_only: SmolLM2-135M-Instruct
-on the instruction-following domain. The configs build and validate; the domain builds; with the
+"""configs/grpo.py:smollm2, configs/arise.py:smollm2 and :smollm2,outcome_only (SmolLM2-135M
+on the instruction-following domain). The configs build and validate; the domain builds; with the
 wheel installed, every guided training prompt fits max_prompt_len in the model's own tokens."""
 
 from __future__ import annotations
