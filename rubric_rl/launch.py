@@ -10,8 +10,10 @@ The run holds an exclusive lock on its workdir (``rubric_rl.run_dir``): a second
 fails at once. The resolved config is written to ``<workdir>/config.json`` only once the workdir
 is known to be this run's (secrets are never in a config: only the names of the environment
 variables that hold them); a resumed run's changes are listed in ``config_changes.jsonl``. On
-several hosts (JAX_COORDINATOR_ADDRESS / SLURM / TPU environment),
-``jax.distributed.initialize()`` runs before any device is touched.
+several hosts (an explicit JAX_COORDINATOR_ADDRESS, or SLURM with several tasks),
+``jax.distributed.initialize()`` runs before any device is touched. Compiled programs are kept
+in jax's persistent compilation cache (``compilation_cache_dir``), so a resumed or repeated run
+skips the step's compiles.
 """
 
 from __future__ import annotations
@@ -77,6 +79,23 @@ def maybe_initialize_distributed() -> bool:
             kwargs["coordinator_address"] = os.environ["JAX_COORDINATOR_ADDRESS"]
         jax.distributed.initialize(**kwargs)
     return multi
+
+
+def compilation_cache_dir(environ: dict[str, str]) -> str | None:
+    """Where the launch keeps jax's persistent compilation cache: None when
+    ``JAX_COMPILATION_CACHE_DIR`` is set (jax reads it itself) or ``RUBRIC_RL_JAX_CACHE=off``;
+    else ``RUBRIC_RL_JAX_CACHE``, or ``$XDG_CACHE_HOME/rubric_rl/jax`` (``~/.cache`` when
+    unset). One directory for every run of this user: a train step compiles once per shape
+    (the prompt x completion buckets: minutes each at 4B and above), not once per launch."""
+    if environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return None
+    chosen = environ.get("RUBRIC_RL_JAX_CACHE", "")
+    if chosen == "off":
+        return None
+    if chosen:
+        return chosen
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "rubric_rl", "jax")
 
 
 def tcmalloc_reexec(
@@ -161,6 +180,10 @@ def main(argv):
     set_library_info(bool(config.logging.get("library_info", False)))
     maybe_initialize_distributed()
     import jax
+
+    cache = compilation_cache_dir(dict(os.environ))
+    if cache:
+        jax.config.update("jax_compilation_cache_dir", cache)
 
     from rubric_rl.config_validation import validate_config
 

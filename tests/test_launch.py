@@ -87,6 +87,21 @@ def test_explicit_coordinator_needs_the_process_count_and_index(monkeypatch):
     assert maybe_initialize_distributed() is False  # one host: nothing to initialise
 
 
+def test_compilation_cache_by_default_for_launches():
+    """A launch keeps jax's persistent compilation cache: the user's cache directory unless
+    jax's own variable names one, RUBRIC_RL_JAX_CACHE chooses another, or turns it off."""
+    import os
+
+    from rubric_rl.launch import compilation_cache_dir
+
+    home = os.path.expanduser("~")
+    assert compilation_cache_dir({}) == os.path.join(home, ".cache", "rubric_rl", "jax")
+    assert compilation_cache_dir({"XDG_CACHE_HOME": "/c"}) == "/c/rubric_rl/jax"
+    assert compilation_cache_dir({"RUBRIC_RL_JAX_CACHE": "/d"}) == "/d"
+    assert compilation_cache_dir({"RUBRIC_RL_JAX_CACHE": "off"}) is None
+    assert compilation_cache_dir({"JAX_COMPILATION_CACHE_DIR": "/e"}) is None  # jax reads it
+
+
 def test_tcmalloc_reexec_preloads_once_and_can_be_turned_off():
     import sys
 
