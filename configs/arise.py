@@ -33,7 +33,12 @@ Variants (comma-separated, big_vision style):
   ``uniform`` = the epoch-shuffled uniform sampler; ``variance`` = the reward-variance selector,
   SAMPLERS name ``reward_variance``, options ``arise.variance``, scoring the task reward);
 - ``outcome_only``: task (verifier) reward only: no pool, no skills, uniform sampling — the
-  outcome-only RL baseline under the same per-step rollout budget.
+  outcome-only RL baseline under the same per-step rollout budget;
+- ``smollm2``: SmolLM2-135M-Instruct on the English instruction-following domain, on a CPU
+  (``configs/grpo.py:apply_smollm2``); ``smollm2,outcome_only`` is its outcome-only arm. The
+  pool's criteria come from the domain's checker library; a capability (an instruction type)
+  has no text in the reflection's ``skill_texts`` (the embedded domain's), so its skill is the
+  criterion's own text.
 
 Builders: ``make_arise_controller(domain.train, config.rollout.tasks_per_step,
 seed=config.train.seed, llm_client=..., criteria_library=<the domain's checker library>,
@@ -65,6 +70,7 @@ VARIANTS = (
     "sampler",
     "outcome_only",
     "protocol",
+    "smollm2",
 )
 SAMPLER_CHOICES = {"capability": "capability", "uniform": "uniform", "variance": "reward_variance"}
 
@@ -176,6 +182,8 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
         c.loss.rollout_correction = "geo_mask"
     if "smoke" in variants:
         apply_smoke(c)
+    if "smollm2" in variants:
+        grpo.apply_smollm2(c)
     if "model" in variants:
         c.model.name = variants["model"]
     if "no_skills" in variants:

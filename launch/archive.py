@@ -64,6 +64,11 @@ def archive(root: str, dest_root: str, *, force: bool = False) -> dict[str, list
             if not an.is_finished(run_dir):
                 done["unfinished"].append(name)
                 continue
+            # A final checkpoint with metrics that stop short (rows lost or cut): not whole.
+            short = an.stopped_short(an.load_run(run_dir))
+            if short is not None:
+                done["unfinished"].append(f"{name} (metrics end at {short})")
+                continue
             dest = os.path.join(dest_root, group, f"seed{seed}")
             if an.metrics_path(dest) is not None and not force:
                 done["kept"].append(name)

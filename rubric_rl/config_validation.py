@@ -141,6 +141,10 @@ def _check_async(r: ConfigDict, num_devices: int | None) -> None:
             )
 
 
+# Domains whose generator has a validation split (config.domain.n_validation > 0 allowed).
+VALIDATION_DOMAINS = ("constraints", "instruct")
+
+
 def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> None:
     """Start-up checks; raises ValueError("config.<field>: ...") on the first problem."""
     check_env_settings(config)  # a key pasted into a *_env setting; a variable that is not set
@@ -275,11 +279,11 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         if int(config.domain[split]) < 1:
             _fail(f"domain.{split}", f"must be >= 1, got {config.domain[split]}")
     n_val = int(config.domain.get("n_validation", 0))
-    if n_val < 0 or (n_val and config.domain.name != "constraints"):
+    if n_val < 0 or (n_val and config.domain.name not in VALIDATION_DOMAINS):
         _fail(
             "domain.n_validation",
-            f"must be >= 0, and 0 except on the constraints domain (the only one with a "
-            f"validation split); got {n_val} on {config.domain.name!r}",
+            f"must be >= 0, and 0 except on the domains with a validation split "
+            f"({', '.join(VALIDATION_DOMAINS)}); got {n_val} on {config.domain.name!r}",
         )
     if config.domain.name == "dataset":
         _validate_dataset_domain(config)
