@@ -54,6 +54,8 @@ kl_beta 0.001 (HarnessRL's; AgentRL's value is unknown).
 from __future__ import annotations
 
 from configs import common, grpo
+from rubric_rl.methods.method import section_defaults
+from rubric_rl.methods.rised.rised import FROM_OTHER_SECTIONS, RisedConfig
 
 VARIANTS = (
     "smoke", "model", "hard", "protocol", "beta", "grpo_k", "grpo_2k", "top_var", "var_target",
@@ -69,31 +71,9 @@ TRANSFER_VALIDATION = 64  # ours: validation tasks at least (the pools and pass 
 
 
 def get_rised_section() -> common.ConfigDict:
-    r = common.ConfigDict()
-    r.selection = "profile"  # profile | none | top_variance | variance_targeted
-    r.beta = 1.0  # ours: the seed gives no value (baselines.md suggests sweeping 0.5 / 1 / 2)
-    r.overlap = "max"  # ours; "mean" is the cheap alternative
-    r.teacher = "positive"  # positive (RISED) | all (All-Rubric SD) | none
-    r.top_n = 3  # the seed: top-3 of the rollout ∪ top-3 of its group
-    r.anti_patterns = True
-    r.anti_top = 3  # ours: negatives per environment's anti-patterns block
-    r.variance_target = 2.0  # var_target: multiple of the pool mean variance (ours)
-    # The tagger's reliability probe (seed C.2): every 10 steps 16 of the step's rollouts are
-    # tagged again under another seed (tag/reliability/*; ours: the schedule and sample size).
-    r.retag_every = 10
-    r.retag_samples = 16
-    # The tagger: "programmatic" (the embedded domain: checkers and fluff detectors) or "llm"
-    # (one call per rollout through judge.llm's endpoint unless rised.llm overrides it).
-    r.tagger = "programmatic"
-    # A vocabulary file (rubric_rl/rubrics/vocabulary.py format); "" = the embedded domain's,
-    # built by the warm-up (weak-policy failures + reference answers) and cached in the run.
-    r.vocabulary = ""
-    # The transfer analysis's single-environment runs (``single_env=<env>``): only this
-    # environment's training tasks are sampled; "" = every environment.
-    r.train_environment = ""
-    r.llm = common.ConfigDict(dict(backend="", model="", base_url="", retry_candidates=24,
-                                   refresh_every=10))  # fmt: skip
-    return r
+    """``config.rised`` at its defaults: ``RisedConfig``'s fields (each documented there; k and
+    the seed come from ``rollout.train_groups`` and ``train.seed``)."""
+    return common.ConfigDict(section_defaults(RisedConfig, *FROM_OTHER_SECTIONS))
 
 
 def get_config(arg: str | None = None) -> common.ConfigDict:

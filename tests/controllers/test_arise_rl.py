@@ -38,7 +38,7 @@ from rubric_rl.methods.arise_rl.generator_domain import (
 from rubric_rl.rollout.engine import Generation
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verdict
 from rubric_rl.services import Services
-from rubric_rl.step import StepContext, build_pipeline
+from rubric_rl.step import StepContext
 from rubric_rl.trainer_batch import rollouts_to_batch
 from tests.rollout.test_agent import ScriptedEngine
 
@@ -268,9 +268,8 @@ def scripted_steps(workdir: str, config, engine_cls, steps):
         config, engine, tok, builders.build_judge(config, workdir), domain, workdir,
         functools.partial(builders.prompt_buckets, config),
     )  # fmt: skip
-    controllers = builders.build_controllers(config, domain)
+    controllers, pipeline = builders.build_method(config, domain)
     controllers.bind(services, f"{workdir}/controllers")
-    pipeline = build_pipeline(config)
     out = {}
     for step in steps:
         engine.requests.clear()

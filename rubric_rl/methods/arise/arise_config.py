@@ -3,7 +3,7 @@ of ``make_arise_controller`` built from it.
 
 ``configs/arise.py`` builds the section (variants, smoke settings) from ``arise_defaults()``; this
 module only reads it, so the package never imports ``configs/``. ``validate_arise`` runs from
-``rubric_rl.config_validation.validate_config`` when ``config.method == "arise"``, so a bad
+``rubric_rl.config_validation.validate_config`` through the arise ``Method``, so a bad
 ``arise.*`` value fails at start-up naming the field, before any model is built.
 """
 

@@ -836,17 +836,7 @@ def generator_metrics(infos: Sequence[Mapping[str, Any]], k: int) -> dict[str, f
     return m
 
 
-# --- the pipeline's stages (step.PIPELINES["arise_rl"]) -----------------------------------------
-
-
-def _controller(ctx: Any) -> AriseRLController:
-    ctl = [c for c in ctx.controllers.controllers if isinstance(c, AriseRLController)]
-    if len(ctl) != 1:
-        raise ValueError(
-            f"the arise_rl pipeline needs exactly one AriseRLController, got {len(ctl)} "
-            f"({[c.name for c in ctx.controllers.controllers]})"
-        )
-    return ctl[0]
+# --- the pipeline (the arise_rl Method's) --------------------------------------------------------
 
 
 def assign_roles(rollouts: Rollouts) -> Rollouts:
@@ -859,40 +849,56 @@ def assign_roles(rollouts: Rollouts) -> Rollouts:
     return rollouts
 
 
-def generate_generator_groups(rollouts: Rollouts, ctx: Any) -> Rollouts:
-    """Before the default ``generate``: generator groups get trained agent episodes over the
-    generator's tool environment (the default stage then skips them)."""
+def pipeline(controller: AriseRLController) -> Any:
+    """ARISE-RL's step over its controller: sample (+ roles) → decorate → generate (generator
+    groups: agent episodes with the lookup tool, trained) → judge → attempts (parse, gates, K
+    solver attempts: never trained) → reward → advantage → observe → memory (RG-SED's memory
+    rollouts: never trained; Δr) → select → teacher (the memory in the prompt) → gate."""
+    from rubric_rl import step
     from rubric_rl.services import TRAIN_STREAM
 
-    todo = [g for g in rollouts.groups if g.role == "generator" and not g.trajectories]
-    if todo:
-        n = int(ctx.config.rollout.samples_per_task)
-        ids, trajs = _controller(ctx)._run_generator([g.task for g in todo], n, TRAIN_STREAM)
-        for g, p, ts in zip(todo, ids, trajs, strict=True):
-            g.prompt_ids, g.trajectories = tuple(p), list(ts)
-    return rollouts
+    def sample_roles(rollouts: Rollouts | None, ctx: Any) -> Rollouts:
+        return assign_roles(step.sample(rollouts, ctx))
 
+    def generate_roles(rollouts: Rollouts, ctx: Any) -> Rollouts:
+        """Generator groups get trained agent episodes over the generator's tool environment
+        (the default ``generate`` then skips them)."""
+        todo = [g for g in rollouts.groups if g.role == "generator" and not g.trajectories]
+        if todo:
+            n = int(ctx.config.rollout.samples_per_task)
+            ids, trajs = controller._run_generator([g.task for g in todo], n, TRAIN_STREAM)
+            for g, p, ts in zip(todo, ids, trajs, strict=True):
+                g.prompt_ids, g.trajectories = tuple(p), list(ts)
+        return step.generate(rollouts, ctx)
 
-def attempts_stage(rollouts: Rollouts, ctx: Any, verifier_signal: str) -> Rollouts:
-    """R_G's inputs for the generator groups: parse, gates, K solver attempts (never trained)."""
-    _controller(ctx).score_generator_groups(rollouts, verifier_signal)
-    return rollouts
+    def attempts(rollouts: Rollouts, ctx: Any) -> Rollouts:
+        """R_G's inputs for the generator groups: parse, gates, K solver attempts (never
+        trained)."""
+        controller.score_generator_groups(rollouts, step.VERIFIER_SIGNAL)
+        return rollouts
 
+    def memory(rollouts: Rollouts, ctx: Any) -> Rollouts:
+        """RG-SED's memories and memory rollouts (measurement only) and Δr, when SD is on."""
+        if ctx.needs_teacher:
+            ctx.metrics.update(
+                {f"arise_rl/{k}": v for k, v in controller.run_rgsed(rollouts).items()}
+            )
+        return rollouts
 
-def memory_stage(rollouts: Rollouts, ctx: Any) -> Rollouts:
-    """RG-SED's memories and memory rollouts (measurement only) and Δr, when SD is on."""
-    if ctx.needs_teacher:
-        ctx.metrics.update(
-            {f"arise_rl/{k}": v for k, v in _controller(ctx).run_rgsed(rollouts).items()}
-        )
-    return rollouts
+    def teacher(rollouts: Rollouts, ctx: Any) -> Rollouts:
+        """Every trained rollout of a group with memory: the teacher prompt with m."""
+        if ctx.needs_teacher:
+            controller.set_teachers(rollouts)
+        return rollouts
 
-
-def teacher_stage(rollouts: Rollouts, ctx: Any) -> Rollouts:
-    """Every trained rollout of a group with memory: the teacher prompt with m."""
-    if ctx.needs_teacher:
-        _controller(ctx).set_teachers(rollouts)
-    return rollouts
+    return (
+        step.default_pipeline()
+        .replace("sample", sample_roles)
+        .replace("generate", generate_roles)
+        .insert_after("judge", "attempts", attempts)
+        .insert_after("observe", "memory", memory)
+        .replace("teacher", teacher)
+    )
 
 
 __all__ = [
@@ -903,14 +909,11 @@ __all__ = [
     "GeneratorScore",
     "Phase",
     "assign_roles",
-    "attempts_stage",
-    "generate_generator_groups",
-    "memory_stage",
-    "teacher_stage",
     "final_turn_mask",
     "generator_memory",
     "generator_metrics",
     "met_matrix",
     "phase",
+    "pipeline",
     "solver_rewards",
 ]

@@ -23,8 +23,8 @@ One controller, bound after the sampler (``EnvQuotaSampler``: fixed per-environm
   (ranked by count, ties by vocabulary order), as descriptions; no positive rubric -> no teacher
   prompt, so the SD term is exactly 0 (seed E.6). ``teacher="all"``: every polarity (the
   All-Rubric SD baseline and the all-rubric conditioning ablation). The RISED step pipeline
-  (``step.PIPELINES["rised"]``, registered below) replaces the per-group teacher stage with a
-  per-trajectory one that places these contexts.
+  (the rised ``Method``'s, ``rubric_rl/methods/rised/__init__.py``) replaces the per-group
+  teacher stage with a per-trajectory one (``teacher_stage``) that places these contexts.
 
 What the seed does not state and is ours (also in ``configs/rised.py`` and the README): β = 1;
 the max (not mean) overlap; environment order and quota rounding; an environment's anti-patterns
@@ -62,10 +62,32 @@ SELECTIONS = ("profile", "none", "top_variance", "variance_targeted")
 TEACHERS = ("positive", "all", "none")
 
 
+TAGGERS = ("programmatic", "llm")
+# Set from other sections (rollout.train_groups, train.seed), never in ``config.rised``.
+FROM_OTHER_SECTIONS = ("k", "seed")
+
+
+@dataclasses.dataclass(frozen=True)
+class RisedLLM:
+    """``config.rised.llm``: the LLM tagger's client (empty fields: ``judge.llm``'s) and its
+    retry path."""
+
+    backend: str = ""
+    model: str = ""
+    base_url: str = ""
+    retry_candidates: int = 24  # vocabulary entries shown on the retry call
+    refresh_every: int = 10  # steps between refreshes of the tagger's vocabulary prompt
+
+
 @dataclasses.dataclass(frozen=True)
 class RisedConfig:
+    """The ``config.rised`` section (every field but ``k`` and ``seed``, which come from
+    ``rollout.train_groups`` and ``train.seed``): the one default of each field, checked here.
+    ``configs/rised.py`` starts the section from ``section_defaults(RisedConfig, *FROM_OTHER_...)``
+    and the method builds it back with ``RisedConfig.from_config``."""
+
     k: int = 0  # groups trained per step (rollout.train_groups); 0 with selection "none"
-    selection: str = "profile"
+    selection: str = "profile"  # profile | none | top_variance | variance_targeted
     beta: float = 1.0  # overlap penalty (ours: the seed gives no value)
     overlap: str = "max"  # "max" | "mean" over the groups already selected (ours: max)
     teacher: str = "positive"  # positive rubrics (RISED) | all tagged rubrics | none (no SD)
@@ -76,15 +98,32 @@ class RisedConfig:
     # The reliability probe (seed C.2): every ``retag_every`` steps (0 = never) ``retag_samples``
     # of the step's rollouts are tagged a second time under another seed and compared (ours: the
     # seed reports the figures, not the schedule).
-    retag_every: int = 0
+    retag_every: int = 10
     retag_samples: int = 16
+    # The tagger: "programmatic" (the embedded domain: checkers and fluff detectors) or "llm"
+    # (one call per rollout through judge.llm's endpoint unless ``llm`` overrides it).
+    tagger: str = "programmatic"
+    # A vocabulary file (rubric_rl/rubrics/vocabulary.py format); "" = the embedded domain's.
+    vocabulary: str = ""
+    # The transfer analysis's single-environment runs (``single_env=<env>``): only this
+    # environment's training tasks are sampled; "" = every environment. Not ``train_env``: a
+    # config key ending in ``_env`` names an environment variable (rubrics/llm.py).
+    train_environment: str = ""
+    llm: RisedLLM = RisedLLM()
     seed: int = 0
 
     def __post_init__(self):
+        if isinstance(self.llm, Mapping):  # from a config section
+            try:
+                object.__setattr__(self, "llm", RisedLLM(**self.llm))
+            except TypeError as e:
+                raise ValueError(f"rised.llm: {e}") from e
         if self.selection not in SELECTIONS:
             raise ValueError(f"rised.selection={self.selection!r}: expected one of {SELECTIONS}")
         if self.teacher not in TEACHERS:
             raise ValueError(f"rised.teacher={self.teacher!r}: expected one of {TEACHERS}")
+        if self.tagger not in TAGGERS:
+            raise ValueError(f"rised.tagger={self.tagger!r}: expected 'programmatic' or 'llm'")
         if self.selection != "none" and self.k <= 0:
             raise ValueError(
                 f"rised.selection={self.selection!r} keeps k of the sampled groups: set "
@@ -96,6 +135,18 @@ class RisedConfig:
             raise ValueError("rised.retag_every must be >= 0 and rised.retag_samples >= 1")
         if self.overlap not in ("max", "mean"):
             raise ValueError(f"rised.overlap={self.overlap!r}: expected 'max' or 'mean'")
+
+    @classmethod
+    def from_config(cls, config: Any) -> RisedConfig:
+        """``config.rised`` with ``k`` = ``rollout.train_groups`` and ``seed`` = ``train.seed``;
+        an unknown field or a refused value is an error naming ``config.rised``."""
+        section = config.rised.to_dict() if hasattr(config.rised, "to_dict") else config.rised
+        try:
+            return cls(
+                k=int(config.rollout.train_groups), seed=int(config.train.seed), **dict(section)
+            )
+        except TypeError as e:
+            raise ValueError(f"config.rised: {e}") from e
 
 
 # A renderer writes RISED's blocks into a prompt: (task, positive descriptions, anti-pattern
@@ -458,33 +509,32 @@ class RisedController(Controller):
             self.tagger.load_state_dict(state["tagger"])
 
 
-def rised_teacher(rollouts: Rollouts, ctx: Any) -> Rollouts:
-    """The RISED pipeline's teacher stage (``step.PIPELINES["rised"]``): each trained rollout's
-    own teacher prompt from ``RisedController.teacher_contexts`` (None: no SD term)."""
-    if not ctx.needs_teacher:
+def teacher_stage(controller: RisedController):
+    """The RISED pipeline's teacher stage over its controller: each trained rollout's own
+    teacher prompt from ``controller.teacher_contexts`` (None: no SD term)."""
+
+    def rised_teacher(rollouts: Rollouts, ctx: Any) -> Rollouts:
+        if not ctx.needs_teacher:
+            return rollouts
+        prompts = controller.teacher_contexts(rollouts)
+        for g, row in zip(rollouts.groups, prompts, strict=True):
+            for t, p in zip(g.trajectories, row, strict=True):
+                t.teacher_prompt = p
         return rollouts
-    ctl = [c for c in ctx.controllers.controllers if isinstance(c, RisedController)]
-    if len(ctl) != 1:
-        raise ValueError(
-            f"the rised pipeline needs exactly one RisedController, got {len(ctl)} "
-            f"({[c.name for c in ctx.controllers.controllers]})"
-        )
-    prompts = ctl[0].teacher_contexts(rollouts)
-    for g, row in zip(rollouts.groups, prompts, strict=True):
-        for t, p in zip(g.trajectories, row, strict=True):
-            t.teacher_prompt = p
-    return rollouts
+
+    return rised_teacher
 
 
 __all__ = [
     "SELECTIONS",
     "TEACHERS",
     "RisedConfig",
+    "RisedLLM",
     "RisedController",
     "embedded_description",
     "embedded_renderer",
     "generic_renderer",
     "mixed_description",
     "mixed_renderer",
-    "rised_teacher",
+    "teacher_stage",
 ]
