@@ -1,6 +1,6 @@
 """The scripted-policy controller check of ARISE (rubric_rl/controller_check.py), before RL.
 
-Prints ONE JSON line: for ARISE's current defaults (``current``), its settings before issue 13
+Prints ONE JSON line: for ARISE's current defaults (``current``), its earlier defaults
 (``previous``: ``arise_config.PRE_ISSUE13``, i.e. importance weights u = 1/(N p) on the
 capability sampler's draws, the separation ranking, no exit for a pair still failing after its
 refinements, candidates from the seed rubric only, a pool of 8 filled at 2 pairs a step), the

@@ -16,7 +16,7 @@ Ratios (the CONVENTIONS' "ratio to a peer measured in the same run"):
   ``*_cpu``: the depth ratios in process CPU seconds (less sensitive to a busy machine);
   ``*_equations``: the depth ratios of the traced program's size (jaxpr equations of the loss
   and its gradient, nested bodies included): exact, whatever the machine's load.
-Issue 15's target: a 28-layer model compiles in at most 1.5× a 4-layer one of the same width
+The target: a 28-layer model compiles in at most 1.5× a 4-layer one of the same width
 (``--depths 4,28``). Absolute seconds vary ≈2× on shared CPUs; the ratios are the figures.
 """
 

@@ -1,6 +1,5 @@
 """Parse rate of ARISE-RL generator episodes after the embedded warm start with generator
-demonstrations (issue 18, item 1: "the warm-started policy emits parseable tasks at a measured
-rate").
+demonstrations: the warm-started policy must emit parseable tasks at a measured rate.
 
 Warm start: the embedded default (``configs/grpo.py``, preset ``--preset``, its constraint corpus)
 with ``generator_corpus.with_generator_demonstrations`` (share ``--fraction`` of the corpus,
@@ -12,7 +11,7 @@ in-context negatives. Prints ONE JSON line: the R_fmt rate (``parse_rate``), the
 both, the reasons for R_fmt = 0, the share of parsed tasks of the asked type, distinct parsed
 questions, three final answers, and the warm start's seconds. ``--workdir`` reuses a warm start.
 
-Measured 2026-12-03, tiny preset, 300 steps, batch 16, 2 loaded CPU cores (~200 s warm start):
+Measured on the tiny preset, 300 steps, batch 16, 2 loaded CPU cores (~200 s warm start):
 fraction 0.5: greedy parse 0/48 (tool 0.98; answers open <question> but never close it);
 fraction 1.0: greedy parse 0/48 (every answer has both tags; the questions repeat clauses or
 lack a head), sampled (T = 1) parse 3/96 = 0.031, parse and tool 1/96.

@@ -1,4 +1,4 @@
-r"""One-shot GPU acceptance check (issue 15, item 1); prints ONE JSON line.
+r"""One-shot GPU acceptance check; prints ONE JSON line.
 
     python benchmarks/gpu_check.py --mode=cpu                   # tiny shapes, seconds (the test)
     python benchmarks/gpu_check.py --mode=gpu --out OUT.json    # one H200, fits 8 minutes
@@ -49,7 +49,7 @@ Decode bound: tokens/s ≤ B · bandwidth / (weight bytes + KV bytes read per st
 attends over the whole preallocated cache (prompt + max_new_tokens − 1 slots), so
 ``bound_tok_s`` reads the full cache each step and ``bound_live_tok_s`` only the filled slots
 (average). Bandwidth: the datasheet (H200 4.8 TB/s, ``--bandwidth-tbs``) and a device copy timed in
-the same run. Goals (issue 15): ``train_step`` MFU ≥ 0.45 (Qwen3-0.6B and 1.7B), log-prob temp
+the same run. Goals: ``train_step`` MFU ≥ 0.45 (Qwen3-0.6B and 1.7B), log-prob temp
 bytes ≤ 0.25 × B·T·V·4; ``goals`` holds them as booleans (null where not measured).
 
 RUNNING IT ON THE DEVICE MACHINE (nvidia-h200: no network; its own python3 3.12 with jax 0.11.x
@@ -112,7 +112,7 @@ PARTS = ("parity", "attention", "logprob_memory", "train_step", "decode", "loop"
 # Dense bf16 datasheet peaks (TFLOP/s) and HBM bandwidth (TB/s), by device_kind substring.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
 BANDWIDTH_TBS = {"H200": 4.8, "H100": 3.35, "A100": 2.0}
-GOAL_MFU, GOAL_LOGPROB_MEMORY = 0.45, 0.25  # issue 15
+GOAL_MFU, GOAL_LOGPROB_MEMORY = 0.45, 0.25  # the acceptance goals (module docstring)
 
 # Per-mode shapes and the seconds a part needs at least (skipped when less budget is left; ours).
 SHAPES: dict[str, dict[str, Any]] = {
@@ -880,8 +880,8 @@ def main(argv: list[str] | None = None) -> dict:
         "deadline": start + budget,
         "peak_flops": peak * 1e12 if peak else None,
         "bandwidth": bw * 1e12 if bw else None,
-        # what qwen3's "auto" resolves to for bf16 and head_dim 128 (`qwen3._use_fused`). Until
-        # 2026-12-04 "auto" meant jax's implementation=None: its XLA path on GPU, not cuDNN.
+        # what qwen3's "auto" resolves to for bf16 and head_dim 128 (`qwen3._use_fused`); jax's
+        # own implementation=None would be its XLA path on GPU, not cuDNN.
         "attention_auto": "cudnn" if jax.default_backend() == "gpu" else "xla",
     }
     t0 = time.perf_counter()

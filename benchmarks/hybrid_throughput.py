@@ -1,5 +1,5 @@
 """A hybrid Qwen3.5 (Gated DeltaNet + gated attention) next to a Qwen3 of about the same parameter
-count: train-step and decode throughput on this machine; prints ONE JSON line (issue 14).
+count: train-step and decode throughput on this machine; prints ONE JSON line.
 
     python benchmarks/hybrid_throughput.py [--hidden 256] [--layers 8] [--batch 8] [--seq 256]
         [--new 64] [--rounds 3]

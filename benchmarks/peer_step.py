@@ -27,8 +27,8 @@ Each side runs ``--warmup`` + ``--steps`` steps and prints the medians of its ti
 step = one step's parameters ready to the next's; generation; the rest). This script reports, per
 side, the median over rounds of those per-run medians and every round's figures; for ours against
 each peer the ratio of those medians (step, generation, train), the step ratio of each round, and
-the issue's goals (issue 15): step <= 0.8x Tunix's and <= 0.5x TRL's. tcmalloc is preloaded for
-every side alike when found (``rubric_rl.tcmalloc``; it gave every peer ~20 % in the note), unless
+the goals: step <= 0.8x Tunix's and <= 0.5x TRL's. tcmalloc is preloaded for
+every side alike when found (``rubric_rl.tcmalloc``), unless
 ``--tcmalloc=off``. Absolute times on a shared CPU mean little; the ratios from alternating rounds
 are the figure.
 

@@ -7,7 +7,14 @@ Prints ONE JSON line: the median seconds of one selection over ``--repeats`` run
 per step, seed §C.6). Host-side numpy: the figure is the CPU's, and a ratio far below 1 is all
 it is meant to show.
 
-Usage: python benchmarks/rised_selection.py [--repeats 20]
+With ``--scripted-steps N`` (default 20; 0 skips it) it also runs RISED's default config for N
+steps on the scripted policy (``rubric_rl/methods/rised/rised_check.py``) under the current rules
+(``scripted/now/*``) and under every previous-behaviour flag (``scripted/previous/*``, the same
+as the code before outcome-conditioned tags, presence profiles and the new Var-Target): the
+trained groups' zero-variance share and mean within-group variance against a uniformly random
+choice of as many of the same candidates (``selected/*`` vs ``random/*``).
+
+Usage: python benchmarks/rised_selection.py [--repeats 20] [--scripted-steps 20]
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import collections
 import json
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -33,6 +41,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--groups", type=int, default=128)
     parser.add_argument("--rubrics", type=int, default=100)
+    parser.add_argument("--scripted-steps", type=int, default=20)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     profiles = rng.poisson(0.5, (args.groups, args.rubrics)).astype(float)
@@ -53,7 +62,27 @@ def main() -> None:
         seconds = float(np.median(times))
         out[f"{overlap}/seconds"] = seconds
         out[f"{overlap}/ratio_to_seed_bound"] = seconds / SEED_BOUND_S
+    if args.scripted_steps > 0:
+        out.update(scripted(args.scripted_steps))
     print(json.dumps(out))
+
+
+def scripted(steps: int) -> dict[str, float]:
+    from configs import rised as rised_config
+    from rubric_rl.methods.rised.rised_check import PREVIOUS_FLAGS, rised_figures
+
+    out = {}
+    for name, flags in (("now", {}), ("previous", PREVIOUS_FLAGS)):
+        c = rised_config.get_config()
+        c.unlock()
+        c.rised.update(**flags)
+        c.lock()
+        with tempfile.TemporaryDirectory() as d:
+            fig = rised_figures(c, steps, d)
+        for key in sorted(fig):
+            if key.startswith(("selected/", "random/")):
+                out[f"scripted/{name}/{key}"] = fig[key]
+    return out
 
 
 if __name__ == "__main__":

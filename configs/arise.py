@@ -21,7 +21,7 @@ Variants (comma-separated, big_vision style):
   it cannot rebuild a pool. Every pair the run ever added is judged: live ones keep their final
   state (active skills shown, hidden ones evaluated only), retired ones come back hidden; no
   reflection, no transitions. ``--config.arise.frozen_pool_entries=final`` installs the final
-  pool as it stood instead (retired pairs neither judged nor shown: the previous behaviour);
+  pool as it stood instead (retired pairs neither judged nor shown);
 - ``sampler=uniform|variance|capability``: alternative task sampling (ARISE's ablation:
   ``uniform`` = the epoch-shuffled uniform sampler; ``variance`` = the reward-variance selector,
   SAMPLERS name ``reward_variance``, options ``arise.variance``, scoring the task reward);
@@ -71,7 +71,7 @@ def get_arise_section() -> common.ConfigDict:
     a.capability = dict(
         # ARISE "prioritizes": draws are trained as drawn (u = 1). True multiplies each draw by
         # u = 1/(N p) (HarnessRL's correction), which returns the objective to uniform in
-        # expectation: the previous behaviour, kept as an ablation.
+        # expectation: the earlier default, kept as an ablation.
         importance_weights=False,
         discovery_share=0.25,
         prior_alpha=1.0,
@@ -86,7 +86,8 @@ def get_arise_section() -> common.ConfigDict:
     # rank="progress_mass": propose the criteria whose verdicts vary inside the most failing
     # groups (partial progress the task reward cannot see), by Σ_g q_g(1 − q_g); "progress" ranks
     # by the mean over those groups (a criterion reaching one group ties one reaching ten),
-    # "separation" is the ranking before issue 13 (controllers/reflection.py).
+    # "separation" ranks never-met criteria first, the earlier default
+    # (methods/arise/reflection.py).
     a.programmatic = dict(
         min_support=8,
         min_failures=4,

@@ -81,9 +81,9 @@ def get_arise_rl_section() -> common.ConfigDict:
     a.refresh_batch = 64
     a.n_negatives = 3  # seed: 10 (``seed_scale``); ours on the tiny policy (prompt length)
     a.generator_max_new_tokens = 96  # ours: a generator turn (question + rubric) fits
-    # K attempts against the solver frozen at the start of each cycle's generator phase (issue 18;
-    # "current": the live policy). Both roles share one parameter set: "frozen" holds a second
-    # one (the JAX engine) during the generator phase only.
+    # K attempts against the solver frozen at the start of each cycle's generator phase
+    # (the default; "current": the live policy). Both roles share one parameter set: "frozen"
+    # holds a second one (the JAX engine) during the generator phase only.
     a.solver_policy = "frozen"
     # The frozen base policy's single-shot pass rate on up to this many fresh generated tasks at
     # each refresh (seed Fig. 4; 0 = off): holds the warm-start parameters for the whole run.
@@ -95,7 +95,31 @@ def get_arise_rl_section() -> common.ConfigDict:
     a.difficulty = True
     a.tool_grounding = True
     a.rgsed_roles = ("generator", "solver")  # seed: both roles
-    a.memory_rollouts = 4  # ours: the seed does not give J'
+    # J' memory rollouts per group; 0 = J, the group's own size (the authors' scripts: 8 + 8).
+    a.memory_rollouts = 0
+    # The placebo arm: J' more rollouts per group with another task's memory (shuffled); its Δr,
+    # logged beside the real one, is the null (ours).
+    a.placebo = True
+    # Seeds of the memory rollouts: "placebo" (the real and placebo arms share fresh seeds: a
+    # paired contrast, and Δr unbiased), "standard" (memory j on standard j's seed: biased up
+    # when the memory names the standard rollouts' misses), "none".
+    a.paired_seeds = "placebo"
+    # The coach writes memory for every group (the seed's); "majority": only the criteria most of
+    # a group missed (rgsed_coach.py).
+    a.coach_rule = "every_group"
+    # Warm-up/decay clock: "phase" restarts at each role phase (ours: the seed is ambiguous),
+    # "global" runs on the training step.
+    a.schedule_clock = "phase"
+    a.satisfaction = "unweighted"  # eq. 7's mean; "weighted" by |λ|
+    a.pool_filter = "parsed"  # the seed keeps every task it can extract; "grounded": R_tool = 1 too
+    # A generated rubric is completed with every library criterion its question implies (the
+    # task verifier's requirement set, which the solver is evaluated on); "as_written".
+    a.rubric_completion = "library"
+    # Generator SD only on steps where its memory helps on average (mean Δr > 0): its warm start
+    # never showed the generator a memory; "always": the per-group gate alone.
+    a.generator_sd = "after_positive"
+    a.proposer_reward = "arise_rl"  # arise_rl | dr_zero | absolute_zero (their own rewards)
+    a.advantage_grouping = "group"  # group | hrpo (Dr. Zero) | trr++ (Absolute Zero)
     a.memory_placement = "system"  # seed App. E: the memory sits at the system prompt's tail
     a.gate = "soft"  # the authors' code; "hard" is the seed's eq. 12; "none" = w/o gating
     a.tau = 0.05
@@ -138,9 +162,9 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
     # Measured on the generator's parse rate alone (benchmarks/protocol_arise_rl.md, amendment 1):
     # the default 500 steps (200 of them copy demonstrations, batch 32) left 0 of 128 generator
     # episodes parseable; 1500 steps of the mixed corpus at batch 16 without the copy phase give
-    # 24 of 64 parseable, 60 of 64 tool-grounded (benchmarks/generator_parse_rate.py, 2026-12-03).
+    # 24 of 64 parseable, 60 of 64 tool-grounded (benchmarks/generator_parse_rate.py).
     # copy_fraction stays at the 0.1 this was measured (and the comparison ran) with; the base
-    # default became 0.2 on 2026-12-04 for the constraint domain's copy criteria (defaults.py).
+    # default is 0.2, for the constraint domain's copy criteria (defaults.py).
     c.warmstart.update(steps=1500, batch=16, copy_steps=0, copy_fraction=0.1)
     c.rollout.buckets = (8, 16, 24, 32, 64, 96)
     if "seed_scale" in variants:
@@ -214,7 +238,7 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
         c.arise_rl.teacher = "gkd"
         c.loss.update(sd_estimator="jsd", sd_jsd_beta=0.5)
     if "solver_grpo" in variants:
-        # Solver-only GRPO (issue 18's baseline): the domain's designed training tasks and seed
+        # Solver-only GRPO (the baseline): the domain's designed training tasks and seed
         # rubrics, ARISE-RL's weighted solver reward, the same warm start (generator
         # demonstrations included: the arms of a seed share it) and number of steps; no generator
         # role, no self-distillation.

@@ -191,8 +191,10 @@ def apply_variance_select(c: common.ConfigDict, which: str) -> None:
     mode, _, env = which.partition("_")
     c.controllers.sampler = "env_quota"
     c.rollout.train_groups = int(c.rollout.tasks_per_step) // 2
+    # targeted: k drawn with probability ∝ within-group variance (rised_selection.VARIANCE_TARGETS;
+    # "pool_multiple" with target_multiple=2 is the previous rule, 2× the pool mean).
     c.variance_select = dict(mode=mode, per_env=bool(env), reward="evidence", target=None,
-                             target_multiple=2.0)  # fmt: skip
+                             targeting="proportional", target_multiple=2.0)  # fmt: skip
 
 
 def get_config(arg: str | None = None) -> common.ConfigDict:

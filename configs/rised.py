@@ -20,10 +20,14 @@ Variants (comma-separated, big_vision style):
   steps) with RISED's budget: 2k = 32 candidate groups, k = 16 trained;
 - baselines (seed §4.2), each tagging its rollouts too (for the behaviour analyses):
   ``grpo_k`` (k groups generated and trained), ``grpo_2k`` (2k generated, all trained),
-  ``top_var`` / ``var_target`` (k of 2k by within-group reward variance: the k largest / the k
-  closest to 2× the pool mean, per-environment quotas), ``all_rubric_sd`` (k groups, no
-  selection, no anti-patterns, teacher conditioned on all tagged rubrics);
-- ablations: ``no_select`` (k groups generated, SD and anti-patterns on), ``no_sd``,
+  ``top_var`` / ``var_target`` (k of 2k by within-group reward variance: the k largest / k
+  drawn with probability ∝ variance, per-environment quotas; ``rised.variance_targeting``
+  ``pool_multiple`` gives the previous arm, the k closest to 2× the pool mean),
+  ``all_rubric_sd`` (k groups, no selection, no anti-patterns, teacher conditioned on all
+  tagged rubrics);
+- ablations: ``no_select`` (a uniformly random k of the same 2k candidates, per-environment
+  quotas, SD and anti-patterns on; ``no_select_k``: the previous reading, k groups generated
+  and all trained), ``no_sd``,
   ``positive_only`` (positive-rubric teacher, no anti-patterns), ``all_rubric`` (all-rubric
   teacher, no anti-patterns);
 - ``beta=<float>``: the overlap penalty;
@@ -44,7 +48,7 @@ Variants (comma-separated, big_vision style):
   analysis (it does not say which trainer its single-environment runs used). Analyse the run
   with ``python -m rubric_rl.methods.rised.rised_transfer <workdir>``.
 
-What the seed states and what is ours: the module docstrings of rubric_rl/controllers/rised*.py
+What the seed states and what is ours: the module docstrings of rubric_rl/methods/rised/rised*.py
 and the README's "RISED" section. Ours here: k = 16 of 32 on the embedded default (the seed: 64 of
 128 groups of 8 rollouts); sd_estimator "full" (reverse KL over the vocabulary) with sd_coef 0.01,
 chosen on the validation split (the seed gives neither; benchmarks/protocol_rised.md amendment 1);
@@ -59,10 +63,11 @@ from rubric_rl.methods.rised.rised import FROM_OTHER_SECTIONS, RisedConfig
 
 VARIANTS = (
     "smoke", "model", "hard", "protocol", "beta", "grpo_k", "grpo_2k", "top_var", "var_target",
-    "all_rubric_sd", "no_select", "no_sd", "positive_only", "all_rubric", "single_env", "tools",
+    "all_rubric_sd", "no_select", "no_select_k", "no_sd", "positive_only", "all_rubric",
+    "single_env", "tools",
 )  # fmt: skip
-ARMS = ("grpo_k", "grpo_2k", "top_var", "var_target", "all_rubric_sd", "no_select", "no_sd",
-        "positive_only", "all_rubric")  # fmt: skip
+ARMS = ("grpo_k", "grpo_2k", "top_var", "var_target", "all_rubric_sd", "no_select",
+        "no_select_k", "no_sd", "positive_only", "all_rubric")  # fmt: skip
 # single_env: the seed's checkpoint spacing (step 25 the baseline, 50..500 analysed); keep is
 # "all of them" for any step count (ours: a bound orbax needs).
 TRANSFER_EVERY = 25
@@ -174,7 +179,9 @@ def apply_arm(c: common.ConfigDict, arm: str) -> None:
     elif arm == "all_rubric_sd":
         c.rised.update(selection="none", teacher="all", anti_patterns=False)
         c.rollout.update(tasks_per_step=k, train_groups=0)
-    elif arm == "no_select":
+    elif arm == "no_select":  # a uniformly random k of the same 2k candidates
+        c.rised.selection = "random"
+    elif arm == "no_select_k":  # the previous reading: only k groups generated, all trained
         c.rised.selection = "none"
         c.rollout.update(tasks_per_step=k, train_groups=0)
     elif arm == "no_sd":

@@ -444,7 +444,7 @@ DYNAMICS = (
     ("SD context share", "sd/context_frac", ALL_STEPS),
     ("SD KL", "train/sd/kl", ALL_STEPS),
     ("anti-pattern share of envs", "rised/anti/env_share", ALL_STEPS),
-    # ARISE-RL's (issue 18): means over the steps that log them (generator figures on generator
+    # ARISE-RL's: means over the steps that log them (generator figures on generator
     # steps; Δr regions where a memory was measured: the seed's Fig. 5 72.1 / 19.6 / 8.3 %).
     ("generator format rate", "arise_rl/generator/fmt_rate", ALL_STEPS),
     ("generator tool rate", "arise_rl/generator/tool_rate", ALL_STEPS),
@@ -473,7 +473,7 @@ def _run_steps(run: an.Run) -> int | None:
 
 
 def cycle_rows(groups: Mapping[str, Sequence[an.Run]]) -> list[dict[str, Any]]:
-    """ARISE-RL's per-cycle table (the seed's Table 3 shape, issue 18): per group and cycle c,
+    """ARISE-RL's per-cycle table (the seed's Table 3 shape): per group and cycle c,
     the solver's held-out pass rate and oracle at the cycle's last step (the last evaluation at
     or before it) and the frozen base policy's single-shot pass rate on the fresh generated tasks
     of the cycle's refresh (``arise_rl/pool/base_pass_rate``, the seed's Fig. 4), mean ± CI over

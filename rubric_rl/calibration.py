@@ -22,7 +22,8 @@ rubrics and writes ``controllers/calibration/step_000001/calibration.json``:
 - every probe rollout's response and verdicts, so all of the above can be recomputed.
 
 Its figures are also logged at step 1 under ``calibration/*``. Ours: the seeds ask for no such
-measurement; issue 13 does, before any comparison run.
+measurement; we take it so that a comparison starts from a policy known to reach every
+criterion (the warm start's acceptance).
 """
 
 from __future__ import annotations

@@ -125,6 +125,9 @@ class ScriptedPolicy:
         self.script = dict(DEFAULT_SCRIPT if script is None else script)
         self.seed = int(seed)
         self.skill_texts = dict(SKILL_TEXTS)
+        # (task id, step, j) -> the requirement kinds the script let that rollout meet: the
+        # script's truth, for checks that score a controller against it (never read by one).
+        self.kept: dict[tuple[str, int, int], frozenset[str]] = {}
 
     def script_for(self, kind: str, rare: bool) -> CriterionScript:
         key = f"{kind}:rare" if rare and f"{kind}:rare" in self.script else kind
@@ -151,6 +154,7 @@ class ScriptedPolicy:
             p = self.script_for(c.kind, c.rare).p(step, self.guided(text, c.capability, c.text))
             if rng.random() < p:
                 keep.add(c.kind)
+        self.kept[(task.id, int(step), int(j))] = frozenset(keep)
         fluff = {} if "plain" in keep else {_FLUFF[int(rng.integers(len(_FLUFF)))]: True}
         return render_response(task, keep, rng, **fluff)
 

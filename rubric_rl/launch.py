@@ -4,6 +4,7 @@
     --workdir=runs/my-run                        # default runs/<config>-<variant>-<UTC time>
     --resume                                     # continue the workdir's latest intact step
     --resume --allow_config_change=optim.lr      # ... with these config keys changed
+    --resume --rebuild_controller_files          # ... although controller files are missing
 
 The run holds an exclusive lock on its workdir (``rubric_rl.run_dir``): a second launch into it
 fails at once. The resolved config is written to ``<workdir>/config.json`` only once the workdir
@@ -37,6 +38,13 @@ _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Run directory (default runs/<config>-<variant>-<UTC time>)."
 )
 _RESUME = flags.DEFINE_bool("resume", False, "Continue from the workdir's latest checkpoint.")
+_REBUILD = flags.DEFINE_bool(
+    "rebuild_controller_files",
+    False,
+    "With --resume: continue although the controllers' files (a memory, an event log) do not "
+    "match the checkpoint's manifest (each difference is warned); without it such a resume is "
+    "refused, naming them.",
+)
 _ALLOW_CHANGE = flags.DEFINE_list(
     "allow_config_change",
     [],
@@ -125,6 +133,8 @@ def claim_workdir(config) -> str:
 
     if _ALLOW_CHANGE.value and not _RESUME.value:
         sys.exit("rubric_rl.launch: --allow_config_change applies only with --resume")
+    if _REBUILD.value and not _RESUME.value:
+        sys.exit("rubric_rl.launch: --rebuild_controller_files applies only with --resume")
     import jax
 
     if not _WORKDIR.value and jax.process_count() > 1:
@@ -159,16 +169,23 @@ def main(argv):
     logging.info("workdir %s", os.path.abspath(workdir))
     from rubric_rl.checkpoint import NoIntactCheckpointError
     from rubric_rl.run_dir import unlock
+    from rubric_rl.run_files import ControllerFilesError
     from rubric_rl.trainer import Trainer
 
     try:
         trainer = Trainer(config, workdir)
         try:
-            trainer.run(resume=_RESUME.value)
+            trainer.run(resume=_RESUME.value, rebuild_controller_files=_REBUILD.value)
         finally:
             trainer.close()
+        if jax.process_index() == 0:  # the first and last evaluations, primary metrics first
+            from rubric_rl.run_summary import summarize_run
+
+            print(summarize_run(workdir), flush=True)
     except NoIntactCheckpointError as e:  # the message names each step's file and cause
         sys.exit(f"rubric_rl.launch: --resume: {e}")
+    except ControllerFilesError as e:  # names each file or store and how to continue
+        sys.exit(f"rubric_rl.launch: {e}")
     finally:
         unlock(workdir)  # exit releases it too, a kill included
 

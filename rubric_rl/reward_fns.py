@@ -1,4 +1,4 @@
-"""Plain Python reward functions as a reward source (issue 20), TRL's signature:
+"""Plain Python reward functions as a reward source, TRL's signature:
 
     def my_reward(prompts: list[str], completions: list[str], **fields) -> Sequence[float | None]
 

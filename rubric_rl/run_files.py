@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+from typing import Any
 
 STEP_NAME = re.compile(r"step[_-]?(\d+)")
 
@@ -82,4 +83,69 @@ def rollback(root: str, step: int) -> list[str]:
     return removed
 
 
-__all__ = ["append_jsonl", "rollback", "step_of", "step_path"]
+# Files a store rewrites or removes on its own between checkpoints (SQLite's write-ahead log and
+# journal, atomic-write temporaries, locks): their absence says nothing about lost state.
+TRANSIENT = ("-wal", "-shm", "-journal", ".tmp", ".lock")
+
+
+def _rows(path: str) -> int:
+    """Complete JSONL rows in ``path`` (newline-terminated; a torn last line is not one)."""
+    with open(path, "rb") as f:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+
+
+class ControllerFilesError(RuntimeError):
+    """A resume whose controllers' files do not match the checkpoint's manifest (the message
+    names each file or store, and how to continue)."""
+
+
+def manifest(root: str, records: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
+    """What the controllers hold on disk when a checkpoint is written: every file under
+    ``root`` (``<workdir>/controllers``) by relative path, with its row count for JSONL files
+    (None for others), and each controller's record counts in stores that files alone do not
+    describe (``Controller.disk_records``: the harness memory's ChromaDB). ``verify`` checks a
+    resumed run's directory against it."""
+    files: dict[str, int | None] = {}
+    if os.path.isdir(root):
+        for dirpath, _, filenames in os.walk(root):
+            for f in filenames:
+                if f.endswith(TRANSIENT):
+                    continue
+                p = os.path.join(dirpath, f)
+                files[os.path.relpath(p, root)] = _rows(p) if f.endswith(".jsonl") else None
+    return {"files": dict(sorted(files.items())), "records": dict(records or {})}
+
+
+def verify(
+    root: str, saved: dict[str, Any], records: dict[str, dict[str, int]] | None = None
+) -> list[str]:
+    """What of the checkpoint's ``manifest`` is missing or short under ``root`` now (after the
+    resume's ``rollback``), one line each naming the file or store: a file gone, a JSONL file
+    with fewer rows than it had, a controller store with fewer records. Empty when intact."""
+    problems = []
+    for rel, rows in saved.get("files", {}).items():
+        p = os.path.join(root, rel)
+        if not os.path.isfile(p):
+            problems.append(f"{p}: missing")
+        elif rows is not None and (now := _rows(p)) < rows:
+            problems.append(f"{p}: {now} rows, the checkpoint was written with {rows}")
+    records = records or {}
+    for name, counts in saved.get("records", {}).items():
+        for what, n in counts.items():
+            now = records.get(name, {}).get(what, 0)
+            if now < n:
+                problems.append(
+                    f"{os.path.join(root, name)}: {now} {what}, the checkpoint was written with {n}"
+                )
+    return problems
+
+
+__all__ = [
+    "ControllerFilesError",
+    "append_jsonl",
+    "manifest",
+    "rollback",
+    "step_of",
+    "step_path",
+    "verify",
+]

@@ -61,6 +61,11 @@ def stream_base(stream: str) -> int:
     return (1 + h % ((1 << 21) - 1)) * _STREAM_STRIDE
 
 
+def _check_seed_indices(seed_indices: Sequence[int] | None, n: int) -> None:
+    if seed_indices is not None and len(seed_indices) != n:
+        raise ValueError(f"seed_indices: one per prompt ({n}), got {len(seed_indices)}")
+
+
 def _criterion_key(task: Task, response: str, c: Criterion) -> str:
     """Content key of one verdict: what the judge sees, not the criterion's id."""
     payload = [
@@ -339,13 +344,18 @@ class Services:
         params: SamplingParams | None = None,
         names: Sequence[str] | None = None,
         policy: str | None = None,
+        seed_indices: Sequence[int] | None = None,
     ) -> tuple[list[tuple[int, ...]], list[list[Trajectory]]]:
         """``n`` single-turn samples per prompt on the current policy, or on the held policy
         ``policy`` (``hold_policy``): (prompt ids per prompt, trajectories per prompt).
-        ``names`` (e.g. task ids) only label errors."""
+        ``names`` (e.g. task ids) only label errors. ``seed_indices``: each prompt's seed task
+        index in place of the stream's — sample j of prompt i then has the seed of sample j of
+        the request that used that index this step (paired samples, e.g. a memory rollout and
+        the standard rollout it is compared with)."""
         params = params or self.sampling_params(n)
         if params.n != n:
             params = dataclasses.replace(params, n=int(n))
+        _check_seed_indices(seed_indices, len(prompts))
         base = self._task_base(stream)
         with self._timed():
             requests = [
@@ -353,7 +363,7 @@ class Services:
                     self.encode_prompt(m, f"task {names[g] if names else g} at step {self.step}"),
                     request_id=f"s{self.step}-t{g}" if base == 0 else f"s{self.step}-{stream}-{g}",
                     step=self.step,
-                    task_index=base + g,
+                    task_index=base + g if seed_indices is None else int(seed_indices[g]),
                 )
                 for g, m in enumerate(prompts)
             ]
@@ -386,11 +396,13 @@ class Services:
         params: SamplingParams | None = None,
         make_env: Any = None,
         policy: str | None = None,
+        seed_indices: Sequence[int] | None = None,
     ) -> tuple[list[tuple[int, ...]], list[list[Trajectory]]]:
         """``n`` multi-turn episodes per task over the domain's environment (``make_env``: a
         ``Task -> Env`` factory in its place, e.g. ARISE-RL's generator role), on the current
         policy or on the held policy ``policy`` (``hold_policy``): (prompt ids per task,
-        trajectories per task). Tool outputs and template tokens get loss mask 0."""
+        trajectories per task). Tool outputs and template tokens get loss mask 0.
+        ``seed_indices``: as ``generate``'s (paired episodes)."""
         from rubric_rl.rollout.agent import AgentConfig, ChatFormat, run_agent
 
         make_env = make_env if make_env is not None else self.domain.make_env
@@ -402,6 +414,7 @@ class Services:
         a = self.config.rollout.agent
         chat = ChatFormat(self.tokenizer, tools_in_system=bool(a.tools_in_system))
         acfg = AgentConfig(max_turns=int(a.max_turns), max_total_tokens=int(a.max_total_tokens))
+        _check_seed_indices(seed_indices, len(tasks))
         base = self._task_base(stream)
         flat_tasks = [t for t in tasks for _ in range(n)]
         envs = [make_env(t) for t in flat_tasks]
@@ -412,7 +425,10 @@ class Services:
                 with held if held is not None else contextlib.nullcontext():
                     trajs = run_agent(
                         self.engine, chat, envs, flat_tasks, params, acfg, step=self.step,
-                        task_indices=[base + g for g in range(len(tasks)) for _ in range(n)],
+                        task_indices=[
+                            base + g if seed_indices is None else int(seed_indices[g])
+                            for g in range(len(tasks)) for _ in range(n)
+                        ],
                         sample_indices=[j for _ in tasks for j in range(n)],
                     )  # fmt: skip
             finally:

@@ -39,10 +39,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from rubric_rl.controllers.base import ControllerSet
 from rubric_rl.core.advantages import ADVANTAGE_ESTIMATORS, multi_signal_advantages
-from rubric_rl.reward_fns import REWARD_FN_ERRORS, RewardFn, call_reward_fn
+from rubric_rl.reward_fns import REWARD_FN_ERRORS, RewardFn, call_reward_fn, reward_fn_path
 from rubric_rl.rollout.batch import Group, Messages, Rollouts, score_matrices
 from rubric_rl.rubrics.rewards import REWARDS, batch_rewards
 from rubric_rl.rubrics.types import append_to_last_user, append_to_system
@@ -320,6 +321,55 @@ def reward_fn_failed(rollouts: Rollouts, names: Sequence[str]) -> np.ndarray:
     return out
 
 
+class RewardMagnitudeError(ValueError):
+    """A finite reward too large for the group statistics (its squared deviations overflow)."""
+
+
+def reward_limit(group_size: int) -> float:
+    """The largest |reward| whose group statistics stay finite: the estimators compute in
+    float32, where a group of J members with |r| <= M has squared deviations summing to at most
+    J·(2M)², so M = sqrt(float32 max / J) / 2 (4.6e18 for J = 4). Beyond it the variance is inf,
+    every advantage 0 and the loss 0 — a run that silently stops learning."""
+    return float(np.sqrt(np.finfo(np.float32).max / max(int(group_size), 1)) / 2)
+
+
+def check_reward_magnitude(
+    signals: Mapping[str, np.ndarray], exists: np.ndarray, rollouts: Rollouts, ctx: StepContext
+) -> None:
+    """Raises ``RewardMagnitudeError`` naming the signal (and its reward function), the task,
+    the rollout and the value when a defined reward's magnitude exceeds ``reward_limit``."""
+    limit = reward_limit(rollouts.group_size)
+    for name, values in signals.items():
+        v = np.asarray(values, np.float64)
+        bad = exists & ~np.isnan(v) & ~(np.abs(v) <= limit)
+        if not bad.any():
+            continue
+        g, j = (int(x) for x in np.argwhere(bad)[0])
+        fn = ctx.reward_fns.get(name)
+        source = f" (reward function {reward_fn_path(fn)})" if fn is not None else ""
+        raise RewardMagnitudeError(
+            f"step {ctx.step}: reward signal {name!r}{source} is {v[g, j]:.6g} for task "
+            f"{rollouts.groups[g].task.id!r} rollout {j} ({int(bad.sum())} value(s) beyond "
+            f"|r| <= {limit:.3g}): its group's variance would overflow and zero every "
+            "advantage; scale the reward down"
+        )
+
+
+def warn_all_undefined(
+    signals: Mapping[str, np.ndarray], exists: np.ndarray, ctx: StepContext
+) -> bool:
+    """Whether no trained signal has a single defined reward this step (every reward None or
+    NaN: the judge or reward function gave nothing); warned, since the step trains nothing."""
+    if any(np.any(~np.isnan(v) & exists) for v in signals.values()):
+        return False
+    logging.warning(
+        "step %d: every reward of the trained signal(s) %s is undefined (None / NaN) for all "
+        "%d rollouts; this step trains nothing (counted in reward/all_undefined)",
+        ctx.step, sorted(signals), int(exists.sum()),
+    )  # fmt: skip
+    return True
+
+
 def advantage(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
     """Group-normalised advantages of the trained mix (``loss.advantage``), then the controllers'
     shaping. ``Trajectory.reward`` is the mix's first signal; a trajectory whose advantage is
@@ -329,6 +379,8 @@ def advantage(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
     ctx.signal_weights = dict(weights)
     signals = {k: rollouts.signal(k) for k in weights}
     exists = rollouts.valid
+    check_reward_magnitude(signals, exists, rollouts, ctx)
+    all_undefined = warn_all_undefined(signals, exists, ctx)
     primary = next(iter(weights))
     rewards = signals[primary]
     kw = dict(eps=float(lo.adv_eps), zero_variance_tol=float(lo.zero_var_eps))
@@ -361,6 +413,7 @@ def advantage(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
             t.advantage = float(adv[g, j])
             t.trainable = t.trainable and bool(trainable[g, j])
     rollouts.metrics["reward/zero_variance_frac"] = float(np.mean(zero_var))
+    rollouts.metrics["reward/all_undefined"] = float(all_undefined)  # 1 a step: sums to a count
     return rollouts
 
 

@@ -57,6 +57,8 @@ def step_metrics(
         "reward/points": float(POINTS_SCALE * d.mean()) if d.size else float("nan"),
         "reward/undefined": int(np.isnan(rewards[sel.valid]).sum()),
         "reward/zero_variance_frac": rollouts.metrics.get("reward/zero_variance_frac", 0.0),
+        # 1 when no trained reward was defined this step (it trained nothing; warned).
+        "reward/all_undefined": rollouts.metrics.get("reward/all_undefined", 0.0),
     }
     names = sorted({k for g in sel.groups for t in g.trajectories for k in t.signals})
     for name in names:

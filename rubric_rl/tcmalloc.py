@@ -1,8 +1,8 @@
 """tcmalloc for XLA:CPU (stdlib only, so entry points can call it before importing jax).
 
 XLA:CPU allocates and frees many small buffers every step; glibc's malloc makes the embedded
-default ≈ 1.5× slower (measured 2026-11-30 on the 2-core CPU: 0.75 -> 0.51 s per RL step;
-notes/jax-on-cpu.md measured ≈ 1.6× on the train step). ``python -m rubric_rl.launch`` and the
+default ≈ 1.5× slower (measured on a 2-core CPU: 0.75 -> 0.51 s per RL step;
+≈ 1.6× on the train step alone). ``python -m rubric_rl.launch`` and the
 benchmarks re-execute themselves with the library preloaded when it is installed
 (Debian/Ubuntu: ``libtcmalloc-minimal4``; conda: ``gperftools``); ``RUBRIC_RL_TCMALLOC=0`` turns
 that off. ``find_tcmalloc`` looks in ``LD_LIBRARY_PATH``, the Python environment's ``lib``

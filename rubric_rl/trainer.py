@@ -130,6 +130,8 @@ class StepTimer:
 
 
 # The quantities of an update that make it non-finite (the jitted step skips on either).
+# The run-state key of the controllers' file manifest written with each checkpoint.
+CONTROLLER_FILES = "controller_files"
 NONFINITE_CHECKED = (("loss", "loss"), ("grad_norm", "gradient norm"))
 
 
@@ -238,6 +240,7 @@ class Trainer:
             for c in self.controllers.controllers
         ]
         self._nonfinite_streak = 0
+        self._rebuild_controller_files = False  # run(rebuild_controller_files=...)
         self._nonfinite: list[str] = []  # the last step's non-finite updates, described
         self.ref_params = None  # the KL reference (loss.kl_beta > 0), set by _restore_or_warmstart
         self.weight_sync = None
@@ -334,6 +337,7 @@ class Trainer:
                 f"--resume: nothing to resume, {self.ckpt.directory} holds no checkpoint{why}; "
                 "run without --resume to start a new run"
             )
+        rs: dict[str, Any] = {}
         if latest is not None:
             if kl and warm:
                 start = self._warm_start_params()  # the run's cached warm start
@@ -354,6 +358,8 @@ class Trainer:
         if self.primary:
             run_files.rollback(self.controllers_dir, self.step)
             self.controllers.rollback(self.step)
+            if latest is not None:
+                self._verify_controller_files(rs.get(CONTROLLER_FILES))
         # A copy, taken before any update: the train step donates the state's buffers.
         self.ref_params = jax.tree.map(jnp.copy, start) if kl else None
         self._sync_weights()
@@ -369,6 +375,29 @@ class Trainer:
                 "damaged step moved to %s", e.step, e.path, e.reason, step, moved,
             )  # fmt: skip
         return state, rs
+
+    def _verify_controller_files(self, saved: Mapping[str, Any] | None) -> None:
+        """The controllers' files against the restored checkpoint's manifest (after the
+        rollback): refused with ``ControllerFilesError`` naming each missing or short file or
+        store, or with ``rebuild_controller_files`` one warning each and the run goes on with
+        what is there. A checkpoint written before manifests existed has none to check."""
+        if saved is None:
+            logging.info("checkpoint step %d has no controller-file manifest to check", self.step)
+            return
+        problems = run_files.verify(self.controllers_dir, saved, self.controllers.disk_records())
+        if not problems:
+            return
+        listed = "\n".join(f"  {p}" for p in problems)
+        if self._rebuild_controller_files:
+            for p in problems:
+                logging.warning("--rebuild_controller_files: continuing without %s", p)
+            return
+        raise run_files.ControllerFilesError(
+            f"--resume: the controllers' files do not match checkpoint step {self.step} "
+            f"({self.ckpt.step_dir(self.step)}):\n{listed}\nrestore them from a copy of the "
+            "run directory, or resume with --rebuild_controller_files to continue from what is "
+            "there (the controllers then differ from an uninterrupted run's)"
+        )
 
     def _warm_start_params(self):
         return warmstart.run_or_load(
@@ -414,6 +443,9 @@ class Trainer:
             "controllers": self.controllers.state_dict(),
             "rng": key_to_json(self.rng),
             "nonfinite_streak": self._nonfinite_streak,
+            CONTROLLER_FILES: run_files.manifest(
+                self.controllers_dir, self.controllers.disk_records()
+            ),
         }
         self.ckpt.save(self.step, self.state, run_state, wait=wait)
 
@@ -599,8 +631,13 @@ class Trainer:
     def _checkpoint_due(self, total: int) -> bool:
         return run_dir.checkpoint_due(self.config.checkpoint, self.step, total)
 
-    def run(self, resume: bool = False) -> list[dict[str, Any]]:
+    def run(
+        self, resume: bool = False, rebuild_controller_files: bool = False
+    ) -> list[dict[str, Any]]:
+        """Trains to ``train.steps``; ``resume`` continues the latest intact checkpoint, whose
+        controllers' files must match its manifest unless ``rebuild_controller_files``."""
         cfg = self.config
+        self._rebuild_controller_files = bool(rebuild_controller_files)
         if self._given_reward_fns and self.primary:
             reward_fns_lib.record_in_run_dir(self.workdir, self.config, resume)
         self._restore_or_warmstart(resume)

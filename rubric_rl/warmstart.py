@@ -164,7 +164,7 @@ class BucketedBatches:
 # plus one shared vector per case (UPPER, Capitalized), so what the policy knows about a word holds
 # in every case, and the case of an answer is one direction in the hidden state. The tie lasts
 # only for the warm start: the rows are then written into the plain (Hugging Face-compatible)
-# embedding matrix, and RL trains every row freely (measured 2026-11-30, embedded default, seed
+# embedding matrix, and RL trains every row freely (measured on the embedded default, seed
 # 0: the held-out case criterion went 0.55 -> 0.97 over 150 RL steps, against 0.26 -> 0.29 untied).
 
 CASE_KINDS = ("upper", "capitalized")
@@ -340,7 +340,7 @@ def _copy_batches(config, domain, tokenizer, c_len: int) -> BucketedBatches | No
 
     Why a phase of its own: mixed into the corpus (``copy_fraction``) a fifth of the signal did
     not teach the 1M word-level policy to copy within 800 steps, while copy demonstrations alone
-    teach it in about 200 (measured 2026-12-02); a pretrained model arrives able to copy."""
+    teach it in about 200 (measured); a pretrained model arrives able to copy."""
     ws = config.warmstart
     n = int(ws.get("copy_steps", 0))
     if n <= 0:

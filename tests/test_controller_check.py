@@ -66,7 +66,7 @@ def _arise(previous: bool):
     c.rollout.tasks_per_step = 16
     c.domain.n_train = 512
     c.lock()
-    # The settings before issue 13 (importance weights, separation ranking, no exit for a pair
+    # ARISE's earlier defaults (importance weights, separation ranking, no exit for a pair
     # that never improves, seed-rubric candidates, a pool of 8 filled 2 a step) or the defaults.
     return with_arise_settings(c, PRE_ISSUE13 if previous else {})
 

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py's CPU mode, so the one-shot GPU script cannot rot (issue 15).
+"""benchmarks/gpu_check.py's CPU mode, so the one-shot GPU script cannot rot.
 
 One subprocess runs every part on the tiny shapes; the figures are checked against each other and
 against values recomputed here from the shapes (not read back from the script's own formulas).

@@ -1,4 +1,4 @@
-"""benchmarks/hybrid_throughput.py on tiny shapes, so the benchmark line of issue 14 cannot rot: it
+"""benchmarks/hybrid_throughput.py on tiny shapes, so the benchmark cannot rot: it
 runs both models end to end (train step and engine decode) and its figures agree with the shapes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""ARISE-RL end to end through ``python -m rubric_rl.launch`` (issue 18): ``configs/arise_rl.py:
+"""ARISE-RL end to end through ``python -m rubric_rl.launch``: ``configs/arise_rl.py:
 smoke`` runs two co-evolution cycles (a generator step, a pool refresh, two solver steps each) on
 the tiny policy with RG-SED on; a SIGKILL after a cycle boundary and ``--resume`` give the
 uninterrupted run's metrics, pool refreshes included."""

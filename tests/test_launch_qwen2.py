@@ -1,4 +1,4 @@
-"""Smoke RL runs on a tiny Qwen2 model through ``python -m rubric_rl.launch`` (issue 14):
+"""Smoke RL runs on a tiny Qwen2 model through ``python -m rubric_rl.launch``:
 ``configs/grpo.py:smoke,model=qwen2_tiny`` (the embedded tokenizer and a random-init Qwen2: q/k/v
 biases, no q/k norm) trains two GRPO steps and its checkpoints hold that model; a Qwen2
 checkpoint directory written by ``save_pretrained`` as ``model.name`` is loaded and trained."""

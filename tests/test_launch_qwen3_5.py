@@ -1,5 +1,5 @@
 """Smoke RL runs on a tiny Qwen3.5 (hybrid Gated DeltaNet + gated attention) through
-``python -m rubric_rl.launch`` (issue 14): ``configs/grpo.py:smoke,model=qwen3_5_tiny`` (the
+``python -m rubric_rl.launch``: ``configs/grpo.py:smoke,model=qwen3_5_tiny`` (the
 embedded tokenizer, random init) trains two GRPO steps; a directory written by
 ``save_pretrained`` (config.json model_type "qwen3_5_text") as ``model.name`` loads and trains."""
 

@@ -1,4 +1,4 @@
-"""RISED end to end through ``python -m rubric_rl.launch`` (issue 17): ``configs/rised.py:smoke``
+"""RISED end to end through ``python -m rubric_rl.launch``: ``configs/rised.py:smoke``
 with the hard environment trains 3 steps on the outcome reward with profile selection (k = 4 of
 8 groups), per-rollout positive-rubric teachers (the SD term is on and non-zero), anti-patterns
 and per-environment evaluation."""
@@ -19,6 +19,9 @@ def test_rised_smoke_run_trains_through_launch(tmp_path):
         w,
         3,
         "--config=configs/rised.py:smoke,hard",
+        # The smoke model rarely solves a task, and outcome-conditioned tags give SD only to
+        # groups with a success: the unconditioned tagging keeps the teacher path exercised.
+        "--config.rised.tagging=unconditioned",
         "--config.domain.n_heldout=16",
         "--config.eval.n=16",
     )

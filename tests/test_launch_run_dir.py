@@ -1,4 +1,4 @@
-"""``python -m rubric_rl.launch`` against the faults of issue 19 (real processes, real files): two
+"""``python -m rubric_rl.launch`` against its run-directory faults (real processes, real files): two
 runs into one workdir, refused launches that must not touch the run's config record, ``--resume``
 with nothing to resume or a changed config, a damaged latest checkpoint, and the CLI's messages."""
 
@@ -13,6 +13,7 @@ import time
 import pytest
 
 from rubric_rl.metrics import read_metrics
+from rubric_rl.run_summary import summarize_run
 from tests.launch_env import launch_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,7 +57,7 @@ def run(tmp_path_factory):
     second_s = time.time() - t0
     out, _ = first.communicate(timeout=600)
     assert first.returncode == 0, out[-3000:]
-    return {"w": w, "env": env, "first": first, "second": second, "second_s": second_s}
+    return {"w": w, "env": env, "first": first, "second": second, "second_s": second_s, "out": out}
 
 
 def test_a_second_run_into_a_running_workdir_is_refused_at_once(run):
@@ -69,6 +70,16 @@ def test_a_second_run_into_a_running_workdir_is_refused_at_once(run):
     assert [r["step"] for r in rows] == list(range(STEPS + 1))
     assert json.loads((w / "config.json").read_text())["train"]["seed"] == 0
     assert sorted(os.listdir(w / "checkpoints")) == ["2", "3"]
+
+
+def test_the_run_ends_with_its_summary(run):
+    # The launch's last lines are rubric_rl.run_summary's text for its run directory: the
+    # first and last held-out evaluation, primary metrics first.
+    text = summarize_run(str(run["w"]))
+    assert run["out"].rstrip().endswith(text), run["out"][-2000:]
+    assert f"grpo, {STEPS} of {STEPS} steps" in text
+    assert "start = step 0 (the warm start, before any update), end = step 3" in text
+    assert "task pass rate (primary)" in text and "seed-rubric score (secondary)" in text
 
 
 def test_refused_relaunches_leave_the_config_record_untouched(run):

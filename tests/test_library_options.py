@@ -1,4 +1,4 @@
-"""Options a script using rubric_rl as a library sets on the config (issue 20): ``model.shape``
+"""Options a script using rubric_rl as a library sets on the config: ``model.shape``
 (a preset's fields replaced, random init seeded by ``model.init_seed``), ``model.vocab_multiple``,
 ``model.chat_template`` ("raw" prompts, a template string), ``logging.library_info`` (orbax /
 optax INFO lines dropped by default, by the Trainer too), and validation of only the fields the

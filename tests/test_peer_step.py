@@ -1,4 +1,4 @@
-"""benchmarks/peer_step.py and benchmarks/peers/workload.py (issue 15): the workload every peer
+"""benchmarks/peer_step.py and benchmarks/peers/workload.py: the workload every peer
 imports is the example's (same rows, rewards and token ids); the aggregation's medians, ratios and
 goals on fixed inputs; rounds alternate the sides; a side whose Python is missing is skipped.
 

@@ -567,3 +567,66 @@ def test_a_config_file_names_a_reward_function_the_launcher_trains_on(tmp_path):
     recorded = json.load(open(tmp_path / "run" / "config.json"))
     assert recorded["reward_fns"] == {"words": "my_rewards:words"}
     assert recorded["loss"]["reward"] == "words"
+
+
+@pytest.mark.parametrize("scale", [1e20, 1e308, -1e308])
+def test_a_reward_whose_square_overflows_is_refused_naming_the_function(scale):
+    # float32 group statistics: at 1e20 the variance overflowed to inf, so every advantage was
+    # 0 and the loss 0 with nothing logged; ±1e308 became inf and a NaN mean.
+    rng = np.random.default_rng(0)
+    tasks, responses, verdicts, _ = _rubric_batch(rng, g=3, j=4)
+
+    def words(prompts, completions, k, **fields):
+        return [scale * v for v in words_reward(prompts, completions, k)]
+
+    r = Rollouts.from_responses(1, tasks, responses, verdicts)
+    ctx = _ctx(tasks, {"words": words}, reward="words")
+    step.reward(r, ctx)
+    with pytest.raises(step.RewardMagnitudeError) as e:
+        step.advantage(r, ctx)
+    msg = str(e.value)
+    assert msg.startswith(f"step 1: reward signal 'words' (reward function {__name__}:")
+    assert f"is {scale:.6g} for task " in msg and "|r| <= 4.61e+18" in msg
+
+
+def test_rewards_up_to_the_limit_give_the_unscaled_advantages():
+    """Group-normalised advantages are scale-free: rewards just inside ``reward_limit`` train as
+    their unscaled values do (the float32 statistics stay finite)."""
+    rng = np.random.default_rng(1)
+    tasks, responses, verdicts, _ = _rubric_batch(rng, g=3, j=4)
+    scale = step.reward_limit(4)
+    assert scale == pytest.approx(np.sqrt(np.finfo(np.float32).max / 4) / 2)
+
+    def words(prompts, completions, k, **fields):
+        return [scale * v for v in words_reward(prompts, completions, k)]
+
+    r = Rollouts.from_responses(1, tasks, responses, verdicts)
+    ctx = _ctx(tasks, {"words": words}, reward="words")
+    step.advantage(step.reward(r, ctx), ctx)
+    want = norm_g(_words(tasks, responses), "grpo")
+    assert np.abs(want).max() > 0.5  # some contrast to lose
+    np.testing.assert_allclose(r.advantages, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_step_whose_rewards_are_all_undefined_warns_and_counts(caplog):
+    rng = np.random.default_rng(0)
+    tasks, responses, verdicts, _ = _rubric_batch(rng, g=3, j=4)
+
+    def nothing(prompts, completions, k, **fields):
+        return [None] * len(completions)
+
+    r = Rollouts.from_responses(1, tasks, responses, verdicts)
+    ctx = _ctx(tasks, {"nothing": nothing}, reward="nothing")
+    with caplog.at_level("WARNING"):
+        step.advantage(step.reward(r, ctx), ctx)
+    assert r.metrics["reward/all_undefined"] == 1.0
+    assert not any(t.trainable for g in r.groups for t in g.trajectories)
+    assert (
+        "step 1: every reward of the trained signal(s) ['nothing'] is undefined (None / NaN) "
+        "for all 12 rollouts; this step trains nothing" in caplog.text
+    )
+    # A step with one defined reward is not counted.
+    r2 = Rollouts.from_responses(1, tasks, responses, verdicts)
+    ctx2 = _ctx(tasks, {"words": words_reward}, reward="words")
+    step.advantage(step.reward(r2, ctx2), ctx2)
+    assert r2.metrics["reward/all_undefined"] == 0.0

@@ -1,4 +1,4 @@
-"""The package as a user installs it (issue 20): a wheel built from the project's own files,
+"""The package as a user installs it: a wheel built from the project's own files,
 installed into a fresh virtual environment, used from a directory outside the repository.
 
 The fresh environment gets the wheel and nothing else of the repository: ``rubric_rl`` is

@@ -14,7 +14,7 @@ rollout share one mesh over ("fsdp", "tp") whose axes are ``AxisType.Auto`` (wit
 default Explicit axes the sampler's KV-cache update fails a sharding check), so the sampler shares
 the actor's weights (no weight sync). The mesh is (every local device, 1) unless ``--mesh`` says
 otherwise: one CPU device by default, two with XLA's host-device count at 2 (``XLA_FLAGS``; then
-parameters and batch are sharded over fsdp; on the 2-core CPU of 2026-12-04 that was slower than
+parameters and batch are sharded over fsdp; on a 2-core CPU that was slower than
 one device: 1.04 s against 0.80 s per step). The learner's train loop runs outside any mesh
 context: inside one, Tunix shards the optimizer state with a constraint that its single-device
 step counter fails.

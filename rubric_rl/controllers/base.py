@@ -135,6 +135,13 @@ class Controller:
         run directory's step-stamped files (``run_files.rollback``) — e.g. the harness memory's
         records. Called on the primary host only."""
 
+    def disk_records(self) -> dict[str, int]:
+        """Record counts of stores under ``run_dir`` whose files alone do not show what they hold
+        (a database: an emptied one still has its files), e.g. ``{"time_records": 257}``.
+        Written into each checkpoint's manifest (``run_files.manifest``); a resume that finds
+        fewer is refused. Default: none."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -301,6 +308,10 @@ class ControllerSet:
 
     def state_dict(self) -> dict[str, Any]:
         return {c.name: c.state_dict() for c in self.controllers}
+
+    def disk_records(self) -> dict[str, dict[str, int]]:
+        """``{controller: its disk_records()}`` for the controllers that report any."""
+        return {c.name: r for c in self.controllers if (r := c.disk_records())}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         missing = [c.name for c in self.controllers if c.name not in state]

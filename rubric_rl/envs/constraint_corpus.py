@@ -71,7 +71,7 @@ from rubric_rl.rubrics.types import Task, append_to_last_user, append_to_system
 # Share of unguided demonstrations carrying each fluff (praise opener, compliance claim). 0.1, not
 # 0.3: an opener at 0.3 (0.15 per phrase) beat the spread-out first body words under greedy
 # decoding, so the warm-started policy already opened half its held-out answers with praise
-# (measured 2026-11-30). At 0.1 fluff is still sampled in every step's rollouts (the spurious
+# (measured). At 0.1 fluff is still sampled in every step's rollouts (the spurious
 # criteria separate responses from step 0) but is not the policy's mode.
 FLUFF_RATE = 0.1
 
@@ -81,7 +81,7 @@ FLUFF_RATE = 0.1
 # greedy answer is the habit until RL teaches it the instruction (0.4: held-out score 47.7 at the
 # warm start before warmstart.tie_case, 49.5 with it; 0.5 started at 54.1 with RL's gains mostly
 # invisible to greedy decoding; 0.3 started at 45.7 and learned more slowly: +11.5 in 300 steps
-# against +11.7 in 200; measured 2026-11-30).
+# against +11.7 in 200; measured).
 P_KEEP = 0.4
 
 FLUFF_ANTI_PATTERNS = {
@@ -322,7 +322,7 @@ def warmstart_example(
 def copy_example(rng: np.random.Generator) -> tuple[list[dict], str]:
     """A copy demonstration: "rewrite : w1 … wk" (2-6 common words, sometimes with a case or an
     end-mark clause) answered with the same words. Not a task of the domain: it stands in for
-    what a pretrained model brings, the ability to copy from its prompt (issue 13, item 4),
+    what a pretrained model brings, the ability to copy from its prompt,
     which rewrite sequences, include / start / exclude words need."""
     pool = [w for cat in CATEGORIES for w in CATEGORIES[cat]["common"]]
     words = [str(w) for w in rng.permutation(pool)[: int(rng.integers(2, 7))]]

@@ -109,7 +109,7 @@ __all__ = [
 # together (<= 0.3) weigh less than its least important requirement, so fluff can never buy back a
 # missed constraint. At 1.0 each the three free cues (fluff never costs a genuine criterion) were
 # ~20% of a rubric: static-rubric GRPO adopted them within ~10 steps, which halves the oracle, and
-# the held-out score rose by fluff alone (2026-11-30: score 43 -> 64 while the oracle fell
+# the held-out score rose by fluff alone (measured: score 43 -> 64 while the oracle fell
 # 0.46 -> 0.24). Fluff still raises the seed reward, so the spurious class stays hackable and
 # measurable (HarnessRL §2.3). Measured with Dr.GRPO advantages (configs/common.py) over 100
 # steps: 0.25 let the claim creep from 7% to 19% of rollouts (held-out oracle 0.50 -> 0.55),
@@ -147,8 +147,8 @@ def task_requirements(task: Task) -> tuple[Constraint, ...]:
 # With random violations the asked format stayed the demonstrations' mode (p_keep against
 # (1 - p_keep) / 2 for each other option), the warm-started policy already decoded it wherever it
 # had picked up the instruction, and RL's gains in sampled pass rates (end 0.53 -> 0.91, count
-# 0.43 -> 0.76 over 200 steps) moved the greedy held-out score by only +2.8 (measured
-# 2026-11-30). With the habit, an instruction followed less than half the time is not the mode,
+# 0.43 -> 0.76 over 200 steps) moved the greedy held-out score by only +2.8 (measured).
+# With the habit, an instruction followed less than half the time is not the mode,
 # and RL that makes the policy follow it shows in the greedy score (+11.7 over 200 steps at
 # warmstart.p_keep=0.4, held-out oracle 0.44 -> 0.57).
 HABITS = {"case": "lower", "end": ".", "sep": ","}
@@ -355,8 +355,8 @@ def _graded(c: Constraint, response: str) -> float:
     """Partial credit where a stronger judge would give it (content); else pass / fail."""
     if c.kind == "category":
         # Distinct members only: "cairo , cairo , cairo" is one city, not three. The seed rubric's
-        # category and count criteria accept the repeat (a cue a small policy takes, measured
-        # 2026-11-30: 36 of 37 greedy held-out list answers after RL repeat a word); the hidden
+        # category and count criteria accept the repeat (a cue a small policy takes, measured:
+        # 36 of 37 greedy held-out list answers after RL repeat a word); the hidden
         # quality must not.
         members = category_members(dict(c.args)["category"])
         words = [w.lower() for w in ck.words_of(ck.body_units(response))]
@@ -554,7 +554,7 @@ HARD_ENV = "hard"
 def with_hard_env(tasks: Sequence[Task], min_constraints: int) -> list[Task]:
     """``tasks`` with every task of at least ``min_constraints`` stated constraints moved to the
     environment ``"hard"`` (its ``env_name``; task type, prompt and rubric unchanged): RISED's
-    deliberately hard environment for the stress test (issue 17; ``domain.hard_min_constraints``).
+    deliberately hard environment for the stress test (``domain.hard_min_constraints``).
     """
     if min_constraints < 1:
         raise ValueError(f"with_hard_env: min_constraints must be >= 1, got {min_constraints}")

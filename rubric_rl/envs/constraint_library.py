@@ -1,4 +1,4 @@
-"""The embedded domain's checker library, parameterised from the prompt text (issue 13, item 5).
+"""The embedded domain's checker library, parameterised from the prompt text.
 
 What a rubric-writing method may propose for a task: every check the domain's checkers
 (``constraint_checkers``) can make whose arguments the *prompt text* determines. The library
@@ -16,7 +16,7 @@ or the hidden oracle: :func:`parse_prompt` sees text only, and a prompt it canno
 an error naming the task, never a silent partial bank. ARISE's programmatic reflection draws its
 candidate rubric–skill pairs from here (``arise.bank="library"``, or ``"auto"``: the default), so
 the pool can hold criteria the seed rubric lacks; ``bank="seed_rubric"`` (the task's own rule
-criteria) is the previous behaviour. The tests check that the library reproduces every task's stated
+criteria) is kept as an ablation. The tests check that the library reproduces every task's stated
 constraints and implicit requirements from its prompt alone.
 """
 

@@ -196,7 +196,7 @@ def constraints_for(p: Mapping[str, Any]) -> tuple[Constraint, ...]:
     return tuple(out)
 
 
-# Implicit requirements (issue 13, "room for rubric evolution"): what the task verifier checks
+# Implicit requirements (room for rubric evolution): what the task verifier checks
 # although no prompt clause and no seed criterion states it, as a strict grader of a real task
 # would: a list or a word task asks for different items ("list 3 fruits" is not "apple , apple ,
 # pear"), and every answer is the answer alone (no praise opener, compliance claim or filler).

@@ -40,6 +40,7 @@ run's at s.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import math
@@ -226,6 +227,36 @@ def _chroma():
     return chromadb, Settings
 
 
+DB_FILE = "chroma.sqlite3"  # the ChromaDB file of record inside the memory's directory
+
+
+class HarnessMemoryError(RuntimeError):
+    """ChromaDB failed on the memory's files: the message names the file and the cause."""
+
+
+def _is_store_error(e: BaseException) -> bool:
+    import sqlite3
+
+    return isinstance(e, sqlite3.Error) or type(e).__module__.split(".")[0] == "chromadb"
+
+
+@contextlib.contextmanager
+def _naming_file(path: str, what: str):
+    """Re-raises a ChromaDB / SQLite error (whose text names no file: ``database disk image is
+    malformed``) as ``HarnessMemoryError`` naming the memory's database file and what was being
+    done; other errors pass through unchanged."""
+    try:
+        yield
+    except Exception as e:
+        if not _is_store_error(e):
+            raise
+        raise HarnessMemoryError(
+            f"{os.path.join(path, DB_FILE)}: the harness memory's ChromaDB failed while {what}: "
+            f"{type(e).__name__}: {e} (a damaged run directory: restore controllers/ from a "
+            "copy, or resume with --rebuild_controller_files after moving it aside)"
+        ) from e
+
+
 class HarnessMemory:
     """Time index + semantic index in a persistent ChromaDB at ``path`` (module docstring)."""
 
@@ -246,16 +277,17 @@ class HarnessMemory:
         self.embedder = embedder
         self.top_k = int(top_k)
         self.floor = floor_for(embedder, floor)
-        self._client = chromadb.PersistentClient(
-            path=self.path, settings=Settings(anonymized_telemetry=False, allow_reset=False)
-        )
-        self._time = self._client.get_or_create_collection(TIME, embedding_function=None)
-        self._sem = self._client.get_or_create_collection(
-            SEMANTIC,
-            configuration={"hnsw": {"space": "cosine"}},
-            embedding_function=None,
-            metadata={"embedder": embedder.name, "dim": int(embedder.dim)},
-        )
+        with _naming_file(self.path, "opening it"):
+            self._client = chromadb.PersistentClient(
+                path=self.path, settings=Settings(anonymized_telemetry=False, allow_reset=False)
+            )
+            self._time = self._client.get_or_create_collection(TIME, embedding_function=None)
+            self._sem = self._client.get_or_create_collection(
+                SEMANTIC,
+                configuration={"hnsw": {"space": "cosine"}},
+                embedding_function=None,
+                metadata={"embedder": embedder.name, "dim": int(embedder.dim)},
+            )
         stored = (self._sem.metadata or {}).get("embedder")
         if stored is not None and stored != embedder.name:
             raise ValueError(
@@ -271,7 +303,8 @@ class HarnessMemory:
             else None
         )
         self._pending: list[concurrent.futures.Future] = []
-        self._load_latest()
+        with _naming_file(self.path, "reading it"):
+            self._load_latest()
 
     def _write(self, add, **kwargs) -> None:
         if self._writer is None:
@@ -284,6 +317,9 @@ class HarnessMemory:
         pending, self._pending = self._pending, []
         errors = [e for e in (f.exception() for f in pending) if e is not None]
         if errors:
+            if _is_store_error(errors[0]):
+                with _naming_file(self.path, "writing records"):
+                    raise errors[0]
             raise RuntimeError(f"{self.path}: a harness memory write failed") from errors[0]
 
     def close(self) -> None:
@@ -366,7 +402,8 @@ class HarnessMemory:
             clauses.append({"step": {"$lte": int(until)}})
         where = clauses[0] if len(clauses) == 1 else {"$and": clauses}
         self.flush()
-        got = self._time.get(where=where, include=["documents", "metadatas"])
+        with _naming_file(self.path, "reading task histories"):
+            got = self._time.get(where=where, include=["documents", "metadatas"])
         rows = sorted(
             zip(got["metadatas"], got["documents"], strict=True),
             key=lambda md: (md[0]["step"], md[0]["seq"]),
@@ -479,22 +516,31 @@ class HarnessMemory:
         step = int(step)
         self.flush()
         removed = {}
-        for name, col in (("time", self._time), ("semantic", self._sem)):
-            later = col.get(where={"step": {"$gt": step}}, include=[])["ids"]
-            if later:
-                col.delete(ids=later)
-            removed[name] = len(later)
-        self._load_latest()
+        with _naming_file(self.path, f"rolling back to step {step}"):
+            for name, col in (("time", self._time), ("semantic", self._sem)):
+                later = col.get(where={"step": {"$gt": step}}, include=[])["ids"]
+                if later:
+                    col.delete(ids=later)
+                removed[name] = len(later)
+            self._load_latest()
         return removed
 
     def counts(self) -> dict[str, int]:
         live = self._current.live()
         self.flush()
-        return {
-            "time_records": int(self._time.count()),
-            "criterion_versions": int(self._sem.count()),
-            "criteria_live": live,
-        }
+        with _naming_file(self.path, "counting records"):
+            return {
+                "time_records": int(self._time.count()),
+                "criterion_versions": int(self._sem.count()),
+                "criteria_live": live,
+            }
 
 
-__all__ = ["KINDS", "CriterionEntry", "HarnessMemory", "Neighbour", "TimeRecord"]
+__all__ = [
+    "KINDS",
+    "CriterionEntry",
+    "HarnessMemory",
+    "HarnessMemoryError",
+    "Neighbour",
+    "TimeRecord",
+]

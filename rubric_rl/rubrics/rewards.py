@@ -9,7 +9,7 @@ tests check the two agree. Shared rules (DESIGN.md §5):
   scalar form, NaN in the vectorised one — never 0. The caller decides what to do with it.
 * "met" on a pitfall (λ < 0) means the bad behaviour is present. Rewards that count *satisfied*
   criteria ("mean", "arise_rl_solver") treat a pitfall as satisfied when it is NOT met;
-  "arise_rl_solver" with ``weighted=True`` counts each criterion by |λ| (issue 18).
+  "arise_rl_solver" with ``weighted=True`` counts each criterion by |λ|.
 
 Registered names: "weighted", "healthbench", "healthbench_clipped", "arise_rl_solver",
 "arise_rl_solver_weighted" (the same with ``weighted=True``: ARISE-RL's trained solver reward,
@@ -301,8 +301,9 @@ def arise_rl_solver_reward(
     """ARISE-RL eq. 6–8: s = mean_j z_j over valid verdicts; r = α s + (1 − α)·1[s = 1], α = 0.8.
 
     z_j = 1 when criterion j is satisfied (a pitfall: when not met). All verdicts failed -> None.
-    ``weighted=True`` (issue 18) weighs each z_j by |λ_j|: s = Σ|λ|z / Σ|λ|, still in [0, 1] with
-    s = 1 iff every valid criterion is satisfied (``controllers/arise_rl_rewards.solver_reward``).
+    ``weighted=True`` weighs each z_j by |λ_j|: s = Σ|λ|z / Σ|λ|, still in [0, 1] with
+    s = 1 iff every valid criterion is satisfied
+    (``methods/arise_rl/arise_rl_rewards.solver_reward``).
     """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"arise_rl_solver: alpha must be in [0, 1], got {alpha}")
@@ -321,5 +322,5 @@ def arise_rl_solver_weighted_reward(
     *,
     alpha: float = ARISE_ALPHA,
 ) -> RewardResult:
-    """ "arise_rl_solver" with ``weighted=True``: s = Σ|λ|z / Σ|λ| (issue 18)."""
+    """ "arise_rl_solver" with ``weighted=True``: s = Σ|λ|z / Σ|λ|."""
     return arise_rl_solver_reward(criteria, verdicts, alpha=alpha, weighted=True)

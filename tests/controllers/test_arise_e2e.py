@@ -1,4 +1,4 @@
-"""End to end (issue 6): ``configs/arise.py:smoke`` through ``python -m rubric_rl.launch``; the
+"""End to end: ``configs/arise.py:smoke`` through ``python -m rubric_rl.launch``; the
 pool changes during the run; lifecycle events, pool metrics and sampling probabilities are logged
 consistently; ``rubric_rl.analysis`` and ``launch/aggregate.py`` read the run directory; resume
 from the step-2 checkpoint replays steps 3-4 exactly (pool, estimates and windows restored).

@@ -112,18 +112,23 @@ def _row(*met):
     return tuple(Verdict(f"c{i}", m) for i, m in enumerate(met))
 
 
-def test_solver_rewards_are_weighted_and_skip_failed_verdicts():
+def test_solver_rewards_eq7_unweighted_or_weighted_and_skip_failed_verdicts():
     task = _task()
     rows = [
         _row(True, True, False),  # all satisfied (pitfall absent): s = 1 -> r = 1
-        _row(True, False, False),  # s = (2 + 1) / 4 = 0.75 -> r = 0.6
-        _row(False, True, True),  # pitfall present: s = 1 / 4 -> r = 0.2
-        _row(None, True, False),  # failed verdict left out: s = (1 + 1) / 2 = 1 -> r = 1
+        _row(True, False, False),  # weighted s = (2 + 1) / 4 = 0.75; eq. 7's mean 2/3
+        _row(False, True, True),  # pitfall present: weighted s = 1 / 4; mean 1/3
+        _row(None, True, False),  # failed verdict left out: s = 1 either way -> r = 1
         _row(None, None, None),  # nothing valid: NaN, never 0
     ]
-    r = solver_rewards(task, rows, alpha=0.8)
+    r = solver_rewards(task, rows, alpha=0.8, satisfaction="weighted")
     np.testing.assert_allclose(r[:4], [1.0, 0.8 * 0.75, 0.8 * 0.25, 1.0])
     assert math.isnan(r[4])
+    r = solver_rewards(task, rows, alpha=0.8)  # the default: eq. 7's unweighted mean
+    np.testing.assert_allclose(r[:4], [1.0, 0.8 * 2 / 3, 0.8 * 1 / 3, 1.0])
+    assert math.isnan(r[4])
+    with pytest.raises(ValueError, match="satisfaction must be one of"):
+        solver_rewards(task, rows, satisfaction="mine")
     assert np.isnan(met_matrix(task, rows)[3, 0])
     with pytest.raises(ValueError, match="not in its rubric"):
         met_matrix(task, [(Verdict("zz", True),)])
@@ -137,26 +142,37 @@ def test_registered_weighted_solver_reward_is_the_controllers():
     rows = [_row(True, True, False), _row(True, False, False), _row(False, True, True)]
     r = Rollouts.from_responses(0, [task], [["a", "b", "c"]], [rows])
     got = batch_rewards("arise_rl_solver_weighted", r.scores).values[0]
-    np.testing.assert_allclose(got, solver_rewards(task, rows))
+    np.testing.assert_allclose(got, solver_rewards(task, rows, satisfaction="weighted"))
 
 
 def test_generator_memory_rules_and_vocabulary():
-    def s(reason=None, tool=True, c=None):
-        return GeneratorScore(0.0, reason, tool, None, "q", c)
+    def s(reason=None, tool=True, c=None, reward=0.0, q="q"):
+        return GeneratorScore(reward, reason, tool, None, q, c)
+
+    def coach(*names):
+        return " ; ".join(f"remember : {GENERATOR_HINTS[n]}" for n in names)
 
     assert generator_memory([], 8) is None
-    assert generator_memory([s(c=4), s(c=3), s("no_question")], 8) is None  # no majority
-    fmt = generator_memory([s("no_question"), s("no_rubric"), s(c=4)], 8)
-    assert fmt == "remember : " + GENERATOR_HINTS["format"]
+    # every group (the default): the failures any episode made, most common first, at most 2
+    assert generator_memory([s(c=4), s(c=3), s("no_question")], 8) == coach("format")
     tool = generator_memory([s(tool=False), s(tool=False), s(c=8), s(c=8), s(c=8)], 8)
-    assert tool == "remember : " + GENERATOR_HINTS["too_easy"]  # 2 of 5 ungrounded: no hint
-    easy = generator_memory([s(c=8), s(c=8), s(c=2)], 8)
-    assert easy == "remember : " + GENERATOR_HINTS["too_easy"]
+    assert tool == coach("too_easy", "tool")
     both = generator_memory([s(tool=False, c=None), s(tool=False, c=0), s(c=0)], 8)
-    hints = (GENERATOR_HINTS["tool"], GENERATOR_HINTS["too_hard"])
-    assert both == " ; ".join(f"remember : {h}" for h in hints)
+    assert both == coach("tool", "too_hard")  # 2 each: the order format, tool, easy, hard
+    # no failure: the best episode's question, restated
+    keep = generator_memory([s(c=4, reward=3.0, q="list 3 fruits"), s(c=2, reward=2.0)], 8)
+    assert keep == "remember : " + GENERATOR_HINTS["keep"].format(question="list 3 fruits")
+    # the majority rule: only the failures of most of the group
+    maj = functools.partial(generator_memory, rule="majority")
+    assert maj([s(c=4), s(c=3), s("no_question")], 8) is None
+    assert maj([s("no_question"), s("no_rubric"), s(c=4)], 8) == coach("format")
+    assert maj([s(tool=False), s(tool=False), s(c=8), s(c=8), s(c=8)], 8) == coach("too_easy")
+    assert maj([s(tool=False, c=None), s(tool=False, c=0), s(c=0)], 8) == coach("tool", "too_hard")
+    with pytest.raises(ValueError, match="rule must be one of"):
+        generator_memory([s()], 8, rule="sometimes")
     vocab = set(generator_vocabulary())
     for text in GENERATOR_HINTS.values():
+        text = text.format(question="list 3 fruits")
         assert set(units(text)) <= vocab, set(units(text)) - vocab
 
 
@@ -329,19 +345,25 @@ def test_generator_step_rewards_and_metrics(run):
     # step 1: the first is the frozen base policy); the trained episodes on the live policy.
     assert {held for _, held in probes} == {"snapshot2"}
     assert {held for rid, _, held in requests if "/turn" in rid} == {None}
-    # Most of each group wrote no question: the coach's format memory; the memory rollouts (R_G
-    # 3 each) measure Δr = 3 − 3/5; their episodes ran in the system message's memory.
+    # Most of each group wrote no question, one no lookup: the coach's memory; the memory
+    # rollouts (R_G 3 each) measure Δr = 3 − 3/5; their episodes ran in the system message's memory.
     assert m["arise_rl/rgsed/memory_frac"] == 1.0
     assert m["arise_rl/rgsed/delta_r"] == pytest.approx(3.0 - 3.0 / 5.0)
     memory_eps = [t for _, t, _ in requests if "write a task" in t and "<coach>" in t]
     assert len(memory_eps) == 2 * 2 * 2  # 4 episodes, a lookup turn and a final turn each
-    coach = "<coach> remember : " + GENERATOR_HINTS["format"]
+    # (every group's memory: its failures, most common first: format 3, tool 1)
+    coach = "<coach> remember : " + GENERATOR_HINTS["format"] + " ; remember : "
+    coach += GENERATOR_HINTS["tool"]
     for g in rollouts.groups:
         for t in g.trajectories:
             system = t.teacher_prompt[0]
             assert system["role"] == "system" and system["content"].endswith(coach + " </coach>")
             assert system["content"].startswith(g.messages[0]["content"])
             assert t.sd_coef > 0.5 * config.loss.sd_coef  # the soft gate is open (Δr ≫ τ)
+    # the generator's effective λ: λ0 · gate(Δr) · w · d at its phase's first step (t = 0)
+    want = rgsed.rgsed_coef([3.0 - 3.0 / 5.0], 0, warmup_steps=0, lambda0=config.loss.sd_coef)
+    assert m["arise_rl/rgsed/generator/lambda_mean"] == pytest.approx(float(want[0]))
+    assert m["arise_rl/rgsed/generator/lambda_active_frac"] == 1.0
     assert _ctl(controllers).recent[-1] == QUESTION
 
 
@@ -372,16 +394,26 @@ def test_solver_step_rgsed(run):
     config, services, controllers, steps = run
     rollouts, ctx, requests = steps[2]
     for g in rollouts.groups:
-        assert [t.signals[SIGNAL] for t in g.trajectories] == [1.0, 0.0, 0.0, 0.0, 0.0]
+        # the generated rubric is completed with the question's library criteria: a single
+        # fruit misses "exactly 3 items" and satisfies the 3 others (eq. 7: s = 3/4, r = 0.6)
+        assert len(g.task.rubric.criteria) == 4
+        assert [t.signals[SIGNAL] for t in g.trajectories] == pytest.approx([1.0] + [0.6] * 4)
         assert len(g) == J  # memory rollouts are never in the step
     mem = [rid for rid, _, _ in requests if "arise_rl/memory" in rid]
     assert len(mem) == 2  # one request per group, J' = 2 samples each
-    # Δr = mean(memory) − mean(standard) = 1 − 1/5 per group; soft gate ≈ 1 (Δr ≫ τ)
-    dr = 1.0 - 1.0 / 5.0
+    # both groups hold the same (only) pool task: no placebo donor
+    assert not [rid for rid, _, _ in requests if "arise_rl/placebo" in rid]
+    # Δr = mean(memory) − mean(standard) = 1 − (1 + 4 · 0.6)/5 per group; soft gate ≈ 1
+    dr = 1.0 - (1.0 + 4 * 0.6) / 5.0
     m = ctx.metrics
     assert m["arise_rl/rgsed/delta_r"] == pytest.approx(dr)
     assert m["arise_rl/rgsed/above"] == 1.0 and m["arise_rl/rgsed/memory_frac"] == 1.0
-    want = rgsed.rgsed_coef([dr], 2, gate="soft", warmup_steps=0, lambda0=config.loss.sd_coef)
+    # The schedule's clock restarts at each role phase: step 2 is the solver phase's first (t = 0).
+    want = rgsed.rgsed_coef([dr], 0, gate="soft", warmup_steps=0, lambda0=config.loss.sd_coef)
+    assert m["arise_rl/rgsed/solver/delta_r"] == pytest.approx(dr)
+    assert m["arise_rl/rgsed/solver/lambda_mean"] == pytest.approx(float(want[0]))
+    assert m["arise_rl/rgsed/solver/lambda_active_frac"] == 1.0
+    assert "arise_rl/rgsed/generator/delta_r" not in m
     for g in rollouts.groups:
         for t in g.trajectories:
             assert t.sd_coef == pytest.approx(float(want[0]))
@@ -403,6 +435,28 @@ def test_solver_step_rgsed(run):
         assert services.encode_prompt(t.teacher_prompt, "t", "max_teacher_prompt_len") == (
             t.teacher_prompt_ids
         )
+
+
+def test_generator_sd_waits_for_a_positive_mean_delta_r(run):
+    """generator_sd="after_positive": a generator step whose groups' mean Δr is not > 0 distils
+    none of them (even a group above τ); "always" leaves the per-group gate alone."""
+    config, services, controllers, steps = run
+    rollouts = steps[1][0]
+    ctl = _ctl(controllers)
+    for mode, dr, want_open in (
+        ("after_positive", [0.5, -0.6], False),
+        ("after_positive", [0.5, -0.4], True),
+        ("always", [0.5, -0.6], True),
+    ):
+        other = AriseRLController(
+            dataclasses.replace(ctl.cfg, generator_sd=mode, warmup_steps=0),
+            fallback_tasks=ctl.fallback_tasks, tasks_per_step=2,
+        )  # fmt: skip
+        other._memory = {0: "m", 1: "m"}
+        other._dr = np.array(dr)
+        gate = other.sd_gate(rollouts)
+        assert gate[1] == pytest.approx(0.0, abs=1e-12)  # Δr < −τ: closed either way
+        assert (gate[0] > 0.9) == want_open, (mode, dr, gate)
 
 
 def test_state_round_trip(run):

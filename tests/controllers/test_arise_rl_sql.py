@@ -195,7 +195,7 @@ def test_solver_step_on_sql(run):
     config, services, controllers, _, steps = run
     rollouts, ctx, requests = steps[2]
     assert [g.role for g in rollouts.groups] == ["solver", "solver"]
-    wrong = 0.8 * (2 + 2) / 9  # answer missed (5), tables read (2), no write (|-2|): s = 4/9
+    wrong = 0.8 * 2 / 3  # answer missed, tables read, no write: eq. 7's unweighted s = 2/3
     for g in rollouts.groups:
         assert g.trajectories[0].info["tool_calls"] == 1  # agent episodes in the SQL env
         np.testing.assert_allclose([t.signals[SIGNAL] for t in g.trajectories], [1.0] + [wrong] * 4)

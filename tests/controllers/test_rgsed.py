@@ -6,9 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from rubric_rl.envs.constraint_corpus import decorate_prompt
+from rubric_rl.envs.constraint_corpus import decorate_prompt, format_coach
 from rubric_rl.envs.constraint_domain import task_bank
 from rubric_rl.envs.constraint_lexicon import domain_vocabulary, units
+from rubric_rl.envs.constraint_spec import guidance_hint
 from rubric_rl.methods.arise_rl import rgsed
 from rubric_rl.methods.arise_rl.rgsed import (
     coefficients_to_sd_gate,
@@ -256,7 +257,21 @@ def test_coach_memory_failed_verdicts_nothing_missed_and_errors():
     crits = list(task.rubric)
     target = max(crits, key=lambda c: c.weight)
     ok = {c.id: c.weight > 0 for c in crits}  # everything satisfied
-    assert coach_memory(task, ["r"] * 3, [ok] * 3) is None
+    assert coach_memory(task, ["r"] * 3, [ok] * 3, rule="majority") is None
+    # every group (the default): nothing missed -> the best rollout's behaviours, the
+    # criteria it satisfied by |weight| then rubric order
+    order = sorted(range(len(crits)), key=lambda i: (-abs(crits[i].weight), i))
+    hints = [guidance_hint(crits[i].text, crits[i].weight) for i in order[:2]]
+    assert coach_memory(task, ["r"] * 3, [ok] * 3) == format_coach(hints)
+    # one miss in three is named under every_group, not under majority
+    other = crits[order[-1]]
+    one_miss = [dict(ok, **{other.id: not (other.weight > 0)}), ok, ok]
+    assert coach_memory(task, ["r"] * 3, one_miss, rule="majority") is None
+    assert coach_memory(task, ["r"] * 3, one_miss, max_hints=1) == format_coach(
+        [guidance_hint(other.text, other.weight)]
+    )
+    with pytest.raises(ValueError, match="rule must be one of"):
+        coach_memory(task, ["r"] * 3, [ok] * 3, rule="sometimes")
     # One valid verdict (unsatisfied), two failed: the failed ones do not dilute it.
     rows = [dict(ok, **{target.id: not (target.weight > 0)}), dict(ok, **{target.id: None})]
     rows.append({k: v for k, v in ok.items() if k != target.id})  # a missing verdict
@@ -266,7 +281,12 @@ def test_coach_memory_failed_verdicts_nothing_missed_and_errors():
     # Every verdict on it failed: no evidence, no hint.
     all_failed = [dict(ok, **{target.id: None})] * 3
     assert math.isnan(missed_shares(task, all_failed)[crits.index(target)])
-    assert coach_memory(task, ["r"] * 3, all_failed) is None
+    assert coach_memory(task, ["r"] * 3, all_failed, rule="majority") is None
+    assert guidance_hint(target.text, target.weight) not in coach_memory(
+        task, ["r"] * 3, all_failed
+    )
+    none_valid = [{c.id: None for c in crits}] * 3
+    assert coach_memory(task, ["r"] * 3, none_valid) is None  # nothing to summarise
     with pytest.raises(ValueError, match="2 responses but 3 verdict rows"):
         coach_memory(task, ["r"] * 2, [ok] * 3)
     with pytest.raises(ValueError, match="not in the task's rubric"):
@@ -300,9 +320,10 @@ def test_coach_memories_reads_a_judged_step():
             for _ in range(3)
         ]
         groups.append(Group(task, trajectories=trajs))
-    memories = coach_memories(Rollouts(0, groups))
+    memories = coach_memories(Rollouts(0, groups), rule="majority")
     assert memories[0] is None  # group 0 satisfied everything
+    assert coach_memories(Rollouts(0, groups))[0].startswith("remember : ")
     assert memories[1] == coach_memory(
-        tasks[1], ["r"] * 3, [t.verdicts for t in groups[1].trajectories]
+        tasks[1], ["r"] * 3, [t.verdicts for t in groups[1].trajectories], rule="majority"
     )
     assert memories[1].startswith("remember : ")

@@ -79,7 +79,8 @@ def controller(**kw) -> RisedController:
 
 
 def test_teacher_context_is_the_rollouts_top_n_with_its_groups_and_none_without_positives():
-    ctl = controller(top_n=2)
+    # The count ranking (hint_rank="count", the previous one): count, ties by vocabulary order.
+    ctl = controller(top_n=2, hint_rank="count")
     t0, t1 = task(0, "e1"), task(1, "e1")
     r = rollouts(1, [
         # group 0: counts per rollout
@@ -119,7 +120,8 @@ def test_teacher_mode_none_gives_no_teacher():
 
 
 def test_anti_patterns_are_injected_per_environment_then_withdrawn():
-    ctl = controller(anti_top=1)
+    # Raw counts (profile_counts="raw", the previous trigger; presence counts: below).
+    ctl = controller(anti_top=1, profile_counts="raw")
     a, b = task(0, "ea"), task(1, "eb")
     # ea: negatives 3 (n_y 2, n_x 1) > positives 1 -> its top negative n_y next step;
     # eb: positives 2 = negatives 2 -> nothing. Outcome tags are not counted.

@@ -410,7 +410,9 @@ def test_the_varsel_variants_build_the_quota_sampler_and_the_selector():
     domain = builders.build_domain(c)
     sampler, selector = grpo_controllers(c, domain)
     assert isinstance(sampler, EnvQuotaSampler) and isinstance(selector, VarianceSelector)
-    assert selector.config == VarianceSelectConfig(k=2, mode="targeted", per_env=True, seed=0)
+    assert selector.config == VarianceSelectConfig(
+        k=2, mode="targeted", per_env=True, targeting="proportional", seed=0
+    )
     with pytest.raises(ValueError, match="varsel must be one of"):
         grpo.get_config("smoke,varsel=bottom")
     c = _varsel_config("top")

@@ -1,4 +1,4 @@
-"""The embedded domain's checker library: criteria read from the prompt text alone (issue 13)."""
+"""The embedded domain's checker library: criteria read from the prompt text alone."""
 
 from __future__ import annotations
 

@@ -341,7 +341,7 @@ def test_warmstart_corpus_imperfect_and_guidance_raises_verify_rate():
 
 
 def test_warmstart_corpus_covers_every_prompt_shape_training_can_show(tmp_path):
-    """Issue 13, item 4: several skills at once, rewritten skills (both refinement levels, in the
+    """Several skills at once, rewritten skills (both refinement levels, in the
     reflection's wording), up to three guidance fields, a system-message placement, within the
     model's prompt limit (the warm start drops the few longer ones)."""
     from configs.common import get_base_config

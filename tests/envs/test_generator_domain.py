@@ -1,5 +1,5 @@
 """ARISE-RL generator domain: the output format round trip, malformed answers, the lookup tool
-through the agent loop (R_tool), and the generator's vocabulary (issue 18, item 1)."""
+through the agent loop (R_tool), and the generator's vocabulary."""
 
 import dataclasses
 
@@ -39,6 +39,7 @@ from rubric_rl.methods.arise_rl.generator_domain import (
     normalise_tool_calls,
     parse_generated,
     role_prompt,
+    source_question,
 )
 from rubric_rl.rollout.agent import AgentConfig, ChatFormat, run_agent
 from rubric_rl.rollout.engine import SamplingParams
@@ -83,12 +84,22 @@ def test_demonstrations_parse_back_to_their_source_task(train_tasks):
             keep = {kd for kd in kinds if rng.random() < 0.5}
             bad = render_response(source, keep, rng, praise=bool(k == 2))
             assert verify(task, bad) == verify(source, bad)
-        # the rubric is the library's criteria the answer lists: checkers, not free text
+        # the rubric is the library's criteria the answer lists, completed with every other
+        # library criterion of the question (the task verifier's full requirement set):
+        # checkers, not free text
         lib = {c.id: c for c in library_criteria(source)}
-        listed = [c.text for c in task.rubric.criteria]
+        listed = [c.text for c in task.rubric.criteria if c.origin == "generator"]
         assert final.count("<criterion>") == len(listed) == g.num_listed
+        assert {c.id for c in task.rubric.criteria} == set(lib)
+        assert g.num_completed == len(lib) - len(listed)
+        as_written = parse_generated(final, complete=False).task
+        assert [c.text for c in as_written.rubric.criteria] == listed
+        # an answer listing a single criterion is completed the same way
+        one = parse_generated(format_generated(source_question(source), listed[:1]))
+        assert {c.id for c in one.task.rubric.criteria} == set(lib)
         for c in task.rubric.criteria:
-            assert c.verifier.kind == "rule" and c.origin == "generator"
+            assert c.verifier.kind == "rule"
+            assert c.origin == ("generator" if c.text in listed else "implied")
             assert (c.text, c.weight, c.verifier) == (
                 lib[c.id].text,
                 lib[c.id].weight,
@@ -102,7 +113,10 @@ def test_parsed_task_is_stable_and_has_a_reference(train_tasks):
     final = format_generated("list 3 fruits . use uppercase", ["every word is in uppercase"])
     a, b = parse_generated(final), parse_generated(final)
     assert a.task.id == b.task.id and a.task.id.startswith("cf-generated-")
-    assert [c.id for c in a.task.rubric.criteria] == ["case:upper"]
+    ids = [c.id for c in a.task.rubric.criteria]
+    assert ids[0] == "case:upper" and set(ids) == {c.id for c in library_criteria(a.task)}
+    as_written = parse_generated(final, complete=False).task
+    assert [c.id for c in as_written.rubric.criteria] == ["case:upper"]
     assert a.task.reference_answer is not None and verify(a.task, a.task.reference_answer)
     # contradictory clauses still parse (R_fmt 1); no reference, and the solver's c says the rest
     g = parse_generated(
@@ -203,7 +217,7 @@ def test_unknown_criteria_are_dropped_and_counted():
             "no item is repeated",  # an implicit requirement: a real check of the task
         ],
     )
-    g = parse_generated(text)
+    g = parse_generated(text, complete=False)
     assert g.reason is None and g.num_listed == 5
     assert [c.id for c in g.task.rubric.criteria] == ["count", "distinct"]
     assert g.num_unknown == 2 and g.num_duplicates == 1

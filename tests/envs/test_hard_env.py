@@ -1,4 +1,4 @@
-"""RISED's deliberately hard environment (issue 17): ``domain.hard_min_constraints`` moves every
+"""RISED's deliberately hard environment: ``domain.hard_min_constraints`` moves every
 embedded task with at least that many stated constraints to env "hard", nothing else changes."""
 
 import dataclasses

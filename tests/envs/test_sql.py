@@ -335,7 +335,7 @@ def test_bad_tasks_are_rejected():
 
 
 # ---------------------------------------------------------------------------------------------
-# Read-only pragma functions, REINDEX, malformed input (issue 19)
+# Read-only pragma functions, REINDEX, malformed input
 
 PRAGMA_READS = [
     ("SELECT name FROM pragma_table_info('customers') ORDER BY cid", "name\nid\nname\ncountry"),

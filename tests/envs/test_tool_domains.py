@@ -192,7 +192,7 @@ def test_inventory_verifier_enforces_the_budget():
 
 def test_constraint_tokenizer_is_unchanged(tmp_path):
     """The embedded default keeps its ids bit for bit (pinned: the vocabulary as (token, id)
-    pairs and the chat template; the tool domains never change it). Issue 13 added the four
+    pairs and the chat template; the tool domains never change it). It includes the four
     words of the implicit requirements' criterion texts: claim, item, praise, repeated."""
     tok = builders.build_word_tokenizer(constraints.domain_vocabulary(), str(tmp_path / "c"))
     pairs = sorted(tok.vocab().items(), key=lambda kv: kv[1])

@@ -95,18 +95,18 @@ def test_packed_root_needs_out(tmp_path, capsys):
 # page that a later aggregate writes differently: the per-step cost table gained the stage
 # columns (rollout_s, train_s, teacher_s) after these two pages were written.
 COMPARISONS = [
-    ("protocol_ar", "protocol_ar-2026-12-04.md",
+    ("protocol_ar", "arise_rl.md",
      ["--reference", "arise_rl-protocol", "--dynamics",
       "--cost-reference", "arise_rl-protocol+solver_grpo"], ()),
-    ("protocol_async", "protocol_async-2026-12-03.md",
+    ("protocol_async", "async.md",
      ["--reference", "grpo-protocol", "--cost-reference", "grpo-protocol"], ("Per-step cost",)),
-    ("protocol_h", "protocol_h-rerun-2026-12-02.md",
+    ("protocol_h", "harness_rl.md",
      ["--reference", "harness_rl-protocol", "--dynamics", "--cost-reference", "grpo-protocol"],
      ("Per-step cost",)),
-    ("protocol_r", "protocol_r-2026-12-04.md",
+    ("protocol_r", "rised.md",
      ["--reference", "rised-protocol", "--dynamics",
       "--cost-reference", "rised-protocol+grpo_k"], ()),
-    ("protocol_ws", "protocol_ws-2026-12-04.md",
+    ("protocol_ws", "arise.md",
      ["--reference", "arise-protocol", "--match", "arise-protocol+outcome_only"], ()),
 ]  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""The Qwen2 / Qwen2.5 family (q/k/v biases, no q/k norm; issue 14): its biases against
+"""The Qwen2 / Qwen2.5 family (q/k/v biases, no q/k norm): its biases against
 transformers' Qwen2ForCausalLM, its presets and config.json defaults, and the config.json fields
 we refuse. Logit parity and export for both families: test_hf_parity.py; KV-cache decoding:
 test_kv_cache.py; the JAX engine: tests/rollout/test_jax_engine.py."""

@@ -48,7 +48,7 @@ def engine():
 
 @pytest.fixture(scope="module")
 def qwen2_engine():
-    """The Qwen2 family (q/k/v biases, no q/k norm; issue 14) in the same engine."""
+    """The Qwen2 family (q/k/v biases, no q/k norm) in the same engine."""
     eng = JaxEngine(_model(0, "qwen2_tiny"), CFG, weight_version=3)
     yield eng
     eng.close()

@@ -1,4 +1,4 @@
-"""Issue 14 item 4 on the CPU SGLang server: which of our model families' exports SGLang serves.
+"""On the CPU SGLang server: which of our model families' exports SGLang serves.
 
 - Qwen2 / Qwen2.5 (q/k/v biases): our export is served, and the server's sampled-token and
   scored log-probs equal `transformers`' and the trainer's on the same safetensors.

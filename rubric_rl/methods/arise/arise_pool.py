@@ -55,7 +55,7 @@ STATES = (ADDED, ACTIVE, HIDDEN, RETIRED)
 class AriseConfig:
     """Pool, lifecycle and reward settings (see the module docstring for the rules)."""
 
-    # Issue 13, set on the scripted-policy check before any RL run
+    # Set on the scripted-policy check before any RL run
     # (benchmarks/arise_controller_check.py): room for 16 pairs, at most one new pair every 3 steps
     # (~0.3 adds a step, the seed's 36 over 150 steps is 0.24), consistent mastery judged over 8
     # steps before a pair retires. The check then gives 37 added / 29 retired / 8 live over 150
@@ -92,7 +92,7 @@ class AriseConfig:
     success_threshold: float = 1.0  # a rollout succeeds when its task reward reaches this
     # Where candidate rubrics and bound entries' criteria come from (BANKS): "library" = the
     # domain's checker library read from each prompt (criteria the seed rubric lacks included;
-    # issue 13), "seed_rubric" = the task's own rubric (the previous behaviour, an ablation),
+    # ours), "seed_rubric" = the task's own rubric (the earlier default, kept as an ablation),
     # "auto" = the library when the domain has one.
     bank: str = "auto"
 

@@ -55,7 +55,8 @@ CriteriaBank = Callable[[Task], Sequence[Criterion]]
 
 
 def seed_rubric_bank(task: Task) -> Sequence[Criterion]:
-    """The task's own rubric criteria (the candidate bank before issue 13's checker library)."""
+    """The task's own rubric criteria: the earlier default bank, kept as the ablation
+    ``arise.bank="seed_rubric"``."""
     return task.rubric.criteria
 
 

@@ -49,7 +49,9 @@ def arise_rl_controllers(config: Any, domain: Any) -> list[Any]:
             f"config.arise_rl.generator_domain='sql': the solver answers SQL tasks in agent "
             f"episodes; config.rollout.mode must be 'agent', got {mode!r}"
         )
-    generator_domain = build_generator_domain(cfg.generator_domain, domain.train)
+    generator_domain = build_generator_domain(
+        cfg.generator_domain, domain.train, rubric_completion=cfg.rubric_completion
+    )
     external = bool(config.get("teacher") is not None and config.teacher.model)
     if (cfg.teacher != "self") != external:
         raise ValueError(

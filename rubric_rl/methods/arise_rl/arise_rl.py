@@ -18,26 +18,35 @@ generated rubric, c counts those with solver reward ≥ γ and
 
 A **pool refresh** (seed D.5) prompts the generator ``refresh_rollouts`` times, one rollout per
 prompt in batches of ``refresh_batch`` (the negatives are the 10 most recent accepted questions
-when the batch starts), keeps the parseable, tool-grounded tasks (R_fmt · R_tool = 1; ours: the
-seed keeps every task it can extract) that are not duplicates (same parsed question parameters:
-"strict deduplication") up to ``pool_size`` = 500; the new pool replaces the old one. Ours: when
-fewer than ``pool_min`` tasks were generated, ``pool_fill="domain"`` tops the pool up with the
-domain's training tasks (counted in ``arise_rl/pool/filled``); ``"none"`` raises instead.
+when the batch starts), keeps the parseable tasks (R_fmt = 1: the seed keeps every task it can
+extract; ``pool_filter="grounded"`` also asks R_tool = 1) that are not duplicates (same parsed
+question parameters: "strict deduplication") up to ``pool_size`` = 500; the new pool replaces
+the old one. Ours: when fewer than ``pool_min`` tasks were generated, ``pool_fill="domain"``
+tops the pool up with the domain's training tasks (counted in ``arise_rl/pool/filled``);
+``"none"`` raises instead.
 
 A **solver step** draws ``rollout.tasks_per_step`` pool tasks (uniformly, without replacement
-while the pool allows) and trains on the solver reward ``r = α s + (1 − α)·1[s = 1]`` with the
-weighted satisfaction s of the generated rubric (failed verdicts excluded).
+while the pool allows) and trains on the solver reward ``r = α s + (1 − α)·1[s = 1]`` with s the
+unweighted mean of the criterion scores (eq. 7; ``satisfaction="weighted"``: by |λ|) over the
+generated rubric, completed with the question's library criteria (``rubric_completion``; failed
+verdicts excluded).
 
 **RG-SED** (seed §3.2, eq. 9–14), per role in ``rgsed_roles``: after the step's rewards, a coach
-turns each group's feedback into memory m (solver: ``rgsed_coach.coach_memory``, the criteria
-most of the group missed; generator: :func:`generator_memory`, the group's dominant authoring
-failure), J' = ``memory_rollouts`` memory-augmented rollouts (m in the system message, or
-``memory_placement``) measure ``Δr = R̄_memory − R̄_standard`` (never trained; a generator
-memory rollout gets its own K solver attempts), the teacher of every trained rollout of the group
-is the same policy on the group's prompt with m and the student's exact completion tokens, and
-``sd_gate`` returns ``gate(Δr) · w(t) · d(t)`` (``rgsed.py``; λ0 = ``loss.sd_coef``). A group
-without memory gets no teacher (its SD term is exactly 0). ``sd_scope="final_turn"`` distils
-only the last assistant turn of a multi-turn rollout (``sd_mask``).
+turns each group's feedback into memory m for EVERY group (``coach_rule="every_group"``; solver:
+``rgsed_coach.coach_memory``, the criteria the group missed, most-missed first, or its best
+rollout's behaviours when none was missed; generator: :func:`generator_memory`, the group's
+authoring failures or its best episode's question), J' = ``memory_rollouts`` (0: J)
+memory-augmented rollouts (m in the system message, or ``memory_placement``) measure
+``Δr = R̄_memory − R̄_standard`` (never trained; a generator memory rollout gets its own K solver
+attempts), and a placebo arm (another task's memory, hints shuffled: ``placebo_memories``) on
+the same seeds as the memory rollouts (``paired_seeds``) measures the null beside it.
+The teacher of every trained rollout of a group is the same policy on the group's prompt with m
+and the student's exact completion tokens, and ``sd_gate`` returns ``gate(Δr) · w(t) · d(t)``
+(``rgsed.py``; λ0 = ``loss.sd_coef``) with t on ``schedule_clock`` (default: the step's offset in
+its role phase) — on generator groups only at steps whose generator mean Δr is > 0
+(``generator_sd``). Δr, the placebo's Δr, the gate regions and the effective λ are logged per
+role (``role_metrics``; per group in ``history``). ``sd_scope="final_turn"`` distils only the last
+assistant turn of a multi-turn rollout (``sd_mask``).
 
 **The frozen solver** (``solver_policy="frozen"``, issue 18): the K attempts of a cycle's
 generator phase sample the policy as it was at the phase's first step — a second parameter set
@@ -68,6 +77,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -80,10 +90,11 @@ from rubric_rl.methods.arise_rl.arise_rl_domain import (
     GENERATOR_DOMAINS,
     GENERATOR_ENVS,
     GENERATOR_HINTS,
+    RUBRIC_COMPLETIONS,
     GeneratorDomain,
     build_generator_domain,
 )
-from rubric_rl.methods.arise_rl.rgsed_coach import coach_memory
+from rubric_rl.methods.arise_rl.rgsed_coach import COACH_RULES, coach_memory
 from rubric_rl.rollout.batch import Group, Messages, Rollouts, Trajectory
 from rubric_rl.rubrics.types import (
     Message,
@@ -106,9 +117,39 @@ SOLVER_POLICIES = ("current", "frozen")
 # teacher (config.teacher: a separate frozen parameter set, notes/baselines.md §7): "opcd" (the
 # teacher sees the memory, constant λ, no gate), "gkd" (the teacher sees the student's prompt).
 TEACHERS = ("self", "opcd", "gkd")
+PLACEBO_STREAM = "arise_rl/placebo"
+# Seeds of the memory rollouts: "placebo" (ours, the default) — the real and placebo arms share
+# fresh seeds, so their difference is a paired contrast and Δr against the standard rollouts is
+# unbiased; "standard" — memory sample j on standard sample j's seed (common random numbers with
+# the standard side; biased upward whenever the memory was chosen from the standard rollouts'
+# misses, which the paired sample then repeats unless the memory flips them: the scripted check
+# measures it); "none" — the memory stream's own seeds.
+PAIRINGS = ("placebo", "standard", "none")
+# The warm-up/decay clock t of eq. 12 (the seed leaves it open): "phase" restarts it at each
+# role phase (t = the step's offset in its cycle's generator or solver phase; ours, the default),
+# "global" runs it on the training step across cycles and roles (the authors' single counter).
+SCHEDULE_CLOCKS = ("phase", "global")
+# s of eq. 7: "unweighted" (the seed's mean of the criterion scores) or "weighted" (by |λ|).
+SATISFACTIONS = ("unweighted", "weighted")
+# Which refreshed tasks enter the pool: "parsed" (the seed keeps every task it can extract,
+# App. D.5) or "grounded" (also R_tool = 1).
+POOL_FILTERS = ("parsed", "grounded")
+# Generator-side SD: "after_positive" (a generator step distils only when its groups' mean Δr is
+# > 0: the warm start never showed the generator a memory) or "always" (per-group gate only).
+GENERATOR_SD = ("after_positive", "always")
+# The generator's trained reward: ARISE-RL's R_G, or a baseline's own proposer reward
+# (notes/baselines.md §6: Dr. Zero's 0.5·f + difficulty, Absolute Zero's format-aware
+# learnability with its −0.5 / −1 penalties).
+PROPOSER_REWARDS = ("arise_rl", "dr_zero", "absolute_zero")
+# Advantages: "group" (GRPO within each prompt's group), "hrpo" (Dr. Zero: standardised within
+# the step's groups sharing a task type, the analogue of its hop count), "trr++" (Absolute Zero's
+# Task-Relative REINFORCE++: the mean of each (role, task type) as baseline, one std over the
+# step's rollouts).
+ADVANTAGE_GROUPINGS = ("group", "hrpo", "trr++")
 FROZEN_SOLVER = "arise_rl_frozen_solver"  # held policies (Services.hold_policy)
 BASE_POLICY = "arise_rl_base"
 BASE_PROBE_STREAM = "arise_rl/base_probe"
+_COACH_SPLIT = re.compile(r" ; (?=remember : )")  # between format_coach's notes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +175,17 @@ class AriseRLConfig:
     difficulty: bool = True
     tool_grounding: bool = True
     rgsed_roles: tuple[str, ...] = ROLES
-    memory_rollouts: int = 8
+    memory_rollouts: int = 0  # J'; 0 = J (the group's size)
+    placebo: bool = True
+    paired_seeds: str = "placebo"
+    coach_rule: str = "every_group"
+    schedule_clock: str = "phase"
+    satisfaction: str = "unweighted"
+    pool_filter: str = "parsed"
+    rubric_completion: str = "library"
+    generator_sd: str = "after_positive"
+    proposer_reward: str = "arise_rl"
+    advantage_grouping: str = "group"
     memory_placement: str = "system"
     gate: str = "soft"
     tau: float = rgsed.TAU
@@ -168,6 +219,15 @@ class AriseRLConfig:
             ("teacher", self.teacher, TEACHERS),
             ("generator_domain", self.generator_domain, GENERATOR_DOMAINS),
             ("shape", self.shape, tuple(rw.DIFFICULTY_SHAPES.names())),
+            ("coach_rule", self.coach_rule, COACH_RULES),
+            ("paired_seeds", self.paired_seeds, PAIRINGS),
+            ("schedule_clock", self.schedule_clock, SCHEDULE_CLOCKS),
+            ("satisfaction", self.satisfaction, SATISFACTIONS),
+            ("pool_filter", self.pool_filter, POOL_FILTERS),
+            ("rubric_completion", self.rubric_completion, RUBRIC_COMPLETIONS),
+            ("generator_sd", self.generator_sd, GENERATOR_SD),
+            ("proposer_reward", self.proposer_reward, PROPOSER_REWARDS),
+            ("advantage_grouping", self.advantage_grouping, ADVANTAGE_GROUPINGS),
         )
         for name, v, allowed in checks:
             if v not in allowed:
@@ -245,14 +305,23 @@ def met_matrix(task: Task, verdict_rows: Sequence[Sequence[Verdict]]) -> np.ndar
 
 
 def solver_rewards(
-    task: Task, verdict_rows: Sequence[Sequence[Verdict]], alpha: float = 0.8
+    task: Task,
+    verdict_rows: Sequence[Sequence[Verdict]],
+    alpha: float = 0.8,
+    satisfaction: str = "unweighted",
 ) -> np.ndarray:
-    """``[J]`` ARISE-RL solver rewards (eq. 8 on the weighted s; NaN where every verdict failed)."""
+    """``[J]`` ARISE-RL solver rewards (eq. 8; NaN where every verdict failed) on s of eq. 7:
+    the unweighted mean of the criterion scores (the seed's), or weighted by |λ|
+    (``satisfaction="weighted"``). A pitfall keeps its sign either way (satisfied = absent)."""
+    if satisfaction not in SATISFACTIONS:
+        raise ValueError(f"solver_rewards: satisfaction must be one of {SATISFACTIONS}")
     if not verdict_rows:
         return np.zeros(0)
-    weights = [c.weight for c in task.rubric.criteria]
-    if not weights:
+    weights = np.array([c.weight for c in task.rubric.criteria], np.float64)
+    if not weights.size:
         return np.full(len(verdict_rows), np.nan)
+    if satisfaction == "unweighted":
+        weights = np.sign(weights)
     return np.atleast_1d(rw.solver_reward(weights, met_matrix(task, verdict_rows), alpha))
 
 
@@ -286,30 +355,53 @@ class GeneratorScore:
 
 
 def generator_memory(
-    scores: Sequence[GeneratorScore], k: int, hints: Mapping[str, str] | None = None
+    scores: Sequence[GeneratorScore],
+    k: int,
+    hints: Mapping[str, str] | None = None,
+    *,
+    rule: str = "every_group",
+    max_hints: int = 2,
 ) -> str | None:
     """The generator group's memory m (seed App. E fig. 17: the coach summarises the group's
-    authoring failures — format errors, queries every solver attempt solves or none does): a
-    ``<coach>`` text with the hints for the failures of most of the group (strictly more than
-    half), in the order format, tool, too easy, too hard; None when no failure is that common.
+    authoring failures — format errors, ungrounded rubrics, queries every solver attempt solves
+    or none does) as ``<coach>`` text. ``rule`` (``rgsed_coach.COACH_RULES``):
+
+    * ``"every_group"`` (the default: the seed's coach writes for every group): the hints of the
+      failures ANY episode of the group made, most common first (ties in the order format, tool,
+      too easy, too hard), at most ``max_hints``; when no episode failed (all gated, 0 < c < K),
+      the best episode's behaviour: ``hints["keep"]`` with its question (a domain without a
+      "keep" hint writes nothing then);
+    * ``"majority"``: the hints of the failures of most of the group (strictly more than half),
+      in that order; None when no failure is that common.
+
     ``hints``: the generator domain's (default: the constraint domain's ``GENERATOR_HINTS``).
-    Ours: the rule and the wording (the seed's coach is an LLM)."""
+    Ours: the rules and the wording (the seed's coach is an LLM)."""
     from rubric_rl.envs.constraint_corpus import format_coach
 
+    if rule not in COACH_RULES:
+        raise ValueError(f"generator_memory: rule must be one of {COACH_RULES}, got {rule!r}")
     n = len(scores)
     if n == 0:
         return None
-    fmt = sum(s.fmt_reason is not None for s in scores)
-    tool = sum(s.fmt_reason is None and not s.tool for s in scores)
-    easy = sum(s.c is not None and s.c == k for s in scores)
-    hard = sum(s.c is not None and s.c == 0 for s in scores)
+    counts = {
+        "format": sum(s.fmt_reason is not None for s in scores),
+        "tool": sum(s.fmt_reason is None and not s.tool for s in scores),
+        "too_easy": sum(s.c is not None and s.c == k for s in scores),
+        "too_hard": sum(s.c is not None and s.c == 0 for s in scores),
+    }
     table = GENERATOR_HINTS if hints is None else hints
-    hints = [
-        table[name]
-        for name, count in (("format", fmt), ("tool", tool), ("too_easy", easy), ("too_hard", hard))
-        if count > n / 2
-    ]
-    return format_coach(hints) if hints else None
+    if rule == "majority":
+        named = [table[name] for name, count in counts.items() if count > n / 2]
+        return format_coach(named) if named else None
+    order = list(counts)
+    failed = sorted((name for name in order if counts[name] > 0),
+                    key=lambda name: (-counts[name], order.index(name)))  # fmt: skip
+    if failed:
+        return format_coach([table[name] for name in failed[:max_hints]])
+    if "keep" not in table:
+        return None
+    best = max(range(n), key=lambda j: (scores[j].reward, -j))
+    return format_coach([table["keep"].format(question=scores[best].question)])
 
 
 def final_turn_mask(loss_mask: Sequence[int] | None, n: int) -> tuple[int, ...]:
@@ -349,7 +441,7 @@ class AriseRLController(Controller):
         # the generator domain (arise_rl_domain.py): config.arise_rl.generator_domain's, over the
         # solver domain's training tasks, unless given
         self.generator_domain = generator_domain or build_generator_domain(
-            cfg.generator_domain, self.fallback_tasks
+            cfg.generator_domain, self.fallback_tasks, rubric_completion=cfg.rubric_completion
         )
         self.forbidden = frozenset(forbidden)
         self.tasks_per_step = int(tasks_per_step)
@@ -361,6 +453,7 @@ class AriseRLController(Controller):
         self.phase: Phase | None = None
         self._memory: dict[int, str] = {}  # group index -> memory text, this step
         self._dr: np.ndarray | None = None
+        self._placebo_dr: np.ndarray | None = None
         self._events: list[dict[str, Any]] = []
         self.history: list[dict[str, Any]] = []  # per-step c / Δr summaries (state)
 
@@ -368,7 +461,7 @@ class AriseRLController(Controller):
 
     def sample_tasks(self, step: int, rng: np.random.Generator) -> TaskBatch:
         self.phase = ph = phase(step, self.cfg)
-        self._memory, self._dr = {}, None
+        self._memory, self._dr, self._placebo_dr = {}, None, None
         n = self.tasks_per_step
         self._hold_policies(step, ph)
         if ph.role == "generator":
@@ -411,6 +504,9 @@ class AriseRLController(Controller):
                 f"{first}) is not held (held_step={self.services.held_step(FROZEN_SOLVER)})"
             )
 
+    def _rewards(self, task: Task, verdict_rows: Sequence[Sequence[Verdict]]) -> np.ndarray:
+        return solver_rewards(task, verdict_rows, self.cfg.alpha, self.cfg.satisfaction)
+
     def _solver_policy(self) -> str | None:
         return FROZEN_SOLVER if self.cfg.solver_policy == "frozen" else None
 
@@ -420,7 +516,7 @@ class AriseRLController(Controller):
         _, trajs = self._solve(tasks, 1, BASE_PROBE_STREAM, policy=BASE_POLICY)
         verdicts = self.services.judge(tasks, [[t.response for t in ts] for ts in trajs])
         pairs = zip(tasks, verdicts, strict=True)
-        r = np.concatenate([solver_rewards(t, vs, self.cfg.alpha) for t, vs in pairs])
+        r = np.concatenate([self._rewards(t, vs) for t, vs in pairs])
         return float(np.mean(np.where(np.isnan(r), 0.0, r >= self.cfg.gamma)))
 
     def refresh_pool(self, cycle: int, step: int, rng: np.random.Generator) -> None:
@@ -441,7 +537,8 @@ class AriseRLController(Controller):
                 counts[f"reason/{s.fmt_reason}" if s.fmt_reason else "parsed"] += 1
                 if s.fmt_reason is None and not s.tool and cfg.tool_grounding:
                     counts["ungrounded"] += 1
-                    continue
+                    if cfg.pool_filter == "grounded":
+                        continue
                 if s.task is None:
                     continue
                 key = self.generator_domain.signature(s.task)
@@ -494,11 +591,14 @@ class AriseRLController(Controller):
 
     # --- generator episodes --------------------------------------------------------------------
 
-    def _run_generator(self, tasks: Sequence[Task], n: int, stream: str):
+    def _run_generator(
+        self, tasks: Sequence[Task], n: int, stream: str, seed_indices: Sequence[int] | None = None
+    ):
         params = self.services.sampling_params(1, max_new_tokens=self.cfg.generator_max_new_tokens)
         return self.services.run_agent(
-            tasks, n, stream=stream, params=params, make_env=self.generator_domain.make_env
-        )
+            tasks, n, stream=stream, params=params, make_env=self.generator_domain.make_env,
+            seed_indices=seed_indices,
+        )  # fmt: skip
 
     def _solve(
         self,
@@ -508,6 +608,7 @@ class AriseRLController(Controller):
         *,
         prompts: Sequence[Messages] | None = None,
         policy: str | None = None,
+        seed_indices: Sequence[int] | None = None,
     ):
         """``n`` solver rollouts per task (never trained): single-turn samples of ``prompts``
         (default: the tasks' messages), or, in a domain whose solver is an agent
@@ -516,11 +617,14 @@ class AriseRLController(Controller):
         if self.generator_domain.solver_agent:
             if prompts is not None:
                 tasks = [_with_prompt(t, p) for t, p in zip(tasks, prompts, strict=True)]
-            return self.services.run_agent(tasks, n, stream=stream, policy=policy)
+            return self.services.run_agent(
+                tasks, n, stream=stream, policy=policy, seed_indices=seed_indices
+            )
         prompts = [t.messages for t in tasks] if prompts is None else prompts
         return self.services.generate(
-            prompts, n, stream=stream, names=[t.id for t in tasks], policy=policy
-        )
+            prompts, n, stream=stream, names=[t.id for t in tasks], policy=policy,
+            seed_indices=seed_indices,
+        )  # fmt: skip
 
     def _parse(self, response: str) -> GeneratorScore:
         parsed, outcome = self.generator_domain.episode_outcome(response, forbidden=self.forbidden)
@@ -545,7 +649,7 @@ class AriseRLController(Controller):
             )
             verdicts = self.services.judge(tasks, [[t.response for t in ts] for ts in trajs])
             for s, task, vs in zip(solve, tasks, verdicts, strict=True):
-                r = solver_rewards(task, vs, cfg.alpha)
+                r = self._rewards(task, vs)
                 s.c = int(rw.solver_successes(r, cfg.gamma))
         for s in scores:
             outcome = rw.GeneratorOutcome(
@@ -583,7 +687,7 @@ class AriseRLController(Controller):
                 for j, t in enumerate(g.trajectories):
                     out[gi, j] = t.info["arise_rl"]["r_g"]
             else:
-                r = solver_rewards(g.task, [t.verdicts for t in g.trajectories], self.cfg.alpha)
+                r = self._rewards(g.task, [t.verdicts for t in g.trajectories])
                 out[gi, : len(r)] = r
         return {SIGNAL: out}
 
@@ -613,21 +717,49 @@ class AriseRLController(Controller):
     # --- RG-SED ----------------------------------------------------------------------------------
 
     def memories(self, rollouts: Rollouts) -> dict[int, str]:
-        """Group index -> the coach's memory m, for the groups of the roles in ``rgsed_roles``."""
+        """Group index -> the coach's memory m, for the groups of the roles in ``rgsed_roles``
+        (``coach_rule``: every group by default)."""
         out: dict[int, str] = {}
+        rule = self.cfg.coach_rule
         for gi, g in enumerate(rollouts.groups):
             if g.role not in self.cfg.rgsed_roles or not g.trajectories:
                 continue
             if g.role == "generator":
                 scores = [_score_of(t) for t in g.trajectories]
-                text = generator_memory(scores, self.cfg.k_attempts, self.generator_domain.hints)
+                text = generator_memory(
+                    scores, self.cfg.k_attempts, self.generator_domain.hints, rule=rule
+                )
             else:
                 text = coach_memory(
                     g.task, [t.response for t in g.trajectories],
-                    [t.verdicts for t in g.trajectories],
+                    [t.verdicts for t in g.trajectories], rule=rule,
                 )  # fmt: skip
             if text:
                 out[gi] = text
+        return out
+
+    def placebo_memories(self, rollouts: Rollouts, memory: Mapping[int, str]) -> dict[int, str]:
+        """The placebo arm's memories: each group with memory gets the memory of ANOTHER task of
+        its role this step (a random cyclic derangement of the role's groups with memory), its
+        hints in shuffled order. Its Δr is the null of the real one: a memory that helps by its
+        content for this task beats it, one that helps by being there (any memory) does not. A
+        group whose donor has the same task or the same hints gets none (no null to draw).
+        Ours: the seed has no placebo."""
+        rng = np.random.default_rng([self.seed, rollouts.step, 0x9ACEB0])
+        out: dict[int, str] = {}
+        for role in ROLES:
+            idx = [gi for gi in sorted(memory) if rollouts.groups[gi].role == role]
+            if len(idx) < 2:
+                continue
+            order = [idx[int(i)] for i in rng.permutation(len(idx))]
+            for a, gi in enumerate(order):
+                donor = order[(a + 1) % len(order)]
+                hints = _COACH_SPLIT.split(memory[donor])
+                same_task = rollouts.groups[donor].task.id == rollouts.groups[gi].task.id
+                if same_task or sorted(hints) == sorted(_COACH_SPLIT.split(memory[gi])):
+                    continue
+                rng.shuffle(hints)
+                out[gi] = " ; ".join(hints)
         return out
 
     def memory_prompt(self, group: Group, memory: str) -> Messages:
@@ -637,76 +769,175 @@ class AriseRLController(Controller):
             return append_to_system(group.messages, block)
         return append_to_last_user(group.messages, block, what=f"task {group.task.id}")
 
+    def memory_rewards(
+        self,
+        rollouts: Rollouts,
+        memory: Mapping[int, str],
+        n: int,
+        stream: str,
+        seed_indices: Mapping[int, int] | None = None,
+    ) -> tuple[np.ndarray, dict[int, list[Trajectory]]]:
+        """``n`` rollouts of each group in ``memory`` with its text mounted (never trained):
+        (rewards ``[G, n]``, NaN for groups without; the trajectories by group). ``seed_indices``:
+        each group's seed index (``Services.generate``), None: the stream's own."""
+        groups = rollouts.groups
+        out = np.full((len(groups), n), np.nan)
+        by_group: dict[int, list[Trajectory]] = {}
+        for role in ROLES:
+            idx = [gi for gi in sorted(memory) if groups[gi].role == role]
+            if not idx:
+                continue
+            seeds = None if seed_indices is None else [seed_indices[gi] for gi in idx]
+            prompts = [self.memory_prompt(groups[gi], memory[gi]) for gi in idx]
+            if role == "solver":
+                tasks = [groups[gi].task for gi in idx]
+                _, trajs = self._solve(tasks, n, stream, prompts=prompts, seed_indices=seeds)
+                verdicts = self.services.judge(tasks, [[t.response for t in ts] for ts in trajs])
+                for gi, task, vs in zip(idx, tasks, verdicts, strict=True):
+                    out[gi] = self._rewards(task, vs)
+            else:
+                tasks = [_with_prompt(groups[gi].task, p) for gi, p in zip(idx, prompts)]
+                _, trajs = self._run_generator(tasks, n, stream, seed_indices=seeds)
+                scores = self.score_generator([t.response for ts in trajs for t in ts])
+                for k, gi in enumerate(idx):
+                    out[gi] = [sc.reward for sc in scores[k * n : (k + 1) * n]]
+            by_group.update(zip(idx, (list(ts) for ts in trajs), strict=True))
+        return out, by_group
+
+    def _seed_indices(self, rollouts: Rollouts) -> tuple[dict[int, int] | None, int]:
+        """(each group's seed index for both memory arms, how to check the pairing: 0 none,
+        1 against the standard rollouts, 2 memory against placebo) by ``paired_seeds``.
+        "standard": the group's index, the trained call's (one call over the step's groups, in
+        order); "placebo": an index of the memory stream, shared by the real and placebo arms."""
+        mode = self.cfg.paired_seeds
+        n = len(rollouts.groups)
+        if mode == "standard":
+            return {gi: gi for gi in range(n)}, 1
+        if mode == "placebo":
+            from rubric_rl.services import stream_base
+
+            base = stream_base(MEMORY_STREAM)
+            return {gi: base + gi for gi in range(n)}, 2
+        return None, 0
+
     def run_rgsed(self, rollouts: Rollouts) -> dict[str, float]:
-        """The ``memory`` stage: memories, memory rollouts (never trained), Δr per group. With
-        an external teacher there is no gate to measure: OPCD's memories only, GKD's none."""
+        """The ``memory`` stage: memories, memory rollouts and the placebo arm's (never
+        trained), Δr per group, and the per-role metrics (``role_metrics``). With an external
+        teacher there is no gate to measure: OPCD's memories only, GKD's none."""
         cfg = self.cfg
+        n_groups = max(len(rollouts.groups), 1)
+        self._dr = self._placebo_dr = None
         if cfg.teacher != "self":
             self._memory = self.memories(rollouts) if cfg.teacher == "opcd" else {}
-            self._dr = None
-            n = max(len(rollouts.groups), 1)
-            return {"rgsed/memory_frac": len(self._memory) / n}
+            return {"rgsed/memory_frac": len(self._memory) / n_groups}
         self._memory = self.memories(rollouts)
         dr = np.full(len(rollouts.groups), np.nan)
-        jm = cfg.memory_rollouts
+        placebo = np.full(len(rollouts.groups), np.nan)
+        paired = np.full(len(rollouts.groups), np.nan)
+        jm = cfg.memory_rollouts or rollouts.group_size
         std = rollouts.signal(SIGNAL)
         if self._memory and jm > 0:
-            mem = np.full((len(rollouts.groups), jm), np.nan)
-            sol = [gi for gi in self._memory if rollouts.groups[gi].role == "solver"]
-            gen = [gi for gi in self._memory if rollouts.groups[gi].role == "generator"]
-            if sol:
-                prompts = [self.memory_prompt(rollouts.groups[gi], self._memory[gi]) for gi in sol]
-                tasks = [rollouts.groups[gi].task for gi in sol]
-                _, trajs = self._solve(tasks, jm, MEMORY_STREAM, prompts=prompts)
-                verdicts = self.services.judge(tasks, [[t.response for t in ts] for ts in trajs])
-                for gi, task, vs in zip(sol, tasks, verdicts, strict=True):
-                    mem[gi] = solver_rewards(task, vs, cfg.alpha)
-            if gen:
-                tasks = [
-                    _with_prompt(
-                        rollouts.groups[gi].task,
-                        self.memory_prompt(rollouts.groups[gi], self._memory[gi]),
-                    )
-                    for gi in gen
-                ]
-                _, trajs = self._run_generator(tasks, jm, MEMORY_STREAM)
-                scores = self.score_generator([t.response for ts in trajs for t in ts])
-                for k, gi in enumerate(gen):
-                    mem[gi] = [s.reward for s in scores[k * jm : (k + 1) * jm]]
+            seeds, check = self._seed_indices(rollouts)
+            mem, trajs = self.memory_rewards(rollouts, self._memory, jm, MEMORY_STREAM, seeds)
             dr = rgsed.delta_r(mem, std)
-        self._dr = dr
-        m = {"rgsed/memory_frac": len(self._memory) / max(len(rollouts.groups), 1)}
+            fake = self.placebo_memories(rollouts, self._memory) if cfg.placebo else {}
+            ptrajs: dict[int, list[Trajectory]] = {}
+            if fake:
+                pm, ptrajs = self.memory_rewards(rollouts, fake, jm, PLACEBO_STREAM, seeds)
+                placebo = rgsed.delta_r(pm, std)
+            for gi, ts in trajs.items():
+                partner = rollouts.groups[gi].trajectories if check == 1 else ptrajs.get(gi)
+                paired[gi] = _seed_match(ts, partner) if check else np.nan
+        self._dr, self._placebo_dr = dr, placebo
+        m = {"rgsed/memory_frac": len(self._memory) / n_groups}
         defined = dr[~np.isnan(dr)]
         if defined.size:
             m["rgsed/delta_r"] = float(defined.mean())
+        if np.any(~np.isnan(paired)):
+            m["rgsed/paired_frac"] = float(np.nanmean(paired))
         regions = rgsed.gate_regions(dr, cfg.tau)
         m.update({f"rgsed/{k}": v for k, v in regions.items() if k != "num_undefined"})
-        gates = self._gates(rollouts.step)
-        m["rgsed/gate_mean"] = float(gates.mean()) if gates.size else 0.0
-        m["rgsed/gate_active_frac"] = float(np.mean(gates > 0.5)) if gates.size else 0.0
+        mult = self.multipliers(rollouts)
+        m["rgsed/gate_mean"] = float(mult.mean()) if mult.size else 0.0
+        m["rgsed/gate_active_frac"] = float(np.mean(mult > 0.5)) if mult.size else 0.0
+        m.update(self.role_metrics(rollouts, mult))
         self.history.append(
             {"step": rollouts.step, "role": self.phase.role if self.phase else None,
-             "delta_r": [None if np.isnan(x) else float(x) for x in dr]}
+             "groups": [g.role for g in rollouts.groups],
+             "delta_r": [None if np.isnan(x) else float(x) for x in dr],
+             "placebo": [None if np.isnan(x) else float(x) for x in placebo]}
         )  # fmt: skip
         del self.history[:-1000]
         return m
 
-    def _gates(self, step: int) -> np.ndarray:
-        if self._dr is None:
-            return np.zeros(0)
+    def role_metrics(self, rollouts: Rollouts, mult: np.ndarray) -> dict[str, float]:
+        """Per role present this step (seed Fig. 5 is per group): the share of its groups with
+        memory, mean Δr and its standard error, the gate regions over its groups, the placebo's
+        Δr and regions beside them, and the effective λ / λ0 (mean over the role's groups, and
+        the share above 0.5: the pipeline's memory stage scales them by λ0 = ``loss.sd_coef``)."""
+        roles = np.array([g.role for g in rollouts.groups])
+        out: dict[str, float] = {}
+        for role in ROLES:
+            sel = roles == role
+            if not sel.any():
+                continue
+            key = f"rgsed/{role}"
+            out[f"{key}/memory_frac"] = float(np.mean([gi in self._memory
+                                                       for gi in np.flatnonzero(sel)]))  # fmt: skip
+            out[f"{key}/lambda_ratio"] = float(mult[sel].mean())
+            out[f"{key}/lambda_active_frac"] = float(np.mean(mult[sel] > 0.5))
+            for arm, dr in (("", self._dr), ("placebo_", self._placebo_dr)):
+                d = dr[sel]
+                d = d[~np.isnan(d)]
+                if not d.size:
+                    continue
+                out[f"{key}/{arm}delta_r"] = float(d.mean())
+                out[f"{key}/{arm}delta_r_se"] = (
+                    float(d.std(ddof=1) / math.sqrt(d.size)) if d.size > 1 else math.nan
+                )
+                regions = rgsed.gate_regions(d, self.cfg.tau)
+                out.update({f"{key}/{arm}{k}": v for k, v in regions.items()
+                            if k != "num_undefined"})  # fmt: skip
+            if self._dr is not None and self._placebo_dr is not None:
+                diff = (self._dr - self._placebo_dr)[sel]
+                diff = diff[~np.isnan(diff)]
+                if diff.size:
+                    out[f"{key}/contrast"] = float(diff.mean())
+        return out
+
+    def clock(self, step: int) -> int:
+        """The warm-up/decay clock t (``schedule_clock``): the step's offset in its role phase
+        (0 at each phase's first step), or the training step."""
+        if self.cfg.schedule_clock == "global":
+            return step
+        return phase(step, self.cfg).offset
+
+    def multipliers(self, rollouts: Rollouts) -> np.ndarray:
+        """``[G]`` gate(Δr) · w(t) · d(t) (``rgsed.sd_gate_multipliers``) on the groups with memory
+        and a measured Δr, 0 elsewhere; with ``generator_sd="after_positive"``, 0 on every
+        generator group of a step whose generator groups' mean Δr is not > 0."""
+        n = len(rollouts.groups)
+        if self._dr is None or len(self._dr) != n:
+            return np.zeros(n)
         c = self.cfg
-        return rgsed.sd_gate_multipliers(
-            self._dr, step, gate=c.gate, tau=c.tau, temperature=c.temperature,
-            warmup_steps=c.warmup_steps, decay_steps=c.decay_steps, decay_floor=c.decay_floor,
+        mult = rgsed.sd_gate_multipliers(
+            self._dr, self.clock(rollouts.step), gate=c.gate, tau=c.tau,
+            temperature=c.temperature, warmup_steps=c.warmup_steps, decay_steps=c.decay_steps,
+            decay_floor=c.decay_floor,
         )  # fmt: skip
+        mult = np.where([gi in self._memory for gi in range(n)], mult, 0.0)
+        gen = np.array([g.role == "generator" for g in rollouts.groups])
+        if c.generator_sd == "after_positive" and gen.any():
+            d = self._dr[gen]
+            d = d[~np.isnan(d)]
+            if not (d.size and d.mean() > 0.0):
+                mult = np.where(gen, 0.0, mult)
+        return mult
 
     def sd_gate(self, rollouts: Rollouts) -> np.ndarray:
         if self.cfg.teacher != "self":  # OPCD / GKD: λ = λ0 on every group, every step
             return np.ones(len(rollouts.groups))
-        if self._dr is None or len(self._dr) != len(rollouts.groups):
-            return np.zeros(len(rollouts.groups))
-        return np.where([gi in self._memory for gi in range(len(rollouts.groups))],
-                        self._gates(rollouts.step), 0.0)  # fmt: skip
+        return self.multipliers(rollouts)
 
     def set_teachers(self, rollouts: Rollouts) -> None:
         """The teacher stage: every trained rollout of a group with memory gets the group's
@@ -773,6 +1004,15 @@ class AriseRLController(Controller):
         self.pool_stats = {k: float(v) for k, v in dict(state.get("pool_stats", {})).items()}
         self.recent = [str(q) for q in state.get("recent", [])]
         self.history = list(state.get("history", []))
+
+
+def _seed_match(a: Sequence[Trajectory], b: Sequence[Trajectory] | None) -> float:
+    """The share of the first min(len) pairs of ``a`` and ``b`` on the same seed; NaN without a
+    partner or where the engine reports no seeds."""
+    pairs = list(zip(a, b or ()))
+    if not pairs or any(x.seed is None or y.seed is None for x, y in pairs):
+        return math.nan
+    return float(np.mean([x.seed == y.seed for x, y in pairs]))
 
 
 def _scores_for(c: int, cfg: AriseRLConfig) -> np.ndarray:
@@ -878,11 +1118,16 @@ def pipeline(controller: AriseRLController) -> Any:
         return rollouts
 
     def memory(rollouts: Rollouts, ctx: Any) -> Rollouts:
-        """RG-SED's memories and memory rollouts (measurement only) and Δr, when SD is on."""
+        """RG-SED's memories and memory rollouts (measurement only) and Δr, when SD is on; the
+        effective λ per role (``rgsed/<role>/lambda_mean``: λ0 = ``loss.sd_coef`` × the mean
+        multiplier over the role's groups, ``lambda_active_frac``: the share above 0.5 λ0)."""
         if ctx.needs_teacher:
-            ctx.metrics.update(
-                {f"arise_rl/{k}": v for k, v in controller.run_rgsed(rollouts).items()}
-            )
+            m = controller.run_rgsed(rollouts)
+            lambda0 = float(ctx.config.loss.sd_coef)
+            for role in ROLES:
+                if f"rgsed/{role}/lambda_ratio" in m:
+                    m[f"rgsed/{role}/lambda_mean"] = lambda0 * m[f"rgsed/{role}/lambda_ratio"]
+            ctx.metrics.update({f"arise_rl/{k}": v for k, v in m.items()})
         return rollouts
 
     def teacher(rollouts: Rollouts, ctx: Any) -> Rollouts:

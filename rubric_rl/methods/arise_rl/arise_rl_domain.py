@@ -30,6 +30,10 @@ from rubric_rl.rubrics.types import Task
 # tested), so ``assign_roles`` needs no import of the domains.
 GENERATOR_ENVS: dict[str, str] = {"constraint": "generator", "sql": "sql_generator"}
 GENERATOR_DOMAINS: tuple[str, ...] = tuple(GENERATOR_ENVS)
+# What a parsed constraint task's rubric holds (``generator_domain.parse_generated``):
+# "library" — the listed criteria and every other library criterion the question implies (the
+# task verifier's full requirement set), "as_written" — the listed ones only.
+RUBRIC_COMPLETIONS: tuple[str, ...] = ("library", "as_written")
 
 # The constraint domain's generator-coach hints (``arise_rl.generator_memory``). Every word is in
 # the generator's vocabulary (the role prompt's and the domain's); tested.
@@ -41,6 +45,8 @@ GENERATOR_HINTS: dict[str, str] = {
     "tool": "first use the tool lookup to see the words of each category you use",
     "too_easy": "write a question with many requirements",
     "too_hard": "write a question with only one rule",
+    # no failure in the group: its best episode's question, restated (``{question}``)
+    "keep": "first use the tool lookup and write a question like <question> {question} </question>",
 }
 
 
@@ -99,6 +105,14 @@ class ConstraintGeneratorDomain:
 
     hints: Mapping[str, str] = GENERATOR_HINTS
 
+    def __init__(self, rubric_completion: str = "library"):
+        if rubric_completion not in RUBRIC_COMPLETIONS:
+            raise ValueError(
+                f"config.arise_rl.rubric_completion must be one of {RUBRIC_COMPLETIONS}, got "
+                f"{rubric_completion!r}"
+            )
+        self.complete = rubric_completion == "library"
+
     def generator_tasks(
         self,
         rng: np.random.Generator,
@@ -127,7 +141,7 @@ class ConstraintGeneratorDomain:
     def episode_outcome(self, response: str, *, forbidden: frozenset[str]):
         from rubric_rl.methods.arise_rl.generator_domain import episode_outcome
 
-        return episode_outcome(response, forbidden=forbidden)
+        return episode_outcome(response, forbidden=forbidden, complete=self.complete)
 
     def signature(self, task: Task) -> str:
         from rubric_rl.methods.arise_rl.generator_domain import task_signature
@@ -149,7 +163,9 @@ class ConstraintGeneratorDomain:
         """A generated task by its answer text (re-parsed on load), a domain task by id."""
         if (task.raw or {}).get("split") == "generated":
             question = [m.content for m in task.prompt if m.role == "user"][-1]
-            return {"question": question, "criteria": [c.text for c in task.rubric.criteria]}
+            # the criteria the generator listed (those parsing added come back on re-parsing)
+            listed = [c.text for c in task.rubric.criteria if c.origin != "implied"]
+            return {"question": question, "criteria": listed}
         return {"id": task.id}
 
     def task_from_record(self, rec: Mapping[str, Any], forbidden: frozenset[str]) -> Task | None:
@@ -158,8 +174,9 @@ class ConstraintGeneratorDomain:
         if "id" in rec:
             return None
         parsed = parse_generated(
-            format_generated(rec["question"], rec["criteria"]), forbidden=forbidden
-        )
+            format_generated(rec["question"], rec["criteria"]), forbidden=forbidden,
+            complete=self.complete,
+        )  # fmt: skip
         if parsed.task is None:
             raise ValueError(
                 f"arise_rl state: pool task {rec['question']!r} no longer parses ({parsed.reason})"
@@ -167,11 +184,15 @@ class ConstraintGeneratorDomain:
         return parsed.task
 
 
-def build_generator_domain(name: str, train_tasks: Sequence[Task] = ()) -> GeneratorDomain:
+def build_generator_domain(
+    name: str, train_tasks: Sequence[Task] = (), *, rubric_completion: str = "library"
+) -> GeneratorDomain:
     """The generator domain ``name`` (``config.arise_rl.generator_domain``); ``"sql"`` writes
-    tasks about the databases of ``train_tasks`` (the solver domain's training split; ours)."""
+    tasks about the databases of ``train_tasks`` (the solver domain's training split; ours).
+    ``rubric_completion`` applies to the constraint domain (an SQL task's rubric items are
+    checks the generator grounded itself; it has no library to complete from)."""
     if name == "constraint":
-        return ConstraintGeneratorDomain()
+        return ConstraintGeneratorDomain(rubric_completion)
     if name == "sql":
         from rubric_rl.methods.arise_rl.sql_generator import SqlGeneratorDomain
 
@@ -190,6 +211,7 @@ __all__ = [
     "GENERATOR_DOMAINS",
     "GENERATOR_HINTS",
     "GENERATOR_ENVS",
+    "RUBRIC_COMPLETIONS",
     "ConstraintGeneratorDomain",
     "GeneratorDomain",
     "build_generator_domain",

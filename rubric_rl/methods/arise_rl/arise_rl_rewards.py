@@ -13,7 +13,7 @@ Baselines (``notes/baselines.md`` §6): the shapes that replace R_diff (``DIFFIC
 (``absolute_zero_proposer_reward``, ``dr_zero_proposer_reward``).
 
 Solver: ``r = α s + (1 − α)·1[s = 1]`` (eq. 8), α = 0.8, with s the WEIGHTED satisfaction rate
-(issue 18; the seed's eq. 7 is the unweighted mean, which it equals for equal |weights|):
+(ours: the seed's eq. 7 is the unweighted mean, which it equals for equal |weights|):
 ``s = Σ_j |λ_j| z_j / Σ_j |λ_j|`` over valid verdicts, z_j = 1 when criterion j is satisfied — a
 positive criterion met, a pitfall (λ < 0) NOT met. This is the satisfied-criteria convention of the
 registered "arise_rl_solver" / "mean" rewards (``rubric_rl/rubrics/rewards.py``), weighted. Why
@@ -185,7 +185,7 @@ def dr_zero_difficulty(c: Any, k: int = K_ATTEMPTS) -> np.ndarray | float:
     return _out(np.where((c > 0) & (c < k), (k - c) / denom, 0.0))
 
 
-# Shapes that take R_diff's place in R_G (issue 18: the baselines "in place of R_diff").
+# Shapes that take R_diff's place in R_G (the proposer-reward baselines, "in place of R_diff").
 DIFFICULTY_SHAPES: Registry[Callable[..., np.ndarray | float]] = Registry("difficulty shape")
 DIFFICULTY_SHAPES.register("arise_rl")(r_diff)
 DIFFICULTY_SHAPES.register("absolute_zero")(absolute_zero_learnability)

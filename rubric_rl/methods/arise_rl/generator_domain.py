@@ -263,7 +263,8 @@ class GeneratedTask:
 
     ``task``: the checkable task (None when ``reason`` is set); ``num_listed``: criteria listed;
     ``num_unknown`` / ``unknown``: listed ones naming no check of the question (dropped);
-    ``num_duplicates``: listed again after a kept one (dropped)."""
+    ``num_duplicates``: listed again after a kept one (dropped); ``num_completed``: library
+    criteria of the question added because the answer did not list them."""
 
     task: Task | None
     question: str
@@ -272,6 +273,7 @@ class GeneratedTask:
     unknown: tuple[str, ...] = ()
     num_duplicates: int = 0
     reason: str | None = None
+    num_completed: int = 0
 
     @property
     def num_criteria(self) -> int:
@@ -330,9 +332,15 @@ def _reference(task: Task) -> str | None:
     return ref if verify(task, ref) else None
 
 
-def parse_generated(text: str, *, forbidden: frozenset[str] = frozenset()) -> GeneratedTask:
+def parse_generated(
+    text: str, *, forbidden: frozenset[str] = frozenset(), complete: bool = True
+) -> GeneratedTask:
     """The checkable task a generator's answer states, or the reason it states none.
 
+    ``complete``: the rubric also gets every library criterion of the question the answer did not
+    list (``num_completed``; origin "implied"), so a generated task is scored on the task
+    verifier's full requirement set — the one the solver is evaluated on — and not on a laxer
+    subset; False keeps the listed criteria only. R_fmt still needs one listed known criterion.
     See the module docstring for the format and the checks; never raises on model output."""
     if not isinstance(text, str):
         raise TypeError(f"parse_generated: text must be a str, got {type(text).__name__}")
@@ -372,7 +380,8 @@ def parse_generated(text: str, *, forbidden: frozenset[str] = frozenset()) -> Ge
         env_name=params["type"],
         raw={"params": params, "split": GENERATED_SPLIT},
     )
-    by_text = {canonical(c.text): c for c in library_criteria(draft)}
+    library = library_criteria(draft)
+    by_text = {canonical(c.text): c for c in library}
     kept, unknown, duplicates = {}, [], 0
     for item in listed:
         c = by_text.get(item)
@@ -385,6 +394,10 @@ def parse_generated(text: str, *, forbidden: frozenset[str] = frozenset()) -> Ge
     extra = {"num_unknown": len(unknown), "unknown": tuple(unknown), "num_duplicates": duplicates}
     if not kept:
         return _failed("unknown_criterion", question, len(listed), **extra)
+    if complete:
+        implied = [c for c in library if c.id not in kept]
+        kept.update({c.id: dataclasses.replace(c, origin="implied") for c in implied})
+        extra["num_completed"] = len(implied)
     task = dataclasses.replace(draft, rubric=Rubric(tuple(kept.values()), aggregation="weighted"))
     task = dataclasses.replace(task, reference_answer=_reference(task))
     return GeneratedTask(task, question, len(listed), **extra)
@@ -453,6 +466,8 @@ class GeneratorEnv(Env):
 
 # Demonstrations (used by GeneratorEnv.reference_turns and generator_corpus, which re-exports
 # them): the share of the implicit requirements a demonstration's rubric lists.
+# Parsing completes a rubric with the question's library criteria (``parse_generated``), so a
+# demonstration listing only some keeps its answer short without making the task laxer.
 IMPLICIT_RATE = 0.5
 
 
@@ -496,7 +511,7 @@ def _source_tasks(task_type: str) -> tuple[Task, ...]:
 
 
 def episode_outcome(
-    response: str | Transcript, *, forbidden: frozenset[str] = frozenset()
+    response: str | Transcript, *, forbidden: frozenset[str] = frozenset(), complete: bool = True
 ) -> tuple[GeneratedTask, GeneratorOutcome]:
     """(parsed task, the gates' input) of one generator episode, from its transcript
     (``Trajectory.response`` / ``Env.response()``).
@@ -509,7 +524,7 @@ def episode_outcome(
         parsed = _failed("no_final_answer")
         final_turn = None
     else:
-        parsed = parse_generated(tr.final_answer, forbidden=forbidden)
+        parsed = parse_generated(tr.final_answer, forbidden=forbidden, complete=complete)
         final_turn = len(tr.turns)
     lookups = [r for r in tr.tool_calls if r.name == LOOKUP_TOOL.name]
     needed = question_categories(parsed.question)

@@ -1,14 +1,24 @@
 """RG-SED's programmatic coach for the embedded constraint domain (seed 002 §3.2, eq. 10).
 
 The seed's coach is an LLM that summarises a group's attempts into role-specific memory m (App. E,
-figs. 17 and 21; the authors' solver coach lists each attempt's unmet rubric items). On the
-embedded domain the same feedback is turned into m by rule: the criteria that MOST of the group
-failed to satisfy (share of valid verdicts unsatisfied > ``miss_share``), worst first, each stated
-as the corpus states guidance (``constraint_spec.guidance_hint``: its text, "avoid : text" for a
-pitfall) and written as the corpus's ``<coach>`` text (``constraint_corpus.format_coach``:
-"remember : h1 ; remember : h2"). Every word is then in the domain vocabulary and in the wording
-the warm start taught. The block's tags are added where the memory is mounted (``decorate_prompt``
-with ``{"coach": text}``). Nothing missed → None (no memory, so no teacher and no SD term).
+figs. 17 and 21; the authors' solver coach lists each attempt's unmet rubric items) and writes it
+for EVERY group. On the embedded domain the same feedback is turned into m by rule
+(``COACH_RULES``):
+
+* ``"every_group"`` (the default, as the seed's coach): the criteria ANY of the group failed to
+  satisfy, most-missed first (share of valid verdicts unsatisfied; ties to the larger |weight|,
+  then rubric order), at most ``max_hints``; when the group missed none, its best rollout's
+  behaviours — the criteria it satisfied, largest |weight| first — so the memory restates what
+  worked. Only a group with no valid verdict at all gets no memory (nothing to summarise).
+* ``"majority"``: only the criteria that MOST of the group missed (share > ``miss_share``); none
+  → no memory. Kept as the labelled alternative: on the 1M policy it wrote memory for about one
+  solver group in nine, so RG-SED almost never applied.
+
+Each criterion is stated as the corpus states guidance (``constraint_spec.guidance_hint``: its
+text, "avoid : text" for a pitfall) and written as the corpus's ``<coach>`` text
+(``constraint_corpus.format_coach``: "remember : h1 ; remember : h2"). Every word is then in the
+domain vocabulary and in the wording the warm start taught. The block's tags are added where the
+memory is mounted (``decorate_prompt`` with ``{"coach": text}``).
 """
 
 from __future__ import annotations
@@ -22,7 +32,8 @@ from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.scores import VerdictLike, verdict_met
 from rubric_rl.rubrics.types import Task, Verdict
 
-MISS_SHARE = 0.5  # "most of the group": strictly more than half of the valid verdicts
+MISS_SHARE = 0.5  # "majority" rule: strictly more than half of the valid verdicts
+COACH_RULES = ("every_group", "majority")
 # The warm-start corpus's coach blocks name one or two requirements (constraint_corpus).
 MAX_HINTS = 2
 
@@ -63,15 +74,16 @@ def coach_memory(
     responses: Sequence[str],
     verdict_rows: Sequence[VerdictRow],
     *,
+    rule: str = "every_group",
     miss_share: float = MISS_SHARE,
     max_hints: int = MAX_HINTS,
 ) -> str | None:
-    """The group's memory m as ``<coach>`` text, or None when no criterion was missed by most.
+    """The group's memory m as ``<coach>`` text (module docstring: ``rule``), or None when the
+    rule writes none (``"every_group"``: only a group without any valid verdict).
 
     ``verdict_rows``: one row per response (a ``{criterion_id: met}`` mapping or a trajectory's
-    ``Verdict`` tuple). Ties in the missed share go to the larger |weight|, then rubric order.
-    ``responses`` are what an LLM coach would read; this coach needs only the verdicts, and checks
-    that there is one row per response."""
+    ``Verdict`` tuple). ``responses`` are what an LLM coach would read; this coach needs only the
+    verdicts, and checks that there is one row per response."""
     from rubric_rl.envs.constraint_corpus import format_coach
     from rubric_rl.envs.constraint_spec import guidance_hint
 
@@ -80,18 +92,25 @@ def coach_memory(
             f"coach_memory: task {task.id!r} has {len(responses)} responses but "
             f"{len(verdict_rows)} verdict rows"
         )
+    if rule not in COACH_RULES:
+        raise ValueError(f"coach_memory: rule must be one of {COACH_RULES}, got {rule!r}")
     if not 0.0 <= miss_share < 1.0:
         raise ValueError(f"coach_memory: miss_share must be in [0, 1), got {miss_share}")
     if max_hints < 1:
         raise ValueError(f"coach_memory: max_hints must be >= 1, got {max_hints}")
     crits = tuple(task.rubric)
     shares = missed_shares(task, verdict_rows)
-    missed = [i for i in range(len(crits)) if not np.isnan(shares[i]) and shares[i] > miss_share]
-    if not missed:
+    floor = miss_share if rule == "majority" else 0.0
+    named = [i for i in range(len(crits)) if not np.isnan(shares[i]) and shares[i] > floor]
+    named.sort(key=lambda i: (-shares[i], -abs(crits[i].weight), i))
+    if not named and rule == "every_group":
+        # Nothing missed: every valid verdict of every rollout is satisfied, so any rollout is
+        # the best one; its behaviours are the criteria with a valid verdict.
+        named = [i for i in range(len(crits)) if not np.isnan(shares[i])]
+        named.sort(key=lambda i: (-abs(crits[i].weight), i))
+    if not named:
         return None
-    missed.sort(key=lambda i: (-shares[i], -abs(crits[i].weight), i))
-    hints = [guidance_hint(crits[i].text, crits[i].weight) for i in missed[:max_hints]]
-    return format_coach(hints)
+    return format_coach([guidance_hint(crits[i].text, crits[i].weight) for i in named[:max_hints]])
 
 
 def coach_memories(rollouts: Rollouts, **options) -> list[str | None]:

@@ -1,5 +1,5 @@
-"""ARISE-RL's generator role over the SQL environment (seed 002 §3.1, App. D.5, E.1; issue 18
-item 1: "on a GPU the same role prompts run on a real model with the SQL … env as the tool").
+"""ARISE-RL's generator role over the SQL environment (seed 002 §3.1, App. D.5, E.1):
+the same role prompts, on a real model on a GPU, with the SQL env as the tool.
 
 The generator gets a role prompt and a database (a db seed of the domain's training split), explores
 it with the SQL env's read-only tools (``list_tables``, ``describe``, ``sql``: the same
@@ -161,6 +161,7 @@ COACH_HINTS: dict[str, str] = {
     "tool": "run the sql query that answers the question before writing answer_equals",
     "too_easy": "ask a question that needs a join or an aggregate over several rows",
     "too_hard": "ask a question about a single table with one filter",
+    "keep": "run the sql query first and ask a question like: {question}",
 }
 
 
@@ -251,7 +252,10 @@ def generator_units() -> tuple[str, ...]:
     from rubric_rl.envs.tool_domain import units
 
     texts = [m.content for m in role_prompt(["q"], n_negatives=1)]
-    texts += [format_generated("q", [f"{f}: v" for f in CRITERION_FORMS]), *COACH_HINTS.values()]
+    texts += [
+        format_generated("q", [f"{f}: v" for f in CRITERION_FORMS]),
+    ]
+    texts += [h.format(question="q") for h in COACH_HINTS.values()]
     texts += ["<coach> remember : </coach>"]
     return tuple(sorted({u for t in texts for u in units(t)}))
 

@@ -244,6 +244,12 @@ class HarnessController(Controller):
         if self.memory is not None:
             self.memory.rollback(step)
 
+    def disk_records(self) -> dict[str, int]:
+        if self.memory is None:
+            return {}
+        counts = self.memory.counts()  # flushes: the records of every step up to now
+        return {f"memory {k}": counts[k] for k in ("time_records", "criterion_versions")}
+
     def _task_state(self, task: Task) -> TaskHarness:
         st = self.state.get(task.id)
         if st is None:

@@ -56,11 +56,12 @@ def rised_controllers(config: Any, domain: Any) -> list[Any]:
                 f"config.rised.tagger='programmatic' tags the embedded constraint domain only, "
                 f"not {domain.name!r}: use tagger='llm'"
             )
-        tagger = ProgrammaticTagger(vocab)
+        conditioned = rc.tagging == "outcome"
+        tagger = ProgrammaticTagger(vocab, outcome_conditioned=conditioned)
         if tools:  # the tool environments' episodes: their own tagger
             from rubric_rl.methods.rised.rised_tool_tagger import MixedTagger, ToolTagger
 
-            tagger = MixedTagger(tagger, ToolTagger(vocab))
+            tagger = MixedTagger(tagger, ToolTagger(vocab, outcome_conditioned=conditioned))
     else:
         from rubric_rl.rubrics.llm import client_from_settings
 

@@ -6,31 +6,39 @@ One controller, bound after the sampler (``EnvQuotaSampler``: fixed per-environm
 
 - ``observe``: the tagger (``rised_tagger``: programmatic for the embedded domain, an LLM call per
   rollout for real runs) tags every rollout with vocabulary ids and counts (stored in
-  ``Trajectory.info["rised_tags"]``, so the rollouts files keep them); group profiles are the
-  summed count vectors; the selection of k of the 2k groups is made here (so its figures are
-  logged with the step) and returned by ``select``; each environment's anti-patterns for the
-  next step are re-decided; behaviour frequencies per environment go to
-  ``<run_dir>/behaviours.jsonl`` (the analyses' input).
+  ``Trajectory.info["rised_tags"]``, so the rollouts files keep them), outcome-conditioned:
+  positive rubrics from rollouts that pass, negative ones from failures; group profiles are the
+  summed per-rollout presence vectors (``profile_counts``); the selection of k of the 2k
+  groups is made here (so its figures are logged with the step) and returned by ``select``;
+  each environment's anti-patterns for the next step are re-decided; behaviour frequencies
+  per environment go to ``<run_dir>/behaviours.jsonl`` (the analyses' input).
 - ``select``: the k groups the selection kept — RISED's greedy round-robin over environments with
   their quotas (``rised_selection.select_groups``: alignment with the candidate pool's profile
-  minus β · the largest overlap with a group already picked), or a baseline selector
-  (``top_variance``, ``variance_targeted``), or none (every group trained).
+  minus β · the largest overlap with a group already picked; an untagged group only after every
+  tagged one of its environment), or a baseline selector (``top_variance``,
+  ``variance_targeted``: Var-Target, ∝ variance), or ``random`` (the "w/o selection" ablation: a
+  uniformly random k of the same 2k), or none (every group trained).
 - ``decorate``: a task's prompt gets its environment's anti-patterns block (its top negative
   rubrics) when, in the previous step, that environment's rollouts showed more negative than
   positive rubric occurrences; re-decided every step, never at evaluation (evaluation does not
   call controllers: ``rubric_rl/evaluation.py``).
 - ``teacher_contexts``: per rollout, the rollout's top-3 positive rubrics ∪ its group's top-3
-  (ranked by count, ties by vocabulary order), as descriptions; no positive rubric -> no teacher
-  prompt, so the SD term is exactly 0 (seed E.6). ``teacher="all"``: every polarity (the
-  All-Rubric SD baseline and the all-rubric conditioning ablation). The RISED step pipeline
-  (the rised ``Method``'s, ``rubric_rl/methods/rised/__init__.py``) replaces the per-group
-  teacher stage with a per-trajectory one (``teacher_stage``) that places these contexts.
+  (``hint_rank``: by success/failure contrast, then rarity in the step, then a seeded random
+  order), as descriptions; a group without a positive rubric (with outcome-conditioned tags: one
+  without a success) gets no teacher prompt, so its SD term is exactly 0 (seed E.6).
+  ``teacher="all"``: every polarity, ranked by count (the All-Rubric SD baseline and the
+  all-rubric conditioning ablation). The RISED step pipeline (the rised ``Method``'s,
+  ``rubric_rl/methods/rised/__init__.py``) replaces the per-group teacher stage with a
+  per-trajectory one (``teacher_stage``) that places these contexts.
 
 What the seed does not state and is ours (also in ``configs/rised.py`` and the README): β = 1;
 the max (not mean) overlap; environment order and quota rounding; an environment's anti-patterns
 are its ``anti_top`` = 3 most frequent negative rubrics of the step; "violations outnumber
-positive behaviours" counted as rubric occurrences over the environment's rollouts of the step;
-"w/o selection" trains every one of k generated groups.
+positive behaviours" counted as rubric occurrences (presence per rollout) over the
+environment's rollouts of the step; "w/o selection" is a uniformly random k of the same 2k
+candidates; the contrast ranking of the teacher's rubrics; presence counts, unit-norm profiles
+in the batch profile and untagged groups picked last. Every one of these has the previous
+behaviour as a flag (docs/rised_mechanism.md).
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from rubric_rl import run_files
 from rubric_rl.controllers.base import Controller
 from rubric_rl.methods.rised import rised_selection as sel
 from rubric_rl.methods.rised.rised_tags import (
+    PROFILE_COUNTS,
     Tags,
     group_profile,
     profile,
@@ -58,13 +67,33 @@ from rubric_rl.rollout.batch import Messages, Rollouts
 from rubric_rl.rubrics.types import Task, append_to_last_user
 from rubric_rl.rubrics.vocabulary import Vocabulary
 
-SELECTIONS = ("profile", "none", "top_variance", "variance_targeted")
+SELECTIONS = ("profile", "none", "random", "top_variance", "variance_targeted")
 TEACHERS = ("positive", "all", "none")
+# How the teacher's positive rubrics are ranked (a rollout's top-n and its group's). "contrast"
+# (ours, from the seed's tagger: positives are what made successes succeed): by how much more
+# often the behaviour appears in the group's successes than in its failures, then the rarer in
+# the whole step's rollouts first, then a seeded random order — never the vocabulary's order.
+# "count": by tag count, ties by vocabulary order (the ranking before; with presence counts
+# or the programmatic tagger's counts of 1 it falls to vocabulary order).
+HINT_RANKS = ("contrast", "count")
 
 
 TAGGERS = ("programmatic", "llm")
+TAGGINGS = ("outcome", "unconditioned")
 # Set from other sections (rollout.train_groups, train.seed), never in ``config.rised``.
 FROM_OTHER_SECTIONS = ("k", "seed")
+# A key missing from a run's config (a config.json written before the key existed) means the
+# behaviour the code had then, so an archived config reruns as it ran. Not a second default: a
+# config file starts the section from every field's default (``section_defaults``).
+ABSENT_MEANS = {
+    "tagging": "unconditioned",
+    "variance_targeting": "pool_multiple",
+    "profile_counts": "raw",
+    "batch_profile": "sum",
+    "untagged": "score0",
+    "hint_rank": "count",
+    "retag_every": 0,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,23 +112,33 @@ class RisedLLM:
 class RisedConfig:
     """The ``config.rised`` section (every field but ``k`` and ``seed``, which come from
     ``rollout.train_groups`` and ``train.seed``): the one default of each field, checked here.
-    ``configs/rised.py`` starts the section from ``section_defaults(RisedConfig, *FROM_OTHER_...)``
-    and the method builds it back with ``RisedConfig.from_config``."""
+    ``configs/rised.py`` starts the section from ``section_defaults(RisedConfig, ...)`` and the
+    method builds it back with ``RisedConfig.from_config``."""
 
     k: int = 0  # groups trained per step (rollout.train_groups); 0 with selection "none"
-    selection: str = "profile"  # profile | none | top_variance | variance_targeted
+    selection: str = "profile"  # SELECTIONS
     beta: float = 1.0  # overlap penalty (ours: the seed gives no value)
     overlap: str = "max"  # "max" | "mean" over the groups already selected (ours: max)
     teacher: str = "positive"  # positive rubrics (RISED) | all tagged rubrics | none (no SD)
     top_n: int = 3  # the seed's top-3 of the rollout ∪ top-3 of its group
     anti_patterns: bool = True
     anti_top: int = 3  # negative rubrics in an environment's anti-patterns block (ours)
-    variance_target: float = 2.0  # variance_targeted: multiple of the pool mean (ours)
+    variance_target: float = 2.0  # variance_targeting "pool_multiple": multiple of the pool mean
+    variance_targeting: str = "proportional"  # Var-Target (rised_selection.VARIANCE_TARGETS)
+    profile_counts: str = "presence"  # rised_tags.PROFILE_COUNTS: selection and anti-patterns
+    batch_profile: str = "unit"  # rised_selection.BATCH_PROFILES
+    untagged: str = "last"  # rised_selection.UNTAGGED
+    hint_rank: str = "contrast"  # HINT_RANKS
+    solved_threshold: float = 0.5  # a rollout's reward at or above it is a success (ours)
     # The reliability probe (seed C.2): every ``retag_every`` steps (0 = never) ``retag_samples``
     # of the step's rollouts are tagged a second time under another seed and compared (ours: the
     # seed reports the figures, not the schedule).
     retag_every: int = 10
     retag_samples: int = 16
+    # The programmatic taggers: "outcome" = positives from successes only, negatives from
+    # failures only (the seed's tagger); "unconditioned" = every detected rubric whatever the
+    # outcome.
+    tagging: str = "outcome"
     # The tagger: "programmatic" (the embedded domain: checkers and fluff detectors) or "llm"
     # (one call per rollout through judge.llm's endpoint unless ``llm`` overrides it).
     tagger: str = "programmatic"
@@ -118,12 +157,16 @@ class RisedConfig:
                 object.__setattr__(self, "llm", RisedLLM(**self.llm))
             except TypeError as e:
                 raise ValueError(f"rised.llm: {e}") from e
+        if self.tagger not in TAGGERS:
+            raise ValueError(f"rised.tagger={self.tagger!r}: expected 'programmatic' or 'llm'")
+        if self.tagging not in TAGGINGS:
+            raise ValueError(
+                f"rised.tagging={self.tagging!r}: expected 'outcome' or 'unconditioned'"
+            )
         if self.selection not in SELECTIONS:
             raise ValueError(f"rised.selection={self.selection!r}: expected one of {SELECTIONS}")
         if self.teacher not in TEACHERS:
             raise ValueError(f"rised.teacher={self.teacher!r}: expected one of {TEACHERS}")
-        if self.tagger not in TAGGERS:
-            raise ValueError(f"rised.tagger={self.tagger!r}: expected 'programmatic' or 'llm'")
         if self.selection != "none" and self.k <= 0:
             raise ValueError(
                 f"rised.selection={self.selection!r} keeps k of the sampled groups: set "
@@ -135,15 +178,27 @@ class RisedConfig:
             raise ValueError("rised.retag_every must be >= 0 and rised.retag_samples >= 1")
         if self.overlap not in ("max", "mean"):
             raise ValueError(f"rised.overlap={self.overlap!r}: expected 'max' or 'mean'")
+        for name, allowed in (
+            ("variance_targeting", sel.VARIANCE_TARGETS),
+            ("profile_counts", PROFILE_COUNTS),
+            ("batch_profile", sel.BATCH_PROFILES),
+            ("untagged", sel.UNTAGGED),
+            ("hint_rank", HINT_RANKS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"rised.{name}={getattr(self, name)!r}: expected one of {allowed}")
 
     @classmethod
     def from_config(cls, config: Any) -> RisedConfig:
-        """``config.rised`` with ``k`` = ``rollout.train_groups`` and ``seed`` = ``train.seed``;
-        an unknown field or a refused value is an error naming ``config.rised``."""
+        """``config.rised`` with ``k`` = ``rollout.train_groups`` and ``seed`` = ``train.seed``
+        (a key absent from the section: ``ABSENT_MEANS``); an unknown field or a refused value
+        is an error naming ``config.rised``."""
         section = config.rised.to_dict() if hasattr(config.rised, "to_dict") else config.rised
         try:
             return cls(
-                k=int(config.rollout.train_groups), seed=int(config.train.seed), **dict(section)
+                k=int(config.rollout.train_groups),
+                seed=int(config.train.seed),
+                **{**ABSENT_MEANS, **dict(section)},
             )
         except TypeError as e:
             raise ValueError(f"config.rised: {e}") from e
@@ -264,6 +319,8 @@ class RisedController(Controller):
         self.anti: dict[str, list[str]] = {}  # env -> negative rubric ids for the next prompts
         self._tags: list[list[Tags]] = []
         self._keep: np.ndarray | None = None
+        # Per group: its top-n teacher rubrics and each rollout's own top-n (set by observe).
+        self._hints: list[tuple[list[str], list[list[str]]]] = []
         self._step = -1
         self._shown: dict[str, list[str]] = {}  # task id -> anti-patterns its prompt carried
         self.totals = {"tagged": 0, "failed": 0, "discovered": 0, "names": 0}
@@ -321,7 +378,11 @@ class RisedController(Controller):
         m = self._tag_metrics(flat)
         m.update(self._reliability_probe(tasks, responses, rewards, flat))
         rewards_gj = rollouts.rewards
-        self._keep = self._select(groups, rewards_gj)
+        self._keep = self._select(groups, rewards_gj, m)
+        self._hints = self._hint_ids(
+            [np.array([t.reward for t in g.trajectories], np.float64)
+             for g in groups]
+        )  # fmt: skip
         if self._keep is not None:
             for key, v in sel.selection_stats(rewards_gj, self._keep).items():
                 m[f"select/{key}"] = float(v)
@@ -364,22 +425,31 @@ class RisedController(Controller):
             ),
         }
 
-    def _select(self, groups, rewards: np.ndarray) -> np.ndarray | None:
+    def _select(self, groups, rewards: np.ndarray, m: dict[str, float]) -> np.ndarray | None:
         c = self.config
         if c.selection == "none":
             return None
         envs = [g.task.env_name for g in groups]
         quotas = self.quotas_for(envs)
+        rng = np.random.default_rng((c.seed, self._step))
         if c.selection == "profile":
-            prof = np.stack([group_profile(tags, self.vocab) for tags in self._tags])
-            picked = sel.select_groups(prof, envs, quotas, beta=c.beta, overlap=c.overlap)
+            prof = np.stack(
+                [group_profile(tags, self.vocab, c.profile_counts) for tags in self._tags]
+            )
+            picks = sel.greedy_picks(
+                prof, envs, quotas, beta=c.beta, overlap=c.overlap, batch=c.batch_profile,
+                untagged=c.untagged,
+            )  # fmt: skip
+            picked = picks.order
+            m["select/untagged_candidates"] = float(picks.untagged_candidates)
+            m["select/untagged_selected"] = float(picks.untagged_picked)
+        elif c.selection == "random":
+            picked = sel.random_keep(envs, quotas, c.k, rng)
         elif c.selection == "top_variance":
-            rng = np.random.default_rng((c.seed, self._step))
             picked = sel.top_variance(rewards, envs, quotas, c.k, rng=rng)
         else:
-            rng = np.random.default_rng((c.seed, self._step))
-            picked = sel.variance_targeted(
-                rewards, envs, quotas, c.k, target=None, multiple=c.variance_target, rng=rng
+            picked = sel.var_target(
+                rewards, envs, quotas, c.k, rng, c.variance_targeting, c.variance_target
             )
         keep = np.zeros(len(groups), dtype=bool)
         keep[list(picked)] = True
@@ -398,12 +468,13 @@ class RisedController(Controller):
 
     def _decide_anti_patterns(self, groups) -> dict[str, float]:
         """Per environment: when its rollouts' negative behaviour-rubric occurrences outnumber
-        positive ones this step (outcome rubrics not counted), its top negatives become the next
-        step's anti-patterns; else none."""
+        positive ones this step (outcome rubrics not counted; occurrences as ``profile_counts``
+        scales them: presence by default), its top negatives become the next step's
+        anti-patterns; else none."""
         pos_mask, neg_mask = self.vocab.positive_mask, self.vocab.negative_mask
         per_env: dict[str, np.ndarray] = {}
         for g, tags in zip(groups, self._tags, strict=True):
-            p = group_profile(tags, self.vocab)
+            p = group_profile(tags, self.vocab, self.config.profile_counts)
             per_env[g.task.env_name] = per_env.get(g.task.env_name, 0) + p
         anti: dict[str, list[str]] = {}
         m: dict[str, float] = {}
@@ -459,18 +530,71 @@ class RisedController(Controller):
         Unselected groups get None (they are not trained)."""
         c = self.config
         out: list[list[Messages | None]] = []
-        for g, tags in zip(rollouts.groups, self._tags, strict=True):
+        if len(self._hints) != len(rollouts.groups) or rollouts.step != self._step:
+            raise ValueError("rised: teacher_contexts called on rollouts that observe did not see")
+        for g, (group_top, own_rows) in zip(rollouts.groups, self._hints, strict=True):
             if c.teacher == "none" or not g.selected:
                 out.append([None] * len(g.trajectories))
                 continue
-            gp = group_profile(tags, self.vocab)
-            group_top = self._top(gp)
             row = []
-            for tg in tags:
-                own = [] if tg.failed else self._top(profile(tg, self.vocab))
+            for own in own_rows:
                 ids = list(dict.fromkeys([*own, *group_top]))
                 row.append(self._teacher_prompt(g, ids) if ids else None)
             out.append(row)
+        return out
+
+    def group_hints(self, group: int) -> list[str]:
+        """The step's top-n teacher rubrics of group ``group`` (every rollout's context holds
+        them), as ranked by ``hint_rank``."""
+        return list(self._hints[group][0])
+
+    def _hint_ids(self, rewards: list[np.ndarray]) -> list[tuple[list[str], list[list[str]]]]:
+        """Per group: its top-n teacher rubrics, and per rollout its own top-n (``HINT_RANKS``).
+        "count" and the all-rubric teacher rank by tag count, ties by vocabulary order."""
+        c = self.config
+        if c.hint_rank == "count" or c.teacher == "all":
+            return [
+                (
+                    self._top(group_profile(tags, self.vocab)),
+                    [[] if tg.failed else self._top(profile(tg, self.vocab)) for tg in tags],
+                )
+                for tags in self._tags
+            ]
+        n = len(self.vocab)
+        eligible = np.asarray(self.vocab.positive_mask, bool) & (self._behaviour_mask() > 0)
+        seen = [[self._seen(tg) for tg in tags] for tags in self._tags]
+        rows = [s for group in seen for s in group if s is not None]
+        batch_freq = np.mean(rows, axis=0) if rows else np.zeros(n)
+        tiebreak = np.random.default_rng((c.seed, self._step, 1)).permutation(n)
+        out = []
+        for tags, group_seen, r in zip(self._tags, seen, rewards, strict=True):
+            pairs = [(x, v) for x, v in zip(group_seen, r, strict=True) if x is not None]
+            ok = [x for x, v in pairs if v >= c.solved_threshold]
+            bad = [x for x, v in pairs if v < c.solved_threshold]  # an undefined reward: neither
+            contrast = (np.mean(ok, axis=0) if ok else np.zeros(n)) - (
+                np.mean(bad, axis=0) if bad else np.zeros(n)
+            )
+
+            def ranked(ids, contrast=contrast):
+                idx = sorted(
+                    (self.vocab.index(i) for i in ids if eligible[self.vocab.index(i)]),
+                    key=lambda i: (-contrast[i], batch_freq[i], tiebreak[i]),
+                )
+                return [self.vocab.ids[i] for i in idx[: c.top_n]]
+
+            own = [[] if tg.failed else ranked(tg.counts) for tg in tags]
+            attributed = {i for tg in tags if not tg.failed for i in tg.counts}
+            out.append((ranked(attributed), own))
+        return out
+
+    def _seen(self, tags: Tags) -> np.ndarray | None:
+        """Where the rollout showed each rubric, attributed or withheld, 0/1 over the
+        vocabulary; None for a failed tagging."""
+        if tags.failed:
+            return None
+        out = np.zeros(len(self.vocab))
+        for rid in (*tags.counts, *tags.withheld):
+            out[self.vocab.index(rid)] = 1.0
         return out
 
     def _behaviour_mask(self) -> np.ndarray:

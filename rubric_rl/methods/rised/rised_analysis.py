@@ -1,4 +1,4 @@
-"""RISED's behaviour analyses (seed §5 Fig. 4, C.4 Fig. 7; issue 17 item 8) from a run directory.
+"""RISED's behaviour analyses (seed §5 Fig. 4, C.4 Fig. 7) from a run directory.
 
 The RISED controller writes ``controllers/rised/behaviours.jsonl``: per step and environment,
 the share of that step's (successfully tagged) rollouts that show each rubric. From it:

@@ -17,8 +17,10 @@ environments visited round-robin while any has quota left. ``overlap="mean"`` re
 by the mean over S (baselines.md: "another candidate"). β = 1 by default (baselines.md suggests
 sweeping {0.5, 1, 2}).
 
-Ours (not in the seed): environments are visited in sorted-name order; an empty (all-zero)
-profile scores 0 against anything (``cosine``); ties go to the lowest candidate index;
+Ours (not in the seed): environments are visited in sorted-name order; P sums the groups'
+profiles scaled to unit norm (``batch="unit"``; ``"sum"`` the plain sum); an empty (all-zero)
+profile has cosine 0 with anything (``cosine``) and is picked only after every tagged candidate
+of its environment (``untagged``: ``UNTAGGED``); ties go to the lowest candidate index;
 ``env_quotas`` splits k equally (or by weights) with largest-remainder rounding, ties by name.
 
 The variance selectors (seed §4.2: two selectors keep 64 of 128 groups by within-group reward
@@ -26,13 +28,14 @@ variance; their exact definitions are not in the seed, baselines.md §8.2):
 
 - ``top_variance``: the k groups of largest within-group reward variance [INFERRED], ties at
   random (a seeded generator) or by index; optionally inside per-environment quotas.
-- ``variance_targeted``: the k groups whose variance is closest to a target. Ours: the target
-  defaults to ``2 ×`` the candidate pool's mean variance, since the seed reports that the
-  variance-targeted selector's selection reaches ≈ 2× the pool mean. Alternatives: the binary
-  maximum 0.25 (success rate 0.5, as in the RL selectors of seed §6), or sampling ∝ variance.
-  Note that whenever at least half of the candidates have zero variance (62.9 % in the seed),
-  ``top_variance`` keeping k of 2k keeps every group with non-zero variance and reaches exactly
-  2× the pool mean too.
+- Var-Target (``var_target``, ``VARIANCE_TARGETS``): ours, k groups drawn with probability ∝
+  their variance (``variance_proportional``). The seed reports that its selection reaches ≈ 2×
+  the pool mean as a *result*; targeting 2× the pool mean (``variance_targeted`` with its default
+  target, kept as ``"pool_multiple"``) prefers zero-variance groups whenever most candidates have
+  none (27 all-fail groups, 3 at 1/8 and 2 at 2/8: it keeps none of the 5 with a signal). The
+  closest to the maximal variance 0.25 (``"max"``) is Top-Var's ranking for rewards in [0, 1].
+  Whenever at least half of the candidates have zero variance (62.9 % in the seed), keeping k of
+  2k with either keeps every group with non-zero variance and reaches exactly 2× the pool mean.
 
 Within-group variance is the population variance of the group's defined (non-NaN) rewards; a
 group with fewer than two defined rewards has variance 0 (``sampling.group_variance``).
@@ -51,6 +54,25 @@ import numpy as np
 from rubric_rl.controllers.sampling import ZERO_VARIANCE, group_variance
 
 OVERLAPS = ("max", "mean")
+# The candidate batch's profile P: "unit" sums the groups' profiles each scaled to unit norm (ours:
+# every group weighs the same in P, so a group with many tags does not set the batch's
+# direction); "sum": the plain sum (the selection before normalised profiles).
+BATCH_PROFILES = ("unit", "sum")
+# An untagged candidate (all-zero profile: every tagging failed, or nothing was tagged) has no
+# cosine with anything. "last" (ours): it is picked only once its environment has no tagged
+# candidate left; "median": it scores the median of its environment's free tagged candidates at
+# that pick; "score0": it scores 0 (the selection before: a tagged group whose overlap outweighs
+# its alignment scores below 0, so the untagged group was preferred to it).
+UNTAGGED = ("last", "median", "score0")
+# Var-Target's target (the seed reports its selection reaches ≈ 2× the pool mean variance, as a
+# result). "proportional" (ours): k groups drawn without replacement with probability ∝ their
+# within-group variance (zero-variance groups only once no group with a signal is left);
+# "max": the k closest to the maximal variance 0.25 of rewards in [0, 1] (success rate 0.5);
+# for such rewards this is Top-Var's ranking, hence not the default; "pool_multiple":
+# ``variance_multiple`` × the pool mean (the target before, which prefers zero-variance groups
+# whenever most candidates have none).
+VARIANCE_TARGETS = ("proportional", "max", "pool_multiple")
+MAX_VARIANCE = 0.25
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -138,6 +160,8 @@ class GreedyPicks:
     score: tuple[float, ...]
     alignment: tuple[float, ...]  # cos(p_g, P)
     overlap: tuple[float, ...]  # max (or mean) cos(p_g, p_s) over the picks before it; 0 first
+    untagged_candidates: int = 0  # candidates with an all-zero profile
+    untagged_picked: int = 0  # of those, picked
 
 
 def greedy_picks(
@@ -146,8 +170,12 @@ def greedy_picks(
     quotas: Mapping[str, int],
     beta: float = 1.0,
     overlap: str = "max",
+    *,
+    batch: str = "sum",
+    untagged: str = "score0",
 ) -> GreedyPicks:
-    """RISED's greedy round-robin selection with every pick's score (module docstring)."""
+    """RISED's greedy round-robin selection with every pick's score (module docstring);
+    ``batch`` (``BATCH_PROFILES``) and ``untagged`` (``UNTAGGED``) as described there."""
     p = np.asarray(profiles, np.float64)
     if p.ndim != 2 or p.shape[0] != len(envs):
         raise ValueError(
@@ -158,12 +186,17 @@ def greedy_picks(
         raise ValueError("select_groups: profiles must be finite")
     if overlap not in OVERLAPS:
         raise ValueError(f"select_groups: overlap must be one of {OVERLAPS}, got {overlap!r}")
+    if batch not in BATCH_PROFILES:
+        raise ValueError(f"select_groups: batch must be one of {BATCH_PROFILES}, got {batch!r}")
+    if untagged not in UNTAGGED:
+        raise ValueError(f"select_groups: untagged must be one of {UNTAGGED}, got {untagged!r}")
     remaining = _check_quotas(envs, quotas, "select_groups")
     env_arr = np.asarray(envs, dtype=object)
     units = _unit_rows(p)
-    batch = p.sum(axis=0)  # P: the candidate batch's profile
-    norm = float(np.linalg.norm(batch))
-    alignment = units @ batch / norm if norm > 0 else np.zeros(len(p))
+    zero = ~np.any(p != 0, axis=1)
+    total = (units if batch == "unit" else p).sum(axis=0)  # P: the candidate batch's profile
+    norm = float(np.linalg.norm(total))
+    alignment = units @ total / norm if norm > 0 else np.zeros(len(p))
     over_max = np.full(len(p), -np.inf)
     over_sum = np.zeros(len(p))
     free = np.ones(len(p), bool)
@@ -182,6 +215,13 @@ def greedy_picks(
                 over = np.zeros(len(p))
             score = alignment - beta * over
             cand = np.flatnonzero(free & (env_arr == e))
+            tagged = cand[~zero[cand]]
+            if untagged != "score0" and len(tagged) < len(cand):
+                score = score.copy()
+                if untagged == "last" or not len(tagged):
+                    score[cand[zero[cand]]] = -np.inf if len(tagged) else 0.0
+                else:
+                    score[cand[zero[cand]]] = float(np.median(score[tagged]))
             g = int(cand[np.argmax(score[cand])])  # argmax: the first (lowest index) of ties
             order.append(g)
             picked_env.append(e)
@@ -193,7 +233,10 @@ def greedy_picks(
             sim = units @ units[g]
             over_max = np.maximum(over_max, sim)
             over_sum += sim
-    return GreedyPicks(tuple(order), tuple(picked_env), tuple(scores), tuple(aligns), tuple(overs))
+    return GreedyPicks(
+        tuple(order), tuple(picked_env), tuple(scores), tuple(aligns), tuple(overs),
+        untagged_candidates=int(zero.sum()), untagged_picked=int(zero[order].sum()),
+    )  # fmt: skip
 
 
 def select_groups(
@@ -202,9 +245,22 @@ def select_groups(
     quotas: Mapping[str, int],
     beta: float = 1.0,
     overlap: str = "max",
+    *,
+    batch: str = "sum",
+    untagged: str = "score0",
 ) -> list[int]:
     """The candidate indices RISED keeps, in pick order (``greedy_picks`` has their scores)."""
-    return list(greedy_picks(profiles, envs, quotas, beta, overlap).order)
+    picks = greedy_picks(profiles, envs, quotas, beta, overlap, batch=batch, untagged=untagged)
+    return list(picks.order)
+
+
+def random_keep(
+    envs: Sequence[str], quotas: Mapping[str, int] | None, k: int, rng: np.random.Generator
+) -> list[int]:
+    """ "w/o selection" (RISED §5's ablation, ours as the reading): a uniformly random k of the
+    same candidates (inside the environments' quotas when given, as RISED's own selection),
+    so the arm changes the choice and nothing else. Returns the kept indices, ascending."""
+    return _ranked_keep(np.zeros(len(envs)), envs, quotas, k, rng, "random_keep")
 
 
 # ------------------------------------------------------------------------------ reward variance
@@ -282,6 +338,63 @@ def variance_targeted(
     v = group_variances(rewards)
     t = variance_target(rewards, multiple) if target is None else float(target)
     return _ranked_keep(np.abs(v - t), envs, quotas, k, rng, "variance_targeted")
+
+
+def variance_proportional(
+    rewards: np.ndarray,
+    envs: Sequence[str],
+    quotas: Mapping[str, int] | None,
+    k: int,
+    rng: np.random.Generator,
+) -> list[int]:
+    """Var-Target as sampling ∝ variance (``VARIANCE_TARGETS``, ours): per environment (or over
+    all groups without ``quotas``), groups drawn one at a time without replacement with
+    probability ∝ their within-group variance; once no group with variance > 0 is left, the
+    rest of the quota is a uniform draw among the others. Returns the kept indices, ascending."""
+    v = group_variances(rewards)
+    n = len(v)
+    if len(envs) != n:
+        raise ValueError(f"variance_proportional: {n} groups but {len(envs)} environments")
+    if not 0 <= k <= n:
+        raise ValueError(f"variance_proportional: k must be in [0, {n}], got {k}")
+    if quotas is None:
+        parts = {None: (np.arange(n), k)}
+    else:
+        q = _check_quotas(envs, quotas, "variance_proportional")
+        if sum(q.values()) != k:
+            raise ValueError(f"variance_proportional: the quotas {q} sum to {sum(q.values())}")
+        env_arr = np.asarray(envs, dtype=object)
+        parts = {e: (np.flatnonzero(env_arr == e), m) for e, m in q.items()}
+    keep: list[int] = []
+    for idx, m in parts.values():
+        signal = idx[v[idx] > ZERO_VARIANCE]
+        take = min(m, len(signal))
+        if take:
+            p = v[signal] / v[signal].sum()
+            keep.extend(int(i) for i in rng.choice(signal, size=take, replace=False, p=p))
+        rest = idx[v[idx] <= ZERO_VARIANCE]
+        if m > take:
+            keep.extend(int(i) for i in rng.choice(rest, size=m - take, replace=False))
+    return sorted(keep)
+
+
+def var_target(
+    rewards: np.ndarray,
+    envs: Sequence[str],
+    quotas: Mapping[str, int] | None,
+    k: int,
+    rng: np.random.Generator,
+    targeting: str = "proportional",
+    multiple: float = 2.0,
+) -> list[int]:
+    """The Var-Target baseline under ``targeting`` (``VARIANCE_TARGETS``)."""
+    if targeting == "proportional":
+        return variance_proportional(rewards, envs, quotas, k, rng)
+    if targeting == "max":
+        return variance_targeted(rewards, envs, quotas, k, MAX_VARIANCE, rng)
+    if targeting == "pool_multiple":
+        return variance_targeted(rewards, envs, quotas, k, None, rng, multiple=multiple)
+    raise ValueError(f"var_target: targeting must be one of {VARIANCE_TARGETS}, got {targeting!r}")
 
 
 def selection_stats(rewards: np.ndarray, keep_mask: np.ndarray) -> dict[str, float]:

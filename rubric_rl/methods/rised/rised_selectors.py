@@ -10,15 +10,16 @@ tasks come environment by environment in name order; importance weights u = 1 (t
 its quota batches uncorrected). Stateless: the draw is a function of the step's generator
 (``default_rng([seed, step])`` when none is given), so a resumed run draws the same tasks.
 
-``VarianceSelector`` (from ``config.variance_select``: ``builders.variance_select_controllers``)
+``VarianceSelector`` (from ``config.variance_select``: ``variance_select_controllers`` below)
 keeps exactly k = ``rollout.train_groups`` of the step's candidate groups by within-group reward
-variance: ``mode="top"`` (Top-Var) or ``"targeted"`` (closest to a target, default 2× the pool
-mean: ours). ``per_env``: inside per-environment quotas. Ours: the quotas split k in proportion
-to the candidates' environment counts (``env_quotas`` weighted by them), which is the equal split
-when the candidates come from ``EnvQuotaSampler`` and never asks an environment for more groups
-than it has. Ties at random from ``default_rng([seed, step])`` (stateless, so observe and select
-see the same choice and a resumed run repeats it). ``observe`` logs ``selection_stats`` of the
-choice (``variance_select/candidates/*``, ``variance_select/selected/*``).
+variance: ``mode="top"`` (Top-Var) or ``"targeted"`` (Var-Target: ``targeting``, sampling
+∝ variance in configs/grpo.py; or the k closest to a fixed ``target``). ``per_env``: inside
+per-environment quotas. Ours: the quotas split k in proportion to the candidates' environment
+counts (``env_quotas`` weighted by them), which is the equal split when the candidates come from
+``EnvQuotaSampler`` and never asks an environment for more groups than it has. Ties at random
+from ``default_rng([seed, step])`` (stateless, so observe and select see the same choice and a
+resumed run repeats it). ``observe`` logs ``selection_stats`` of the choice
+(``variance_select/candidates/*``, ``variance_select/selected/*``).
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ from rubric_rl.controllers.base import Controller, TaskBatch
 from rubric_rl.controllers.sampling import GROUP_REWARDS, SAMPLERS
 from rubric_rl.evaluation import env_of
 from rubric_rl.methods.rised.rised_selection import (
+    VARIANCE_TARGETS,
     env_quotas,
     selection_stats,
     top_variance,
+    var_target,
     variance_targeted,
 )
 from rubric_rl.rollout.batch import Rollouts
@@ -116,8 +119,12 @@ class VarianceSelectConfig:
     mode: str = "top"
     per_env: bool = True
     reward: str = "evidence"  # a GROUP_REWARDS source: the trained reward, or "task_verifier"
-    target: float | None = None  # "targeted": a fixed target variance; None = multiple × mean
-    target_multiple: float = 2.0  # ours: the seed's selector reaches ≈ 2× the pool mean
+    target: float | None = None  # "targeted": a fixed target variance; None = ``targeting``
+    # "targeted" without a fixed target (rised_selection.VARIANCE_TARGETS). The default is the
+    # previous rule so that a config written before the key reruns as it ran; configs/grpo.py's
+    # varsel=targeted sets "proportional".
+    targeting: str = "pool_multiple"
+    target_multiple: float = 2.0  # "pool_multiple": the multiple of the pool mean
     seed: int = 0
 
     def __post_init__(self):
@@ -128,6 +135,10 @@ class VarianceSelectConfig:
             raise ValueError(f"{name}.mode must be one of {VARIANCE_MODES}, got {self.mode!r}")
         if self.target is not None and not self.target >= 0:
             raise ValueError(f"{name}.target must be >= 0 or None, got {self.target}")
+        if self.targeting not in VARIANCE_TARGETS:
+            raise ValueError(
+                f"{name}.targeting must be one of {VARIANCE_TARGETS}, got {self.targeting!r}"
+            )
         if not self.target_multiple >= 0:
             raise ValueError(f"{name}.target_multiple must be >= 0, got {self.target_multiple}")
         GROUP_REWARDS.get(self.reward)  # unknown name -> clear error now, not at step 1
@@ -156,9 +167,9 @@ class VarianceSelector(Controller):
         rng = np.random.default_rng([cfg.seed, rollouts.step])
         if cfg.mode == "top":
             return top_variance(rewards, envs, quotas, cfg.k, rng)
-        return variance_targeted(
-            rewards, envs, quotas, cfg.k, cfg.target, rng, multiple=cfg.target_multiple
-        )
+        if cfg.target is not None:
+            return variance_targeted(rewards, envs, quotas, cfg.k, cfg.target, rng)
+        return var_target(rewards, envs, quotas, cfg.k, rng, cfg.targeting, cfg.target_multiple)
 
     def keep_mask(self, rollouts: Rollouts) -> np.ndarray:
         mask = np.zeros(len(rollouts), bool)

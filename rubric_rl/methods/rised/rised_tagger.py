@@ -241,7 +241,9 @@ class ProgrammaticTagger(DetectingTagger):
     ``vocab``: the vocabulary names are mapped through (required unless ``discovery``);
     ``solved_threshold``: the reward at or above which a rollout is ``task_solved`` (None: the
     reward is not used); ``overlong_words``: the whole response's word count above which it is
-    ``overlong``.
+    ``overlong``; ``outcome_conditioned``: positives from successes only, negatives from
+    failures only (``DetectingTagger``; False: the unconditioned tagging). The warm-up
+    (``discovery``) keeps every name: the vocabulary lists what can be tagged at all.
     """
 
     def __init__(
@@ -251,6 +253,7 @@ class ProgrammaticTagger(DetectingTagger):
         discovery: bool = False,
         solved_threshold: float | None = 0.5,
         overlong_words: int = 40,
+        outcome_conditioned: bool = True,
     ):
         if vocab is None and not discovery:
             raise ValueError("ProgrammaticTagger: a vocabulary is needed unless discovery=True")
@@ -258,6 +261,7 @@ class ProgrammaticTagger(DetectingTagger):
         self.discovery = bool(discovery)
         self.solved_threshold = None if solved_threshold is None else float(solved_threshold)
         self.overlong_words = int(overlong_words)
+        self.outcome_conditioned = bool(outcome_conditioned)
 
     def detect(self, task: Task, response: str, reward: float | None) -> dict[str, int]:
         """Every name this tagger detects, with its count (ValueError for a task whose prompt

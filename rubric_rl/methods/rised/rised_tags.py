@@ -19,6 +19,7 @@ import numpy as np
 from rubric_rl.rubrics.vocabulary import Vocabulary
 
 __all__ = [
+    "PROFILE_COUNTS",
     "DetectingTagger",
     "RolloutTagger",
     "Tags",
@@ -46,17 +47,27 @@ def _checked_counts(counts: Mapping[str, int], what: str) -> dict[str, int]:
 @dataclasses.dataclass(frozen=True)
 class Tags:
     """One rollout's tags: vocabulary id -> count (>= 1), discovered (unknown, normalised)
-    names -> count, or a failure (``failed=True`` with its ``error``, and no tags)."""
+    names -> count, or a failure (``failed=True`` with its ``error``, and no tags).
+
+    ``withheld``: vocabulary ids an outcome-conditioned tagger detected but did not attribute
+    (a failure's positive behaviours, a success's negative ones). They are in no profile, no
+    selection and no anti-pattern; the teacher's ranking reads them to tell how often a behaviour
+    also appears in the group's failures (its contrast). A tagger that does not detect them (the
+    LLM tagger: its prompt asks for conditioned tags only) leaves it empty."""
 
     counts: Mapping[str, int] = dataclasses.field(hash=False)
     discovered: Mapping[str, int] = dataclasses.field(default_factory=dict, hash=False)
     failed: bool = False
     error: str | None = None
+    withheld: Mapping[str, int] = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self):
         object.__setattr__(self, "counts", _checked_counts(self.counts, "counts"))
         object.__setattr__(self, "discovered", _checked_counts(self.discovered, "discovered"))
-        if self.failed and (self.counts or self.discovered or not self.error):
+        object.__setattr__(self, "withheld", _checked_counts(self.withheld, "withheld"))
+        if set(self.counts) & set(self.withheld):
+            raise ValueError("Tags: an id is either attributed (counts) or withheld, not both")
+        if self.failed and (self.counts or self.discovered or self.withheld or not self.error):
             raise ValueError("Tags: a failed tagging has an error and no tags")
         if not self.failed and self.error is not None:
             raise ValueError(f"Tags: error {self.error!r} given but failed=False")
@@ -129,10 +140,19 @@ class DetectingTagger(RolloutTagger):
     """A tagger by code: ``detect(task, response, reward)`` gives every name it finds with its
     count (ValueError: a rollout it cannot read, recorded as a failed tagging); the names go
     through ``vocab`` (unknown ones kept as discovered) unless ``discovery`` (the warm-up: every
-    name kept). Deterministic and stateless, so a retagging returns the first tagging."""
+    name kept). Deterministic and stateless, so a retagging returns the first tagging.
+
+    ``outcome_conditioned`` (RISED §2.2, A.4: successes are traced back to the behaviours that
+    made them succeed, failures searched for their errors): with a reward, a rollout at or above
+    ``solved_threshold`` keeps its positive rubrics only and one below it its negative ones
+    only; the others go to ``Tags.withheld``. Without a reward nothing can be conditioned and
+    every rubric is kept (ours). False: every detected rubric whatever the outcome (the tagging
+    before outcome conditioning, kept for earlier archives)."""
 
     vocab: Vocabulary | None
     discovery: bool
+    solved_threshold: float | None = None
+    outcome_conditioned: bool = False
 
     @abc.abstractmethod
     def detect(self, task: object, response: str, reward: float | None) -> dict[str, int]: ...
@@ -149,31 +169,55 @@ class DetectingTagger(RolloutTagger):
         for name, count in names.items():
             rid = self.vocab.lookup(name)
             (counts if rid is not None else discovered)[rid or name] += count
-        return Tags(dict(counts), dict(discovered))
+        if not self.outcome_conditioned or reward is None or self.solved_threshold is None:
+            return Tags(dict(counts), dict(discovered))
+        keep = "positive" if float(reward) >= self.solved_threshold else "negative"
+        kept = {r: n for r, n in counts.items() if self.vocab.entry(r).polarity == keep}
+        withheld = {r: n for r, n in counts.items() if r not in kept}
+        return Tags(kept, dict(discovered), withheld=withheld)
 
     def _tag_rollouts(self, tasks, responses, rewards, step) -> list[Tags]:
         del step  # no state that changes with the step
         return [self.tag(t, r, w) for t, r, w in zip(tasks, responses, rewards, strict=True)]
 
 
-def profile(tags: Tags, vocab: Vocabulary) -> np.ndarray:
-    """The rollout's count vector, float64 [V] (zeros for a failed tagging: check ``failed``)."""
+# How a rollout's tag counts enter its profile. "presence" (1 per tagged rubric) is ours: the
+# judge's counts are on different scales per rubric (filler words counted one by one, a met check
+# once), so raw counts let a wordy negative outweigh every positive in a profile and in the
+# anti-pattern trigger. "log": 1 + ln(count). "raw": the counts as tagged (the seed's count
+# vectors; the profiles before presence counts).
+PROFILE_COUNTS = ("presence", "log", "raw")
+
+
+def _scaled(count: int, counts: str) -> float:
+    if counts == "raw":
+        return float(count)
+    if counts == "presence":
+        return 1.0
+    if counts == "log":
+        return 1.0 + float(np.log(count))
+    raise ValueError(f"profile: counts must be one of {PROFILE_COUNTS}, got {counts!r}")
+
+
+def profile(tags: Tags, vocab: Vocabulary, counts: str = "raw") -> np.ndarray:
+    """The rollout's count vector, float64 [V] (zeros for a failed tagging: check ``failed``),
+    each count scaled as ``counts`` says (``PROFILE_COUNTS``)."""
     out = np.zeros(len(vocab), dtype=np.float64)
     if tags.failed:
         return out
     for rid, count in tags.counts.items():
         if rid not in vocab:
             raise ValueError(f"profile: tag {rid!r} is not a rubric id of the vocabulary")
-        out[vocab.index(rid)] += count
+        out[vocab.index(rid)] += _scaled(count, counts)
     return out
 
 
-def group_profile(tags: Sequence[Tags], vocab: Vocabulary) -> np.ndarray:
+def group_profile(tags: Sequence[Tags], vocab: Vocabulary, counts: str = "raw") -> np.ndarray:
     """Sum of the profiles of the group's rollouts whose tagging did not fail, float64 [V]."""
     out = np.zeros(len(vocab), dtype=np.float64)
     for t in tags:
         if not t.failed:
-            out += profile(t, vocab)
+            out += profile(t, vocab, counts)
     return out
 
 

@@ -114,7 +114,8 @@ def tool_description(rubric_id: str, task: Task) -> str | None:
 
 class ToolTagger(DetectingTagger):
     """Tags tool-environment episodes by code (module docstring); deterministic and free.
-    ``vocab`` / ``discovery`` / ``solved_threshold`` as ``ProgrammaticTagger``'s."""
+    ``vocab`` / ``discovery`` / ``solved_threshold`` / ``outcome_conditioned`` as
+    ``ProgrammaticTagger``'s."""
 
     def __init__(
         self,
@@ -122,12 +123,14 @@ class ToolTagger(DetectingTagger):
         *,
         discovery: bool = False,
         solved_threshold: float | None = 0.5,
+        outcome_conditioned: bool = True,
     ):
         if vocab is None and not discovery:
             raise ValueError("ToolTagger: a vocabulary is needed unless discovery=True")
         self.vocab = vocab
         self.discovery = bool(discovery)
         self.solved_threshold = None if solved_threshold is None else float(solved_threshold)
+        self.outcome_conditioned = bool(outcome_conditioned)
 
     def detect(self, task: Task, response: str, reward: float | None) -> dict[str, int]:
         """Every name detected in the episode, with its count (ValueError: not a tool task's

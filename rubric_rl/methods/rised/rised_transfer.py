@@ -1,5 +1,5 @@
-"""RISED's cross-environment transfer analysis of a single-environment run (seed §2.3, C.1;
-issue 17 item 8): checkpoints, pools, tags, gradients, and the CLI.
+"""RISED's cross-environment transfer analysis of a single-environment run (seed §2.3, C.1):
+checkpoints, pools, tags, gradients, and the CLI.
 
     python -m rubric_rl.methods.rised.rised_transfer <run_dir> [--split validation]
         [--pool_tasks 16] [--samples N] [--baseline STEP] [--steps 50,75] [--out DIR]

@@ -1,5 +1,5 @@
-"""RISED's cross-environment transfer analysis, its signals and statistics (seed §2.3, C.1-C.2;
-issue 17 item 8). Pure numpy; the model side and the CLI are
+"""RISED's cross-environment transfer analysis, its signals and statistics (seed §2.3, C.1-C.2).
+Pure numpy; the model side and the CLI are
 ``rubric_rl/methods/rised/rised_transfer.py``.
 
 A single-environment run (``configs/rised.py:single_env=<env>``) trains on one environment's tasks
