@@ -27,7 +27,7 @@ from rubric_rl.controllers.base import Controller, ControllerSet
 from rubric_rl.core import sharding
 from rubric_rl.core.train_step import TrainConfig
 from rubric_rl.envs import tool_domain
-from rubric_rl.envs.base import Env
+from rubric_rl.envs.base import Domain
 from rubric_rl.models import (
     Qwen3_5Config,
     Qwen3_5ForCausalLM,
@@ -59,45 +59,6 @@ CHAT_TEMPLATE = (
 
 
 # ------------------------------------------------------------------------------ domains
-
-
-@dataclasses.dataclass(frozen=True)
-class Domain:
-    """Task splits plus the domain's analysis-only functions (never shown to controllers)."""
-
-    name: str
-    train: tuple[Task, ...]
-    heldout: tuple[Task, ...]
-    ood: tuple[Task, ...]
-    verify: Callable[[Task, str], bool] | None = None  # task pass (all stated constraints)
-    oracle: Callable[[Task, str], float] | None = None  # hidden quality in [0, 1]
-    # (n, seed, p_keep, copy_fraction): n demonstrations, each stated constraint met with
-    # probability p_keep; a share copy_fraction copy demonstrations (a domain without copy
-    # demonstrations, copy_corpus None, ignores it and the warm start logs that).
-    corpus: Callable[[int, int, float, float], list[tuple[list[dict], str]]] | None = None
-    vocabulary: Sequence[str] | None = None
-    # A fresh tool environment for one rollout of a task (None: a single-turn domain). The
-    # agent loop (rollout/agent.py) makes one per rollout and closes it.
-    make_env: Callable[[Task], Env] | None = None
-    # The embedded tokenizer over ``vocabulary``: "word" (units joined by spaces on decode) or
-    # "spaced" (units carry their leading space: decode(encode(text)) == text, needed where the
-    # policy's text is parsed: tool-call JSON, SQL). See build_tokenizer.
-    embedded_tokenizer: str = "word"
-    # The task's prompt with the domain's own guidance for it (the embedded domain: the skill texts
-    # of its capabilities), for calibration's guidance-following gain (rubric_rl/calibration.py).
-    guidance: Callable[[Task], list[dict]] | None = None
-    # The domain's checker library: the rule-checked criteria a rubric-writing method may propose
-    # for a task, read from its prompt text (the embedded domain: envs/constraint_library.py;
-    # ARISE's ``arise.bank``). None: the task's own rubric is the only bank.
-    criteria_library: Callable[[Task], Sequence[Any]] | None = None
-    # (n, seed): n copy demonstrations for the warm start's first warmstart.copy_steps steps.
-    copy_corpus: Callable[[int, int], list[tuple[list[dict], str]]] | None = None
-    # Tasks for choices (checkpoints, hyperparameters) that the held-out set must never make
-    # (benchmarks/protocol.md); empty where the domain has no such split.
-    validation: tuple[Task, ...] = ()
-    # Which tasks are rolled out as agent episodes in agent mode (None: every task). The embedded
-    # domain with tool environments mixed in (``domain.tool_envs``): their tasks only.
-    episodic: Callable[[Task], bool] | None = None
 
 
 DOMAINS: Registry[Callable[[ConfigDict], Domain]] = Registry("domain")
