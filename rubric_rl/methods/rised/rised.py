@@ -307,7 +307,7 @@ class RisedController(Controller):
             for t, tg in zip(g.trajectories, tags, strict=True):
                 t.info["rised_tags"] = {
                     "counts": dict(tg.counts), "discovered": dict(tg.discovered),
-                    "failed": tg.failed,
+                    "withheld": dict(tg.withheld), "failed": tg.failed,
                 }  # fmt: skip
         m = self._tag_metrics(flat)
         m.update(self._reliability_probe(tasks, responses, rewards, flat))
