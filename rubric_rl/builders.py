@@ -993,7 +993,8 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
         variance_targeting=str(r.get("variance_targeting", "pool_multiple")),
         profile_counts=str(r.get("profile_counts", "raw")),
         batch_profile=str(r.get("batch_profile", "sum")), untagged=str(r.get("untagged", "score0")),
-        hint_rank=str(r.get("hint_rank", "count")), retag_every=int(r.get("retag_every", 0)),
+        hint_rank=str(r.get("hint_rank", "count")),
+        anti_counts=str(r.get("anti_counts", "detected")), retag_every=int(r.get("retag_every", 0)),
         retag_samples=int(r.get("retag_samples", 16)), seed=int(config.train.seed),
     )  # fmt: skip
     ctl = RisedController(

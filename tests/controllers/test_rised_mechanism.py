@@ -150,6 +150,16 @@ def test_presence_and_log_profiles_and_the_anti_pattern_trigger_on_presence():
     raw.observe(_rollouts(1, spec))
     pres.observe(_rollouts(1, spec))
     assert raw.anti == {"ea": ["n_x"]} and pres.anti == {}
+    # Outcome-conditioned tags: a failure's positives are withheld. "detected" counts what the
+    # rollouts showed (3 positives, 2 of them withheld, against 2 negatives: no block),
+    # "attributed" the attributed tags only (1 positive against 2 negatives: a block).
+    spec = [
+        (_task(0, "ea"), [(0, {"n_x": 1, "n_y": 1}, {"p_a": 1, "p_b": 1}), (1, {"p_c": 1}, {})])
+    ]
+    detected, attributed = _ctl(), _ctl(anti_counts="attributed")
+    detected.observe(_rollouts(1, spec))
+    attributed.observe(_rollouts(1, spec))
+    assert detected.anti == {} and attributed.anti == {"ea": ["n_x", "n_y"]}
 
 
 def test_an_all_zero_profile_is_never_picked_over_a_tagged_one():
@@ -286,7 +296,7 @@ def test_scripted_sd_reach_equals_the_share_of_groups_with_a_success(figures):
 
 def test_scripted_hints_name_the_constraints_that_separate_successes_from_failures(figures):
     new, old = figures["new"], figures["old"]
-    assert new["hint_groups"] >= 20
+    assert new["hint_groups"] >= 12
     assert new["hint_precision_at_available"] >= 0.95
     assert new["hint_top1_precision"] >= 0.7
     assert old["hint_precision_at_available"] <= 0.7 and old["hint_top1_precision"] <= 0.3
