@@ -981,6 +981,7 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
         tagger = LLMTagger(
             client, vocab, retry_candidates=int(r.llm.retry_candidates),
             refresh_every=int(r.llm.refresh_every),
+            max_failure_rate=float(config.judge.max_failure_rate),  # the judge's limit
         )  # fmt: skip
     else:
         raise ValueError(f"config.rised.tagger={r.tagger!r}: expected 'programmatic' or 'llm'")

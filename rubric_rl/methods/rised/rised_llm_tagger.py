@@ -26,6 +26,7 @@ import numpy as np
 from rubric_rl.methods.arise.reflection_llm import ReflectionTemplate
 from rubric_rl.methods.rised.rised_tags import RolloutTagger, Tags, profile
 from rubric_rl.rubrics.llm import (
+    FailureRateStop,
     LLMClient,
     LLMError,
     LLMRequest,
@@ -149,6 +150,7 @@ class LLMTagger(RolloutTagger):
         temperature: float = 0.0,
         max_tokens: int = 512,
         max_chars: int = 4000,
+        max_failure_rate: float = 0.5,
     ):
         if retry_candidates < 1 or refresh_every < 1:
             raise ValueError(
@@ -169,6 +171,9 @@ class LLMTagger(RolloutTagger):
             "calls": 0, "retries": 0, "failed": 0, "tagged": 0, "names": 0, "discovered_names": 0
         }  # fmt: skip
         self.last_error: str | None = None
+        # Tagging that fails (both attempts) past this share of the recent rollouts stops the
+        # run: RISED would go on with empty profiles and no SD context.
+        self.failure_stop = FailureRateStop("RISED LLM tagger", max_failure_rate)
 
     # --- the retry list ----------------------------------------------------------------------
 
@@ -243,10 +248,12 @@ class LLMTagger(RolloutTagger):
                     return Tags.failure(why)
                 self.counts["failed"] += 1
                 self.last_error = why
+                self.failure_stop.record(False, why)
                 logger.warning("RISED tagging failed for task %r: %s", task.id, self.last_error)
                 return Tags.failure(self.last_error)
         if not record:
             return tags
+        self.failure_stop.record(True)
         self.counts["tagged"] += 1
         self.counts["names"] += len(tags.counts) + len(tags.discovered)
         self.counts["discovered_names"] += len(tags.discovered)
@@ -270,7 +277,9 @@ class LLMTagger(RolloutTagger):
             finally:
                 await self.client.aclose()
 
-        return list(run_sync(run)) if tasks else []
+        tags = list(run_sync(run)) if tasks else []
+        self.failure_stop.check()  # once the batch is tagged: its outcomes all count
+        return tags
 
     def _retag_rollouts(self, tasks, responses, rewards, seed: int) -> list[Tags]:
         async def run() -> list[Tags]:
