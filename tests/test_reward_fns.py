@@ -1,5 +1,5 @@
 """Plain Python reward functions as a reward source (rubric_rl/reward_fns.py), the ``plain`` task
-format and tasks given in Python (issue 20). Advantages are checked against plain numpy."""
+format and tasks given in Python. Advantages are checked against plain numpy."""
 
 from __future__ import annotations
 

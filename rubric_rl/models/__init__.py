@@ -1,6 +1,6 @@
-"""Qwen3 and Qwen2/Qwen2.5 dense families and the Qwen3.5 dense text model (hybrid Gated DeltaNet
-+ gated attention) in Flax NNX, Hugging Face checkpoint import/export,
-tokenizer wrapper."""
+"""Qwen3, Qwen2/Qwen2.5 and Llama dense families and the Qwen3.5 dense text model (hybrid Gated
+DeltaNet + gated attention) in Flax NNX, Hugging Face checkpoint import/export, GGUF import
+(`gguf_io`), tokenizer wrapper."""
 
 from rubric_rl.models.config import SHAPE_FIELDS, with_shape
 from rubric_rl.models.hf_io import from_pretrained, save_pretrained

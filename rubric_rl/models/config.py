@@ -14,10 +14,17 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from rubric_rl.models.llama import check_llama_fields
+
 # The dense families one decoder serves, and what tells them apart (transformers 5.24):
 # Qwen2 / Qwen2.5 (`Qwen2ForCausalLM`) have biases on the q/k/v projections and no q/k norm;
-# Qwen3 (`Qwen3ForCausalLM`) has a per-head RMSNorm on q and k and no biases.
-MODEL_TYPES = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# Qwen3 (`Qwen3ForCausalLM`) has a per-head RMSNorm on q and k and no biases; Llama
+# (`LlamaForCausalLM`, models/llama.py) has neither: the Qwen2 path without its biases.
+MODEL_TYPES = {
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "llama": "LlamaForCausalLM",
+}
 
 
 def check_decoder_shape(cfg: Any) -> None:
@@ -45,9 +52,9 @@ def check_decoder_shape(cfg: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Qwen3Config:
-    """Shapes and constants of a Qwen3 or Qwen2/Qwen2.5 dense model (the fields of HF's
-    Qwen3Config / Qwen2Config we use). `model_type` picks the family ("qwen3" or "qwen2"); the
-    decoder reads the difference from `attention_bias` and `qk_norm`."""
+    """Shapes and constants of a Qwen3, Qwen2/Qwen2.5 or Llama dense model (the fields of HF's
+    Qwen3Config / Qwen2Config / LlamaConfig we use). `model_type` picks the family ("qwen3",
+    "qwen2" or "llama"); the decoder reads the difference from `attention_bias` and `qk_norm`."""
 
     vocab_size: int
     hidden_size: int
@@ -93,19 +100,22 @@ class Qwen3Config:
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> Qwen3Config:
         """Builds a config from a HF `config.json` dict (transformers v4 or v5 layout) of a
-        Qwen3 or Qwen2/Qwen2.5 checkpoint, the family read from `model_type` (or, without one,
-        `architectures`).
+        Qwen3, Qwen2/Qwen2.5 or Llama checkpoint, the family read from `model_type` (or, without
+        one, `architectures`).
 
         Optional fields missing from `d` take transformers' defaults for that family, so a
         checkpoint means the same model here and in transformers: rope_theta 1e4,
         num_key_value_heads 32, max_position_embeddings 32768, untied; head_dim 128 (Qwen3) or
-        hidden_size // num_attention_heads (Qwen2). What we do not implement (another rope type,
+        hidden_size // num_attention_heads (Qwen2, Llama; Llama's max_position_embeddings 2048).
+        What we do not implement (another rope type,
         sliding-window layers, an activation other than SiLU, attention dropout, Qwen2 without
         its biases) is a NotImplementedError naming the config.json field."""
         mt = _model_type(d)
         rope = d.get("rope_parameters") or {}
         scaling = d.get("rope_scaling")
-        rope_type = rope.get("rope_type", (scaling or {}).get("rope_type", "default"))
+        # transformers v4 configs name the scaling by "type" as well as "rope_type".
+        scaling_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+        rope_type = rope.get("rope_type", scaling_type)
         if rope_type != "default":
             field = "rope_parameters" if "rope_type" in rope else "rope_scaling"
             raise NotImplementedError(
@@ -134,8 +144,11 @@ class Qwen3Config:
                 kv_heads = d.get("num_key_value_heads") or 32
                 head_dim = d.get("head_dim") or 128
             else:
-                _check_qwen2_attention(d)
-                kv_heads = d.get("num_key_value_heads", 32)
+                if mt == "qwen2":
+                    _check_qwen2_attention(d)
+                else:
+                    check_llama_fields(d)
+                kv_heads = d.get("num_key_value_heads", 32 if mt == "qwen2" else None)
                 # transformers' Qwen2Config: an explicit null means one KV head per query head.
                 kv_heads = d["num_attention_heads"] if kv_heads is None else kv_heads
                 head_dim = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
@@ -150,7 +163,9 @@ class Qwen3Config:
                 rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(theta),
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-                max_position_embeddings=d.get("max_position_embeddings", 32768),
+                max_position_embeddings=d.get(
+                    "max_position_embeddings", 2048 if mt == "llama" else 32768
+                ),
                 bos_token_id=d.get("bos_token_id"),
                 eos_token_id=d.get("eos_token_id"),
                 model_type=mt,
@@ -188,8 +203,10 @@ class Qwen3Config:
             "dtype": dtype,
             "torch_dtype": dtype,
         }
-        if self.model_type == "qwen3":  # Qwen2Config has no such field: its biases are always on
+        if self.model_type != "qwen2":  # Qwen2Config has no such field: its biases are always on
             d["attention_bias"] = False
+        if self.model_type == "llama":
+            d["mlp_bias"] = False
         if self.bos_token_id is not None:
             d["bos_token_id"] = self.bos_token_id
         if self.eos_token_id is not None:

@@ -39,6 +39,7 @@ import numpy as np
 from flax import nnx
 
 from rubric_rl.core.sharding import param_shardings
+from rubric_rl.models.gguf_io import gguf_config, gguf_path, is_gguf_source, load_gguf
 from rubric_rl.models.qwen3 import Qwen3Config, Qwen3ForCausalLM, get_config
 from rubric_rl.models.qwen3_5 import Qwen3_5ForCausalLM
 from rubric_rl.models.qwen3_5_config import QWEN3_5_MODEL_TYPES, Qwen3_5Config
@@ -212,7 +213,10 @@ def _hf_model_type(path: str) -> str | None:
 def load_config(path: str) -> Qwen3Config | Qwen3_5Config:
     """The config of a checkpoint directory: `Qwen3_5Config` for config.json model_type
     "qwen3_5_text" / "qwen3_5" (a "qwen3_5_moe*" one is refused, naming the field), else
-    `get_config` (Qwen3 / Qwen2)."""
+    `get_config` (Qwen3 / Qwen2 / Llama); a GGUF source (models/gguf_io.py: a *.gguf path or a
+    name such as "smollm2-135m") reads its metadata."""
+    if is_gguf_source(path):
+        return gguf_config(gguf_path(path))
     mt = _hf_model_type(path)
     if mt is not None and (mt in QWEN3_5_MODEL_TYPES or str(mt).startswith("qwen3_5")):
         with open(os.path.join(path, "config.json")) as f:
@@ -243,7 +247,14 @@ def from_pretrained(
 
     scan_layers: build the scanned Qwen3 / Qwen2 model (`Qwen3Config.scan_layers`; same weights,
     stacked on a leading layer axis). Qwen3.5's mixed layers are not scanned: ValueError.
+
+    A GGUF source (a *.gguf path or a `gguf_io.GGUF_MODELS` name) loads through
+    `gguf_io.load_gguf` (dequantised to float32, then `param_dtype`).
     """
+    if is_gguf_source(path):
+        return load_gguf(
+            path, mesh=mesh, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers
+        )
     cfg = load_config(path)
     if scan_layers:
         if isinstance(cfg, Qwen3_5Config):

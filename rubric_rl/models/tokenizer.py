@@ -1,4 +1,5 @@
-"""Thin wrapper over a local Hugging Face tokenizer directory (`transformers.AutoTokenizer`)."""
+"""Thin wrapper over a local Hugging Face tokenizer directory (`transformers.AutoTokenizer`) or a
+GGUF file's tokenizer (`gguf_io.gguf_tokenizer`)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,11 @@ class Tokenizer:
     """
 
     def __init__(self, path_or_tokenizer: Any, *, chat_template: str = "auto"):
-        if isinstance(path_or_tokenizer, str | os.PathLike):
+        from rubric_rl.models.gguf_io import gguf_tokenizer, is_gguf_source
+
+        if is_gguf_source(path_or_tokenizer):  # a GGUF file's own vocabulary and chat template
+            self.hf = gguf_tokenizer(path_or_tokenizer)
+        elif isinstance(path_or_tokenizer, str | os.PathLike):
             from transformers import AutoTokenizer
 
             path = os.fspath(path_or_tokenizer)

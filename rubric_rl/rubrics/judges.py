@@ -157,7 +157,7 @@ class LLMJudge(Judge):
         client: LLMClient,
         *,
         criteria_per_call: int = 1,
-        template: str = "rubric_judge_v1",
+        template: str = "rubric_judge_v2",
         max_retries: int = 2,
         temperature: float = 0.0,
         max_tokens: int = 1024,

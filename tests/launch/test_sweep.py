@@ -101,6 +101,13 @@ def test_bad_inputs_name_the_flag():
     assert sweep.parse_seeds("0-2") == [0, 1, 2] and sweep.parse_seeds("4,1") == [4, 1]
 
 
+@pytest.mark.parametrize("seeds", ["-1", "0,-1", "2,-3"])
+def test_negative_seeds_are_refused(seeds):
+    # A seed-1 directory matches no seed<k>: aggregate and archive would never see its run.
+    with pytest.raises(ValueError, match=r"seeds must be >= 0"):
+        sweep.parse_seeds(seeds)
+
+
 def test_long_variant_slug_is_safe_and_unique():
     a = sweep.slug("frozen_rubrics=/very/long/path/" + "x" * 80 + "/seed0")
     b = sweep.slug("frozen_rubrics=/very/long/path/" + "x" * 80 + "/seed1")

@@ -22,6 +22,16 @@ PARITY_CONFIGS = {
     "qwen2_untied_mha": Qwen3Config(
         80, 48, 64, 1, 3, 3, 16, tie_word_embeddings=False, rms_norm_eps=1e-5, model_type="qwen2"
     ),
+    # The Llama family (no biases, no q/k norm) over the same GQA ratios and tyings.
+    "llama_tied_gqa4": Qwen3Config(
+        96, 32, 64, 2, 4, 1, 8, tie_word_embeddings=True, rope_theta=1e4, model_type="llama"
+    ),
+    "llama_untied_gqa2": Qwen3Config(
+        96, 32, 48, 2, 4, 2, 16, tie_word_embeddings=False, model_type="llama"
+    ),
+    "llama_untied_mha": Qwen3Config(
+        80, 48, 64, 1, 3, 3, 16, tie_word_embeddings=False, rms_norm_eps=1e-5, model_type="llama"
+    ),
 }
 
 
@@ -71,8 +81,8 @@ def torch_logits(hf_model, ids, mask):
 
 
 def make_torch_checkpoint(cfg: Qwen3Config, path: str, seed: int, dtype: str = "float32"):
-    """A randomly initialised transformers Qwen3ForCausalLM (Qwen2ForCausalLM for a
-    model_type="qwen2" config) saved with its own save_pretrained.
+    """A randomly initialised transformers Qwen3ForCausalLM (Qwen2ForCausalLM / LlamaForCausalLM
+    for a model_type="qwen2" / "llama" config) saved with its own save_pretrained.
 
     Norm weights and biases are randomised too (HF initialises them to 1 and 0, which would hide
     a mix-up)."""
@@ -80,7 +90,7 @@ def make_torch_checkpoint(cfg: Qwen3Config, path: str, seed: int, dtype: str = "
     import transformers
 
     torch.manual_seed(seed)
-    family = {"qwen3": "Qwen3", "qwen2": "Qwen2"}[cfg.model_type]
+    family = {"qwen3": "Qwen3", "qwen2": "Qwen2", "llama": "Llama"}[cfg.model_type]
     hf_cfg = getattr(transformers, f"{family}Config")(**cfg.to_hf_dict())
     model = getattr(transformers, f"{family}ForCausalLM")(hf_cfg).eval()
     with torch.no_grad():

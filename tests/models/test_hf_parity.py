@@ -1,6 +1,7 @@
-"""Our Qwen3 / Qwen2 vs transformers' PyTorch Qwen3ForCausalLM / Qwen2ForCausalLM on the same
-safetensors, both directions."""
+"""Our Qwen3 / Qwen2 / Llama vs transformers' PyTorch Qwen3ForCausalLM / Qwen2ForCausalLM /
+LlamaForCausalLM on the same safetensors, both directions."""
 
+import dataclasses
 import json
 import os
 
@@ -19,6 +20,7 @@ transformers = pytest.importorskip("transformers")
 CONFIG_NAMES = [
     "tied_gqa4", "untied_gqa2", "untied_mha",
     "qwen2_tied_gqa4", "qwen2_untied_gqa2", "qwen2_untied_mha",
+    "llama_tied_gqa4", "llama_untied_gqa2", "llama_untied_mha",
 ]  # fmt: skip
 
 
@@ -38,7 +40,9 @@ def torch_ckpts(helpers, tmp_path_factory):
 @pytest.mark.parametrize("name", CONFIG_NAMES)
 def test_logits_match_transformers(torch_ckpts, helpers, name, side):
     path, hf, ours = torch_ckpts[name]
-    assert ours.config == helpers.PARITY_CONFIGS[name]
+    # The special token ids are transformers' defaults for the family (LlamaConfig: 1 and 2).
+    special = dict(bos_token_id=hf.config.bos_token_id, eos_token_id=hf.config.eos_token_id)
+    assert ours.config == dataclasses.replace(helpers.PARITY_CONFIGS[name], **special)
     assert type(hf).__name__ == MODEL_TYPES[ours.config.model_type]
     ids, mask = helpers.padded_batch(ours.config.vocab_size, [9, 5, 1], 9, side, seed=3)
     ref = helpers.torch_logits(hf, ids, mask)
@@ -71,9 +75,11 @@ def test_export_loads_in_transformers(torch_ckpts, helpers, tmp_path, name):
 
 
 @pytest.mark.parametrize("tied", [True, False])
-@pytest.mark.parametrize("preset", ["tiny", "qwen2_tiny"])
+@pytest.mark.parametrize("preset", ["tiny", "qwen2_tiny", "llama"])
 def test_round_trip_ours_exact(tmp_path, preset, tied):
-    cfg = PRESETS[preset].__class__(**{**PRESETS[preset].__dict__, "tie_word_embeddings": tied})
+    base = PRESETS["tiny"] if preset == "llama" else PRESETS[preset]
+    family = "llama" if preset == "llama" else base.model_type
+    cfg = dataclasses.replace(base, tie_word_embeddings=tied, model_type=family)
     model = Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(7))
     save_pretrained(model, str(tmp_path))
     back = from_pretrained(str(tmp_path))
@@ -82,8 +88,8 @@ def test_round_trip_ours_exact(tmp_path, preset, tied):
     b = jax.tree.leaves(nnx.state(back, nnx.Param))
     assert len(a) == len(b) == len(jax.tree.leaves(nnx.state(model)))
     # per layer: 4 attention + 3 MLP kernels and 2 norms, plus Qwen3's 2 q/k norms (11) or
-    # Qwen2's 3 q/k/v biases (12)
-    per_layer = 11 if cfg.model_type == "qwen3" else 12
+    # Qwen2's 3 q/k/v biases (12); Llama has neither (9)
+    per_layer = {"qwen3": 11, "qwen2": 12, "llama": 9}[cfg.model_type]
     assert len(a) == 2 + (not tied) + cfg.num_hidden_layers * per_layer
     assert sum(x.size for x in a) == cfg.num_params()
     for x, y in zip(a, b):

@@ -125,8 +125,8 @@ def test_family_from_architectures_and_qwen2_defaults():
     # sliding window switched on but starting past the last layer: every layer is full attention
     full = {**QWEN2_5_3B_INSTRUCT, "use_sliding_window": True}
     assert Qwen3Config.from_hf_dict(full) == PRESETS["qwen2_5_3b"]
-    with pytest.raises(ValueError, match=r"architectures \['LlamaForCausalLM'\]"):
-        Qwen3Config.from_hf_dict({**small, "architectures": ["LlamaForCausalLM"]})
+    with pytest.raises(ValueError, match=r"architectures \['MistralForCausalLM'\]"):
+        Qwen3Config.from_hf_dict({**small, "architectures": ["MistralForCausalLM"]})
 
 
 UNSUPPORTED = {
@@ -165,5 +165,6 @@ def test_unknown_model_type_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(
         json.dumps({**QWEN2_5_3B_INSTRUCT, "model_type": "qwen2_5_vl"})
     )
-    with pytest.raises(ValueError, match=r"model_type must be one of \['qwen3', 'qwen2'\], got "):
+    families = r"\['qwen3', 'qwen2', 'llama'\]"
+    with pytest.raises(ValueError, match=rf"model_type must be one of {families}, got "):
         get_config(str(tmp_path))

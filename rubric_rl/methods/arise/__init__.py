@@ -36,9 +36,12 @@ def arise_controllers(config: Any, domain: Any) -> list[Any]:
     )
     if config.arise.frozen_pool_from:
         from rubric_rl.analysis import final_pool_state
+        from rubric_rl.methods.arise.arise_config import frozen_mode
 
         ctrl.load_pool(
-            final_pool_state(config.arise.frozen_pool_from), config.arise.frozen_pool_entries
+            final_pool_state(config.arise.frozen_pool_from),
+            config.arise.frozen_pool_entries,
+            mode=frozen_mode(config),
         )
     return [ctrl]
 

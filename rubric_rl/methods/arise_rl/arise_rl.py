@@ -638,9 +638,13 @@ class AriseRLController(Controller):
         gated tasks; a probe stream, never trained) and R_G of each generator episode."""
         cfg = self.cfg
         scores = [self._parse(r) for r in responses]
+        # ARISE-RL solves the gated tasks; the baselines' proposers every parsed one (their
+        # difficulty term is computed whenever their format term is > 0)
+        baseline = cfg.proposer_reward != "arise_rl"
         solve = [
             s for s in scores
-            if s.task is not None and (s.tool or not cfg.tool_grounding) and cfg.difficulty
+            if s.task is not None and cfg.difficulty
+            and (baseline or s.tool or not cfg.tool_grounding)
         ]  # fmt: skip
         if solve:
             tasks = [s.task for s in solve]
@@ -652,6 +656,9 @@ class AriseRLController(Controller):
                 r = self._rewards(task, vs)
                 s.c = int(rw.solver_successes(r, cfg.gamma))
         for s in scores:
+            if baseline:
+                s.reward = proposer_reward(cfg.proposer_reward, s, cfg.k_attempts)
+                continue
             outcome = rw.GeneratorOutcome(
                 s.question, 0 if s.task is None else len(s.task.rubric), s.tool, s.fmt_reason
             )
@@ -679,6 +686,23 @@ class AriseRLController(Controller):
 
     def signal_weights(self) -> dict[str, float]:
         return {SIGNAL: 1.0}
+
+    def shape_advantages(self, rollouts: Rollouts, advantages: np.ndarray) -> np.ndarray | None:
+        """``advantage_grouping``: "group" leaves the trainer's per-prompt advantages; "hrpo"
+        and "trr++" recompute them from the trained signal over wider groups
+        (:func:`grouped_advantages`) — Dr. Zero's HRPO on its proposer's (generator) groups only,
+        Absolute Zero's TRR++ on both roles."""
+        mode = self.cfg.advantage_grouping
+        if mode == "group":
+            return None
+        r = rollouts.signal(SIGNAL)
+        roles = [g.role for g in rollouts.groups]
+        keys = [(g.role, g.task.task_type) for g in rollouts.groups]
+        out = grouped_advantages(r, keys, mode)
+        if mode == "hrpo":
+            gen = np.array([role == "generator" for role in roles])
+            out = np.where(gen[:, None], out, advantages)
+        return out
 
     def reward_signals(self, rollouts: Rollouts) -> dict[str, np.ndarray]:
         out = np.full((len(rollouts.groups), rollouts.group_size), np.nan)
@@ -1004,6 +1028,69 @@ class AriseRLController(Controller):
         self.pool_stats = {k: float(v) for k, v in dict(state.get("pool_stats", {})).items()}
         self.recent = [str(q) for q in state.get("recent", [])]
         self.history = list(state.get("history", []))
+
+
+# Absolute Zero's −1 goes to a format error (the output cannot be read as a task at all), its −0.5
+# to a task that is read but invalid (ours: the parse reasons that name the tags vs the others).
+FORMAT_ERRORS = frozenset(
+    {"no_final_answer", "no_question", "empty_question", "no_rubric", "stray_rubric_text",
+     "empty_rubric"}
+)  # fmt: skip
+
+
+def proposer_reward(name: str, score: GeneratorScore, k: int) -> float:
+    """A baseline's own proposer reward of one generator episode (notes/baselines.md §6):
+
+    * "dr_zero": ``0.5·f + difficulty`` with Dr. Zero's format score
+      ``f = (1 + think + tool + ans)/4`` when the episode parsed (its integrity check), else 0,
+      and its difficulty ``(K − c)/(K − 1)`` for 0 < c < K. Theirs: the composite, the
+      difficulty shape. Approximated: think = 1 (our answer format has no think block to
+      score), tool = the tool observation event (Dr. Zero's hop-count rule gives 1 for one hop
+      whatever was called), ans = 1 when every listed criterion names a check, else 0.5 (its
+      short-answer rule has no rubric counterpart); c and K are ARISE-RL's attempts.
+    * "absolute_zero": learnability ``1 − c/K`` for 0 < c < K, else 0, on a valid task; −0.5 for
+      a task read but invalid; −1 on a format error (``FORMAT_ERRORS``). Theirs: the composite
+      and its penalties. Approximated: "valid" = R_fmt (its code executor has no counterpart),
+      no tool gate (AZR has no tool), the thresholded success rate c/K as r̄."""
+    c = 0 if score.c is None else score.c
+    parsed = score.fmt_reason is None
+    if name == "dr_zero":
+        ans = 1.0 if score.num_unknown == 0 else 0.5
+        f = rw.dr_zero_format_score(parsed, 1.0, float(score.tool), ans)
+        return rw.dr_zero_proposer_reward(f, c, k)
+    if name == "absolute_zero":
+        formatted = score.fmt_reason not in FORMAT_ERRORS
+        return rw.absolute_zero_proposer_reward(formatted, parsed, c, k)
+    raise ValueError(f"proposer_reward: unknown proposer reward {name!r}")
+
+
+def grouped_advantages(
+    rewards: np.ndarray, keys: Sequence[Any], mode: str, eps: float = 1e-6
+) -> np.ndarray:
+    """``[G, J]`` advantages with a baseline shared by the groups of equal ``keys[g]`` (NaN
+    rewards: advantage 0, and left out of the statistics):
+
+    * "hrpo" (Dr. Zero): ``(r − mean_key) / (std_key + eps)``, mean and std over every rollout of
+      the key's groups (its hop count's groups; ours: the role's task type);
+    * "trr++" (Absolute Zero's Task-Relative REINFORCE++): ``(r − mean_key) / (std + eps)``, the
+      baseline per key (task type x role) and ONE std over all the step's centred rewards."""
+    r = np.asarray(rewards, np.float64)
+    valid = ~np.isnan(r)
+    centred = np.zeros_like(r)
+    scaled = np.zeros_like(r)
+    for key in dict.fromkeys(keys):
+        rows = np.array([k == key for k in keys])
+        sel = rows[:, None] & valid
+        if not sel.any():
+            continue
+        x = r[sel]
+        centred[sel] = x - x.mean()
+        scaled[sel] = (x - x.mean()) / (x.std() + eps)
+    if mode == "hrpo":
+        return scaled
+    if mode == "trr++":
+        return centred / ((centred[valid].std() if valid.any() else 0.0) + eps)
+    raise ValueError(f"grouped_advantages: mode must be 'hrpo' or 'trr++', got {mode!r}")
 
 
 def _seed_match(a: Sequence[Trajectory], b: Sequence[Trajectory] | None) -> float:

@@ -26,12 +26,14 @@ import numpy as np
 from rubric_rl.methods.arise.reflection_llm import ReflectionTemplate
 from rubric_rl.methods.rised.rised_tags import RolloutTagger, Tags, profile
 from rubric_rl.rubrics.llm import (
+    FailureRateStop,
     LLMClient,
     LLMError,
     LLMRequest,
     run_sync,
     strip_json_fence,
 )
+from rubric_rl.rubrics.prompts import FENCE_RULE, fence
 from rubric_rl.rubrics.types import Message, Task
 from rubric_rl.rubrics.vocabulary import Vocabulary, normalise_name
 
@@ -65,7 +67,10 @@ _TAG_USER_V1 = """\
 
 Return the JSON object now."""
 
-TAG_TEMPLATE = ReflectionTemplate("rised_tag", 1, _TAG_SYSTEM_V1, _TAG_USER_V1)
+# v2: the response fenced (``fence``) and the rule in the instructions.
+TAG_TEMPLATE = ReflectionTemplate(
+    "rised_tag", 2, _TAG_SYSTEM_V1 + "\n" + FENCE_RULE.format(label="response"), _TAG_USER_V1
+)
 TAG_SCHEMA = {
     "type": "object",
     "properties": {
@@ -145,6 +150,7 @@ class LLMTagger(RolloutTagger):
         temperature: float = 0.0,
         max_tokens: int = 512,
         max_chars: int = 4000,
+        max_failure_rate: float = 0.5,
     ):
         if retry_candidates < 1 or refresh_every < 1:
             raise ValueError(
@@ -165,6 +171,9 @@ class LLMTagger(RolloutTagger):
             "calls": 0, "retries": 0, "failed": 0, "tagged": 0, "names": 0, "discovered_names": 0
         }  # fmt: skip
         self.last_error: str | None = None
+        # Tagging that fails (both attempts) past this share of the recent rollouts stops the
+        # run: RISED would go on with empty profiles and no SD context.
+        self.failure_stop = FailureRateStop("RISED LLM tagger", max_failure_rate)
 
     # --- the retry list ----------------------------------------------------------------------
 
@@ -201,7 +210,7 @@ class LLMTagger(RolloutTagger):
             vocabulary=_vocabulary_lines(self.vocab, ids),
             env=task.env_name or task.task_type or "-",
             task=task.question[: self.max_chars],
-            response=response[: self.max_chars] if response else "(empty)",
+            response=fence(response[: self.max_chars]) if response else "(empty)",
             reward="unknown" if reward is None else f"{float(reward):.3g}",
         )
 
@@ -239,10 +248,12 @@ class LLMTagger(RolloutTagger):
                     return Tags.failure(why)
                 self.counts["failed"] += 1
                 self.last_error = why
+                self.failure_stop.record(False, why)
                 logger.warning("RISED tagging failed for task %r: %s", task.id, self.last_error)
                 return Tags.failure(self.last_error)
         if not record:
             return tags
+        self.failure_stop.record(True)
         self.counts["tagged"] += 1
         self.counts["names"] += len(tags.counts) + len(tags.discovered)
         self.counts["discovered_names"] += len(tags.discovered)
@@ -266,7 +277,9 @@ class LLMTagger(RolloutTagger):
             finally:
                 await self.client.aclose()
 
-        return list(run_sync(run)) if tasks else []
+        tags = list(run_sync(run)) if tasks else []
+        self.failure_stop.check()  # once the batch is tagged: its outcomes all count
+        return tags
 
     def _retag_rollouts(self, tasks, responses, rewards, seed: int) -> list[Tags]:
         async def run() -> list[Tags]:
