@@ -263,6 +263,7 @@ def hf_generator(model: Any, tokenizer: Any, *, max_new_tokens: int, batch: int)
                  for p in prompts]  # fmt: skip
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out: list[str] = [""] * len(texts)
+        t0 = time.time()
         for lo in range(0, len(order), batch):
             idx = order[lo : lo + batch]
             enc = tokenizer([texts[i] for i in idx], return_tensors="pt", padding=True,
@@ -272,6 +273,8 @@ def hf_generator(model: Any, tokenizer: Any, *, max_new_tokens: int, batch: int)
                                      pad_token_id=tokenizer.pad_token_id)  # fmt: skip
             for i, row in zip(idx, gen[:, enc["input_ids"].shape[1] :], strict=True):
                 out[i] = tokenizer.decode(row, skip_special_tokens=True).strip()
+            print(f"generated {lo + len(idx)}/{len(order)} prompts ({time.time() - t0:.0f} s)",
+                  file=sys.stderr, flush=True)  # fmt: skip
         return out
 
     return generate
