@@ -102,6 +102,10 @@ def get_rised_section() -> common.ConfigDict:
     # Teacher hints ranked by success/failure contrast, then rarity ("contrast", ours) or by
     # count, ties by vocabulary order ("count": the previous).
     r.hint_rank = "contrast"
+    # The anti-pattern trigger counts every behaviour the rollouts showed, whatever their outcome
+    # ("detected", ours), or the attributed tags ("attributed": with outcome-conditioned tags,
+    # failures' negatives against successes' positives, firing whenever most rollouts fail).
+    r.anti_counts = "detected"
     # The tagger's reliability probe (seed C.2): every 10 steps 16 of the step's rollouts are
     # tagged again under another seed (tag/reliability/*; ours: the schedule and sample size).
     r.retag_every = 10

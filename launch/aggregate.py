@@ -559,6 +559,24 @@ DYNAMICS = (
     ("Δr within ±τ", "arise_rl/rgsed/within", ALL_STEPS),
     ("Δr below −τ", "arise_rl/rgsed/below", ALL_STEPS),
     ("gate-active share", "arise_rl/rgsed/gate_active_frac", ALL_STEPS),
+    # Per role (Fig. 5 is per group: every step has the same number of groups, each with a
+    # measured Δr, so the mean of the steps' shares is the share of groups), the placebo arm's
+    # beside the real one, and the effective λ (λ0 × gate × schedule; share above 0.5 λ0).
+    *(
+        (f"{role} {label}", f"arise_rl/rgsed/{role}/{key}", ALL_STEPS)
+        for role in ("solver", "generator")
+        for label, key in (
+            ("Δr", "delta_r"),
+            ("placebo Δr", "placebo_delta_r"),
+            ("Δr above τ", "above"),
+            ("Δr within ±τ", "within"),
+            ("Δr below −τ", "below"),
+            ("placebo above τ", "placebo_above"),
+            ("placebo below −τ", "placebo_below"),
+            ("λ", "lambda_mean"),
+            ("λ > 0.5 λ0", "lambda_active_frac"),
+        )
+    ),  # fmt: skip
     ("pool: generated tasks (last)", "arise_rl/pool/generated", "final"),
 )
 COST_KEY = "time/step"

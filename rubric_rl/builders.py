@@ -961,14 +961,7 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
                 f"config.rised.tagger='programmatic' tags the embedded constraint domain only, "
                 f"not {domain.name!r}: use tagger='llm'"
             )
-        # A key missing from a config (a run from before the key existed) means its behaviour
-        # then, so an archived config.json reruns as it ran.
-        tagging = str(r.get("tagging", "unconditioned"))
-        if tagging not in ("outcome", "unconditioned"):
-            raise ValueError(
-                f"config.rised.tagging={tagging!r}: expected 'outcome' or 'unconditioned'"
-            )
-        conditioned = tagging == "outcome"
+        conditioned = _rised_tagging(r) == "outcome"
         tagger = ProgrammaticTagger(vocab, outcome_conditioned=conditioned)
         if tools:  # the tool environments' episodes: their own tagger
             from rubric_rl.methods.rised.rised_tool_tagger import MixedTagger, ToolTagger
@@ -981,6 +974,8 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
         tagger = LLMTagger(
             client, vocab, retry_candidates=int(r.llm.retry_candidates),
             refresh_every=int(r.llm.refresh_every),
+            outcome_threshold=0.5 if _rised_tagging(r) == "outcome" else None,
+            max_failure_rate=float(config.judge.max_failure_rate),  # the judge's limit
         )  # fmt: skip
     else:
         raise ValueError(f"config.rised.tagger={r.tagger!r}: expected 'programmatic' or 'llm'")
@@ -992,7 +987,8 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
         variance_targeting=str(r.get("variance_targeting", "pool_multiple")),
         profile_counts=str(r.get("profile_counts", "raw")),
         batch_profile=str(r.get("batch_profile", "sum")), untagged=str(r.get("untagged", "score0")),
-        hint_rank=str(r.get("hint_rank", "count")), retag_every=int(r.get("retag_every", 0)),
+        hint_rank=str(r.get("hint_rank", "count")),
+        anti_counts=str(r.get("anti_counts", "detected")), retag_every=int(r.get("retag_every", 0)),
         retag_samples=int(r.get("retag_samples", 16)), seed=int(config.train.seed),
     )  # fmt: skip
     ctl = RisedController(
@@ -1001,6 +997,15 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
         describe=(mixed_description if tools else embedded_description) if embedded else None,
     )  # fmt: skip
     return [*_grpo_sampler(config, domain, _rised_train(config, domain)), ctl]
+
+
+def _rised_tagging(r: ConfigDict) -> str:
+    """``config.rised.tagging``. A key missing from a config (a run from before the key existed)
+    means its behaviour then, so an archived config.json reruns as it ran."""
+    tagging = str(r.get("tagging", "unconditioned"))
+    if tagging not in ("outcome", "unconditioned"):
+        raise ValueError(f"config.rised.tagging={tagging!r}: expected 'outcome' or 'unconditioned'")
+    return tagging
 
 
 def _rised_train(config: ConfigDict, domain: Domain) -> list[Task]:

@@ -562,6 +562,10 @@ def test_arise_rl_per_cycle_table_and_dynamics(tmp_path):
                 row["arise_rl/pool/base_pass_rate"] = off + 0.5 - s / 100
             if s in (1, 2, 6, 7):
                 row["arise_rl/rgsed/above"] = off + (0.5 if s < 5 else 0.7)
+                role = "generator" if s in (1, 6) else "solver"
+                row[f"arise_rl/rgsed/{role}/above"] = off + s / 10
+                row[f"arise_rl/rgsed/{role}/placebo_delta_r"] = -off
+                row[f"arise_rl/rgsed/{role}/lambda_mean"] = 0.1 * s
             rows.append(row)
         (d / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in rows) + "\n")
     groups = aggregate.load_groups(str(r))
@@ -573,6 +577,12 @@ def test_arise_rl_per_cycle_table_and_dynamics(tmp_path):
     assert cyc[1]["base_pass_rate"][0] == pytest.approx(np.mean([0.42, 0.62]))
     dyn = {row["group"]: row for row in aggregate.dynamics_rows(groups)}
     assert dyn["arise_rl"]["Δr above τ"][0] == pytest.approx(np.mean([0.6, 0.8]))
+    # per role: the means over that role's steps
+    assert dyn["arise_rl"]["generator Δr above τ"][0] == pytest.approx(np.mean([0.35, 0.55]))
+    assert dyn["arise_rl"]["solver Δr above τ"][0] == pytest.approx(np.mean([0.45, 0.65]))
+    assert dyn["arise_rl"]["solver placebo Δr"][0] == pytest.approx(-0.1)
+    assert dyn["arise_rl"]["generator λ"][0] == pytest.approx(0.35)
+    assert "solver Δr within ±τ" not in dyn["arise_rl"]  # not logged: no column
     text = aggregate.report(groups, str(tmp_path / "out"), dynamics=True)
     assert "## ARISE-RL per cycle" in text
     assert os.path.exists(tmp_path / "out" / "cycles.csv")

@@ -34,11 +34,11 @@ One controller, bound after the sampler (``EnvQuotaSampler``: fixed per-environm
 What the seed does not state and is ours (also in ``configs/rised.py`` and the README): β = 1;
 the max (not mean) overlap; environment order and quota rounding; an environment's anti-patterns
 are its ``anti_top`` = 3 most frequent negative rubrics of the step; "violations outnumber
-positive behaviours" counted as rubric occurrences (presence per rollout) over the
-environment's rollouts of the step; "w/o selection" is a uniformly random k of the same 2k
-candidates; the contrast ranking of the teacher's rubrics; presence counts, unit-norm profiles
-in the batch profile and untagged groups picked last. Every one of these has the previous
-behaviour as a flag (docs/rised_mechanism.md).
+positive behaviours" counted as rubric occurrences (presence per rollout, every behaviour shown
+whatever the outcome: ``anti_counts``) over the environment's rollouts of the step; "w/o
+selection" is a uniformly random k of the same 2k candidates; the contrast ranking of the
+teacher's rubrics; presence counts, unit-norm profiles in the batch profile and untagged groups
+picked last. Every one of these has the previous behaviour as a flag (docs/rised_mechanism.md).
 """
 
 from __future__ import annotations
@@ -76,6 +76,13 @@ TEACHERS = ("positive", "all", "none")
 # "count": by tag count, ties by vocabulary order (the ranking before; with presence counts
 # or the programmatic tagger's counts of 1 it falls to vocabulary order).
 HINT_RANKS = ("contrast", "count")
+# What the anti-pattern trigger ("violations outnumber positive behaviours") counts. "detected"
+# (ours): every behaviour the rollouts showed, whatever their outcome (``Tags.withheld``
+# included): a failure that met four checks and broke one showed four positive behaviours.
+# "attributed": the tags as attributed; with outcome-conditioned tags that sets failures'
+# negatives against successes' positives, so the trigger fires whenever most rollouts fail (on
+# the scripted policy 0.94 of environment-steps, against 0.28 for "detected").
+ANTI_COUNTS = ("detected", "attributed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +101,7 @@ class RisedConfig:
     batch_profile: str = "unit"  # rised_selection.BATCH_PROFILES
     untagged: str = "last"  # rised_selection.UNTAGGED
     hint_rank: str = "contrast"  # HINT_RANKS
+    anti_counts: str = "detected"  # ANTI_COUNTS
     solved_threshold: float = 0.5  # a rollout's reward at or above it is a success (ours)
     # The reliability probe (seed C.2): every ``retag_every`` steps (0 = never) ``retag_samples``
     # of the step's rollouts are tagged a second time under another seed and compared (ours: the
@@ -124,6 +132,7 @@ class RisedConfig:
             ("batch_profile", sel.BATCH_PROFILES),
             ("untagged", sel.UNTAGGED),
             ("hint_rank", HINT_RANKS),
+            ("anti_counts", ANTI_COUNTS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"rised.{name}={getattr(self, name)!r}: expected one of {allowed}")
@@ -298,7 +307,7 @@ class RisedController(Controller):
             for t, tg in zip(g.trajectories, tags, strict=True):
                 t.info["rised_tags"] = {
                     "counts": dict(tg.counts), "discovered": dict(tg.discovered),
-                    "failed": tg.failed,
+                    "withheld": dict(tg.withheld), "failed": tg.failed,
                 }  # fmt: skip
         m = self._tag_metrics(flat)
         m.update(self._reliability_probe(tasks, responses, rewards, flat))
@@ -395,10 +404,12 @@ class RisedController(Controller):
         """Per environment: when its rollouts' negative behaviour-rubric occurrences outnumber
         positive ones this step (outcome rubrics not counted; occurrences as ``profile_counts``
         scales them: presence by default), its top negatives become the next step's
-        anti-patterns; else none."""
+        anti-patterns; else none. ``anti_counts``: the attributed tags, or every detected one."""
         pos_mask, neg_mask = self.vocab.positive_mask, self.vocab.negative_mask
         per_env: dict[str, np.ndarray] = {}
         for g, tags in zip(groups, self._tags, strict=True):
+            if self.config.anti_counts == "detected":
+                tags = [t if t.failed else Tags({**t.counts, **t.withheld}) for t in tags]
             p = group_profile(tags, self.vocab, self.config.profile_counts)
             per_env[g.task.env_name] = per_env.get(g.task.env_name, 0) + p
         anti: dict[str, list[str]] = {}
