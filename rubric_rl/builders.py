@@ -961,14 +961,7 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
                 f"config.rised.tagger='programmatic' tags the embedded constraint domain only, "
                 f"not {domain.name!r}: use tagger='llm'"
             )
-        # A key missing from a config (a run from before the key existed) means its behaviour
-        # then, so an archived config.json reruns as it ran.
-        tagging = str(r.get("tagging", "unconditioned"))
-        if tagging not in ("outcome", "unconditioned"):
-            raise ValueError(
-                f"config.rised.tagging={tagging!r}: expected 'outcome' or 'unconditioned'"
-            )
-        conditioned = tagging == "outcome"
+        conditioned = _rised_tagging(r) == "outcome"
         tagger = ProgrammaticTagger(vocab, outcome_conditioned=conditioned)
         if tools:  # the tool environments' episodes: their own tagger
             from rubric_rl.methods.rised.rised_tool_tagger import MixedTagger, ToolTagger
@@ -981,6 +974,7 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
         tagger = LLMTagger(
             client, vocab, retry_candidates=int(r.llm.retry_candidates),
             refresh_every=int(r.llm.refresh_every),
+            outcome_threshold=0.5 if _rised_tagging(r) == "outcome" else None,
             max_failure_rate=float(config.judge.max_failure_rate),  # the judge's limit
         )  # fmt: skip
     else:
@@ -1003,6 +997,15 @@ def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
         describe=(mixed_description if tools else embedded_description) if embedded else None,
     )  # fmt: skip
     return [*_grpo_sampler(config, domain, _rised_train(config, domain)), ctl]
+
+
+def _rised_tagging(r: ConfigDict) -> str:
+    """``config.rised.tagging``. A key missing from a config (a run from before the key existed)
+    means its behaviour then, so an archived config.json reruns as it ran."""
+    tagging = str(r.get("tagging", "unconditioned"))
+    if tagging not in ("outcome", "unconditioned"):
+        raise ValueError(f"config.rised.tagging={tagging!r}: expected 'outcome' or 'unconditioned'")
+    return tagging
 
 
 def _rised_train(config: ConfigDict, domain: Domain) -> list[Task]:
