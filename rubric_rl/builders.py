@@ -174,7 +174,7 @@ def dataset_domain(cfg: ConfigDict) -> Domain:
 
     ds = cfg.dataset
     limit = int(ds.limit) or None
-    checkers = frozenset(load_builtin_checkers().names())
+    checkers = load_builtin_checkers()  # names and signatures: arguments checked at load
     reports: dict[str, LoadReport] = {}
 
     def load(split: str, fmt: str) -> tuple[Task, ...]:

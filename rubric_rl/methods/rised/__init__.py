@@ -69,6 +69,7 @@ def rised_controllers(config: Any, domain: Any) -> list[Any]:
         tagger = LLMTagger(
             client, vocab, retry_candidates=rc.llm.retry_candidates,
             refresh_every=rc.llm.refresh_every,
+            outcome_threshold=0.5 if rc.tagging == "outcome" else None,
             max_failure_rate=float(config.judge.max_failure_rate),  # the judge's limit
         )  # fmt: skip
     ctl = RisedController(
