@@ -1,4 +1,4 @@
-"""ARISE-RL's controller (issue 18): the cycle schedule, the solver and generator rewards of a
+"""ARISE-RL's controller: the cycle schedule, the solver and generator rewards of a
 step, the pool refresh, RG-SED's memories / memory rollouts / Δr / gates / teachers, and the
 scripted-policy check — the real pipeline, Services, agent loop, tokenizer and programmatic judge
 with a scripted engine standing in for the policy (deterministic, seconds)."""

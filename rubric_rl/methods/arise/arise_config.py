@@ -36,7 +36,7 @@ _LLM_REFLECTION_OPTIONS = (
 )
 
 
-# ARISE's settings before issue 13, each still a flag so the old behaviour stays an ablation
+# ARISE's earlier defaults, each still a flag so that setting stays an ablation
 # (keys are paths under ``config.arise``): HarnessRL's importance weights on the capability
 # sampler's draws, the separation ranking, no exit for a pair that never improves, candidates
 # from the seed rubric only, and a pool of 8 filled at up to 2 pairs a step, retired after 4

@@ -1,6 +1,6 @@
 """ARISE-RL (seed 002): generator–solver co-evolution on one policy, with RG-SED for both roles.
 
-The run is a sequence of co-evolution cycles (seed App. D.5; issue 18). Cycle ``i`` holds
+The run is a sequence of co-evolution cycles (seed App. D.5). Cycle ``i`` holds
 ``generator_steps`` generator steps, then a pool refresh, then ``solver_steps`` solver steps::
 
     step s (1-based), L = generator_steps + solver_steps:
@@ -48,7 +48,7 @@ its role phase) — on generator groups only at steps whose generator mean Δr i
 role (``role_metrics``; per group in ``history``). ``sd_scope="final_turn"`` distils only the last
 assistant turn of a multi-turn rollout (``sd_mask``).
 
-**The frozen solver** (``solver_policy="frozen"``, issue 18): the K attempts of a cycle's
+**The frozen solver** (``solver_policy="frozen"``, the default): the K attempts of a cycle's
 generator phase sample the policy as it was at the phase's first step — a second parameter set
 (``Services.hold_policy``, JAX engine), taken then, written under ``<workdir>/policies/`` for a
 resume, released when the solver phase begins; ``"current"`` samples the live policy. **The base

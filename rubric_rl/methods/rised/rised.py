@@ -38,7 +38,7 @@ positive behaviours" counted as rubric occurrences (presence per rollout, every 
 whatever the outcome: ``anti_counts``) over the environment's rollouts of the step; "w/o
 selection" is a uniformly random k of the same 2k candidates; the contrast ranking of the
 teacher's rubrics; presence counts, unit-norm profiles in the batch profile and untagged groups
-picked last. Every one of these has the previous behaviour as a flag (docs/rised_mechanism.md).
+picked last. Every one of these keeps the earlier rule as a flag (docs/rised_mechanism.md).
 """
 
 from __future__ import annotations
