@@ -9,24 +9,36 @@ Variants (comma-separated, big_vision style):
 - ``smoke``: seconds on a CPU, with lifecycle thresholds low enough that the pool changes;
 - ``protocol``: the evaluation and budget of ``benchmarks/protocol.md`` (every arm of the ARISE
   comparison: ``protocol``, ``protocol,outcome_only``, ``protocol,no_skills``,
-  ``protocol,sampler=uniform``, ``protocol,frozen_rubrics=<ARISE run of the same seed>``, and
+  ``protocol,sampler=uniform``, ``protocol,frozen_rubrics=<ARISE run of another seed>``, and
   ``configs/grpo.py:protocol``);
 - ``model=<preset or HF dir>``; ``gpu`` / ``gpu=<ckpt>`` (as configs/grpo.py, LLM reflection);
 - ``no_skills``: the pool evolves, its skills are never injected (ablation "no skill injection");
-- ``frozen_rubrics=<run dir>``: the whole lifecycle pool of that run, kept fixed (ablation
+- ``frozen_rubrics=<run dir>``: the whole lifecycle rubric set of that run, kept fixed (ablation
   "frozen rubrics": "even the full lifecycle rubric pool, when kept fixed, does not replace
-  dynamic evolution"). It is read from the run's last complete checkpoint (``run_state`` JSON:
-  ``controllers.arise.pool``, see ``rubric_rl.analysis.final_pool_state``) — a full pool
-  state, exact; ``controllers/arise.jsonl`` holds transitions only, not rubric/skill texts, so
-  it cannot rebuild a pool. Every pair the run ever added is judged: live ones keep their final
-  state (active skills shown, hidden ones evaluated only), retired ones come back hidden; no
-  reflection, no transitions. ``--config.arise.frozen_pool_entries=final`` installs the final
-  pool as it stood instead (retired pairs neither judged nor shown);
+  dynamic evolution"), from ANOTHER seed's run (checked against its ``config.json``: a same-seed
+  run mined its pairs from the same warm start and draws). It is read from the run's last
+  complete checkpoint (``run_state`` JSON: ``controllers.arise.pool``, see
+  ``rubric_rl.analysis.final_pool_state``) — a full pool state, exact;
+  ``controllers/arise.jsonl`` holds transitions only, not rubric/skill texts, so it cannot
+  rebuild a pool. Every pair the run ever added is judged from step 1; no pair is added or
+  retired (``arise.fixed_rubrics``), while every skill starts as its capability's base text in
+  the "added" state and keeps its lifecycle (activate, hide, refine) — ours: the seed fixes the
+  rubric pool and says nothing of the skills' state, and the source run's refined, always-on
+  skills would be more than rubrics (``arise.frozen_mode="rubrics"``).
+  ``frozen_rubrics=<dir>,frozen_pool_and_skills`` is the earlier arm: live pairs keep their
+  final state and skill text (retired ones come back hidden), no reflection, no transitions.
+  ``--config.arise.frozen_pool_entries=final`` installs the final pool as it stood instead
+  (retired pairs neither judged nor shown);
 - ``sampler=uniform|variance|capability``: alternative task sampling (ARISE's ablation:
   ``uniform`` = the epoch-shuffled uniform sampler; ``variance`` = the reward-variance selector,
   SAMPLERS name ``reward_variance``, options ``arise.variance``, scoring the task reward);
 - ``outcome_only``: task (verifier) reward only: no pool, no skills, uniform sampling — the
-  outcome-only RL baseline under the same per-step rollout budget.
+  outcome-only RL baseline under the same per-step rollout budget;
+- ``smollm2``: SmolLM2-135M-Instruct on the English instruction-following domain, on a CPU
+  (``configs/grpo.py:apply_smollm2``); ``smollm2,outcome_only`` is its outcome-only arm. The
+  pool's criteria come from the domain's checker library; a capability (an instruction type)
+  has no text in the reflection's ``skill_texts`` (the embedded domain's), so its skill is the
+  criterion's own text.
 
 Builders: ``make_arise_controller(domain.train, config.rollout.tasks_per_step,
 seed=config.train.seed, llm_client=..., criteria_library=<the domain's checker library>,
@@ -44,6 +56,7 @@ from configs import common, grpo
 from rubric_rl.methods.arise.arise_config import (  # noqa: F401
     arise_controller_kwargs,
     arise_defaults,
+    frozen_arm_settings,
     validate_arise,
 )
 
@@ -53,9 +66,11 @@ VARIANTS = (
     "gpu",
     "no_skills",
     "frozen_rubrics",
+    "frozen_pool_and_skills",
     "sampler",
     "outcome_only",
     "protocol",
+    "smollm2",
 )
 SAMPLER_CHOICES = {"capability": "capability", "uniform": "uniform", "variance": "reward_variance"}
 
@@ -109,8 +124,12 @@ def get_arise_section() -> common.ConfigDict:
         base_url="",
         api_key_env="",
     )
-    a.frozen_pool_from = ""  # a run directory: its pool, fixed (needs evolve=False)
+    a.frozen_pool_from = ""  # a run directory (another seed's run): its rubric set, fixed
     a.frozen_pool_entries = "lifecycle"  # every pair ever added | "final": the final pool only
+    # "rubrics": the rubric set fixed, skills from the base text through their lifecycle (needs
+    # evolve=True, fixed_rubrics=True); "frozen_pool_and_skills": the pool as the source run
+    # left it, skills included, no transition (needs evolve=False): the arm before.
+    a.frozen_mode = "rubrics"
     return a
 
 
@@ -163,6 +182,8 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
         c.loss.rollout_correction = "geo_mask"
     if "smoke" in variants:
         apply_smoke(c)
+    if "smollm2" in variants:
+        grpo.apply_smollm2(c)
     if "model" in variants:
         c.model.name = variants["model"]
     if "no_skills" in variants:
@@ -179,7 +200,10 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
         if src is True or not src:
             raise ValueError("configs/arise.py: frozen_rubrics needs a run dir: frozen_rubrics=DIR")
         c.arise.frozen_pool_from = src
-        c.arise.evolve = False
+        earlier = "frozen_pool_and_skills" in variants  # the earlier frozen arm
+        c.arise.update(**frozen_arm_settings("frozen_pool_and_skills" if earlier else "rubrics"))
+    elif "frozen_pool_and_skills" in variants:
+        raise ValueError("configs/arise.py: frozen_pool_and_skills needs frozen_rubrics=DIR")
     if "outcome_only" in variants:
         if "frozen_rubrics" in variants:
             raise ValueError("configs/arise.py: outcome_only and frozen_rubrics exclude each other")

@@ -23,8 +23,11 @@ Variants (comma-separated, big_vision style):
   rollouts, 16 rollouts per query at temperature 0.8) — hours on a CPU;
 - ablations (seed Table 2): ``no_rgsed`` (no SD, no memory rollouts), ``no_gate`` (gate ≡ 1:
   "w/o reward gating"), ``no_tool`` (R_tool ≡ 1), ``no_difficulty`` (R_diff := 0);
-- baselines' proposer rewards in R_diff's place (notes/baselines.md §6): ``dr_zero``,
-  ``absolute_zero``; distillation baselines with an EXTERNAL teacher (§7; give
+- self-evolution baselines as their frameworks (notes/baselines.md §6), SD off: ``dr_zero``
+  (its proposer reward 0.5·f + difficulty, HRPO's task-type-grouped baseline) and
+  ``absolute_zero`` (format-aware learnability with −0.5 / −1, TRR++ per-role baselines);
+  ``shape=<dr_zero|absolute_zero>``: only their difficulty shape in R_diff's place (RG-SED on);
+  distillation baselines with an EXTERNAL teacher (§7; give
   ``--config.teacher.model=<preset> --config.teacher.params=<orbax dir>``, e.g. a larger preset's
   ``warmstart/params`` from a longer warm start): ``opcd`` (the teacher sees the memory, reverse
   KL, constant λ) and ``gkd`` (the teacher sees the student's prompt, JSD β = 0.5);
@@ -61,7 +64,7 @@ from configs import common, grpo
 VARIANTS = (
     "smoke", "model", "protocol", "seed_scale", "no_rgsed", "no_gate", "no_tool", "no_difficulty",
     "dr_zero", "absolute_zero", "hard_gate", "final_turn", "placement", "estimator",
-    "current_solver", "opcd", "gkd", "solver_grpo", "sql", "gpu",
+    "current_solver", "opcd", "gkd", "solver_grpo", "sql", "gpu", "shape",
 )  # fmt: skip
 ARMS = (
     "no_rgsed", "no_gate", "no_tool", "no_difficulty", "dr_zero", "absolute_zero", "opcd", "gkd",
@@ -225,13 +228,29 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
         c.arise_rl.tool_grounding = False
     if "no_difficulty" in variants:
         c.arise_rl.difficulty = False
-    if "dr_zero" in variants or "absolute_zero" in variants:
-        c.arise_rl.shape = arms[0]
+    if "dr_zero" in variants:
+        # Dr. Zero as its framework (notes/baselines.md §6.1): its proposer reward 0.5·f +
+        # difficulty, HRPO's baseline shared by the generator groups of a task type (its hop
+        # count), no self-distillation. Approximated where the rubric setting has no counterpart
+        # (arise_rl.proposer_reward documents each term); J rollouts per prompt, not one.
+        c.arise_rl.update(proposer_reward="dr_zero", advantage_grouping="hrpo")
+        c.loss.update(sd_estimator="none", sd_coef=0.0)
+    if "absolute_zero" in variants:
+        # Absolute Zero as its framework (§6.2): format-aware learnability (−0.5 invalid, −1 a
+        # format error), TRR++ (a baseline per role x task type, one std), no self-distillation.
+        c.arise_rl.update(proposer_reward="absolute_zero", advantage_grouping="trr++")
+        c.loss.update(sd_estimator="none", sd_coef=0.0)
+    if "shape" in variants:
+        # A baseline's difficulty shape in R_diff's place, inside ARISE-RL (RG-SED on): the
+        # comparison of the difficulty shapes alone, not of the frameworks.
+        c.arise_rl.shape = variants["shape"]
     if "opcd" in variants:
         # OPCD (notes/baselines.md §7.1, ours where inferred): the external teacher sees the
         # coach's memory, the student the plain prompt; reverse KL, constant λ = λ0, no gate.
         c.arise_rl.teacher = "opcd"
-        c.loss.sd_estimator = "full"
+        # OPCD's loss is the per-token reverse KL averaged over each sequence, then over
+        # sequences; the coach writes memory for every group, so every group has its context.
+        c.loss.update(sd_estimator="full", sd_agg_mode="seq-mean-token-mean")
     if "gkd" in variants:
         # GKD (§7.2): the external teacher sees the student's own prompt; generalised JSD with
         # β = 0.5 (TRL's default) on the on-policy rollouts, constant λ = λ0.

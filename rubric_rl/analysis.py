@@ -167,6 +167,45 @@ def is_finished(run_dir: str) -> bool:
     return steps is not None and int(steps) in checkpoint_steps(run_dir)
 
 
+def stopped_short(run: Run) -> str | None:
+    """``"step s of n"`` when the run's last logged step is below its config's ``train.steps``
+    (its metrics stop short even if a final checkpoint exists), else None."""
+    want = run.config.get("train", {}).get("steps")
+    last = max((int(r["step"]) for r in run.metrics if "step" in r), default=None)
+    if want is not None and (last is None or last < int(want)):
+        return f"step {last} of {int(want)}"
+    return None
+
+
+def skipped_dirs(root: str) -> list[tuple[str, str]]:
+    """Every directory under ``root`` that ``find_runs`` does not take as a run, with why: a
+    group-level directory with no ``seed<k>`` run, a ``seed<k>`` without metrics, a run set
+    aside by ``sweep.py --force`` (``<wd>.replaced-<time>``), a negative seed's ``seed-<k>``,
+    any other name."""
+    out = []
+    for group in sorted(os.listdir(root)):
+        gdir = os.path.join(root, group)
+        if not os.path.isdir(gdir):
+            continue
+        names = sorted(n for n in os.listdir(gdir) if os.path.isdir(os.path.join(gdir, n)))
+        runs = [n for n in names if SEED_DIR.match(n)]
+        if not any(n.startswith("seed") for n in names):
+            out.append((gdir, "no seed<k> run directory in it"))
+            continue
+        for name in names:
+            path = os.path.join(gdir, name)
+            if name in runs:
+                if metrics_path(path) is None:
+                    out.append((path, "no metrics.jsonl (the run never logged a step)"))
+            elif ".replaced-" in name:
+                out.append((path, "an earlier run set aside by sweep.py --force"))
+            elif re.fullmatch(r"seed-\d+", name):
+                out.append((path, "a negative seed (sweep.py refuses them; not tabulated)"))
+            else:
+                out.append((path, "not a seed<k> directory"))
+    return out
+
+
 def checkpoint_steps(run_dir: str) -> list[int]:
     """Complete checkpoint steps under ``<run>/checkpoints`` (temporary directories ignored)."""
     d = os.path.join(run_dir, "checkpoints")

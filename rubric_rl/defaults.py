@@ -71,7 +71,7 @@ def get_base_config() -> ConfigDict:
     # --- optimiser ----------------------------------------------------------------------------
     # Cosine decay to 0 over train.steps: with a constant 3e-4 the embedded default's held-out score
     # swung by 4-7 points between evaluations after step 200 (a count habit flipping back and
-    # forth); decayed, it settles (measured 2026-11-30).
+    # forth); decayed, it settles (measured).
     c.optim = dict(
         lr=3e-4,
         schedule="warmup_cosine",
@@ -85,7 +85,7 @@ def get_base_config() -> ConfigDict:
         # The lr schedule counts updates. num_micro_batches splits each update further
         # (gradient accumulation, same update). Two updates per step cost no more step time than
         # one on the embedded default and gained +17.6 / +12.3 held-out points (seeds 0 / 1)
-        # against +15.0 / +11.2 with one, from the same warm starts (measured 2026-11-30).
+        # against +15.0 / +11.2 with one, from the same warm starts (measured).
         mini_batches=2,
         epochs=1,
         num_micro_batches=1,
@@ -97,7 +97,7 @@ def get_base_config() -> ConfigDict:
         samples_per_task=8,  # J: rollouts per task (a group)
         # 32 x 8 = 256 rollouts per step. On the embedded default the held-out score per rollout
         # is about the same with 16 tasks, but 32 gets there in fewer, steadier steps: +13.8 after
-        # 200 steps against +12.7 after 300 with 16 (measured 2026-11-30).
+        # 200 steps against +12.7 after 300 with 16 (measured).
         tasks_per_step=32,
         # Groups trained per step: 0 = every sampled group; k > 0 = a select stage keeps exactly
         # k of the tasks_per_step groups (RISED rolls out 2k and trains k). The jitted step sees
@@ -124,7 +124,7 @@ def get_base_config() -> ConfigDict:
         async_overlap=True,
         # With model.scan_layers, the JAX engine decodes under the scan (True: the decode
         # program stays flat in depth) or unscanned over per-layer caches (False: faster per
-        # step on XLA:CPU, measured 2026-12-05; see JaxEngineConfig.scan_decode). Same tokens.
+        # step on XLA:CPU, measured; see JaxEngineConfig.scan_decode). Same tokens.
         scan_decode=True,
         # Agent episodes (rollout/agent.py): each model turn samples up to max_new_tokens; an
         # episode ends on a final answer, after max_turns model turns, or at max_total_tokens
@@ -196,7 +196,7 @@ def get_base_config() -> ConfigDict:
         # A = r - mean_g r) keeps the rubric's weights meaningful: with GRPO's division by the
         # group std, a group whose members differ only in a 0.1-weight cue (no genuine criterion
         # varies: a blind rewrite or arithmetic task) gets the same +-1 advantages as one that
-        # differs in a weight-3 requirement. Measured on the embedded default (2026-11-30): with
+        # differs in a weight-3 requirement. Measured on the embedded default: with
         # "grpo" the compliance claim rose 0.1 -> 0.9 of rollouts even at weight 0.1 (claim rows had
         # mean advantage +0.21 vs -0.12) and the held-out oracle fell; with "mean_only" fluff
         # stays rare and the oracle rises. Adam makes the update size insensitive to the smaller
@@ -246,7 +246,7 @@ def get_base_config() -> ConfigDict:
         # 4096 training tasks: 150 steps x 32 tasks draw each about once, so RL cannot memorise
         # the training tasks' answers. From the same warm starts (2 updates per step), held-out
         # scores after 150 steps were 67.1 / 65.5 with 4096 against 63.0 / 66.0 with 512 (seeds
-        # 0 / 1); at p_keep 0.35 (seed 0, one update) 63.3 against 63.1 (measured 2026-11-30).
+        # 0 / 1); at p_keep 0.35 (seed 0, one update) 63.3 against 63.1 (measured).
         # A sampler that keeps per-task statistics (arise.py's sampler=variance) sees each task
         # about once at this length: give it a smaller pool or more steps.
         n_train=4096,
@@ -291,11 +291,11 @@ def get_base_config() -> ConfigDict:
     # CPU). Before the copy phase existed, 500 corpus steps started RL at a held-out score ~48
     # (p_keep 0.4) with ~5-15% of tasks passed; 200 steps at 3e-4 left a policy RL could only
     # make hack, and 1500 steps memorise the 2048 demonstrations (loss 0.27, held-out 37.5;
-    # measured 2026-11-30). The copy phase first took 200 of the 500 (until 2026-12-04; every
-    # comparison in the README before that date ran so): on a 2-core AMD EPYC seed 1 then met
-    # neither `numbered` nor `sequence` in any sampled rollout, seed 2 not `numbered` (issue 13,
-    # item 4); 500 corpus steps after the copy phase, with copy_fraction 0.2, meet every
-    # genuine criterion on all five protocol seeds (below).
+    # measured). With the copy phase taking 200 of 500 steps (the earlier default, which the
+    # first ARISE comparison ran with), on a 2-core AMD EPYC seed 1 met neither `numbered` nor
+    # `sequence` in any sampled rollout, seed 2 not `numbered`; 500 corpus steps after the copy
+    # phase, with copy_fraction 0.2, meet every genuine criterion on all five protocol seeds
+    # (below).
     c.warmstart = dict(
         # Demonstration completions are cut to this many tokens (0 = rollout.max_new_tokens, the
         # policy's own cap): ARISE-RL's generator answers are longer than the solver's, so its
@@ -303,7 +303,7 @@ def get_base_config() -> ConfigDict:
         completion_len=0,
         # Demonstrations whose prompt is longer than this are left out of the warm start. As long
         # as model.max_prompt_len: the warm start shows the policy every prompt shape training
-        # can (several skills, rewritten skills, up to three guidance fields; issue 13).
+        # can (several skills, rewritten skills, up to three guidance fields).
         max_prompt_len=128,
         # Each batch is drawn from one bucket and padded to it (warmstart.BucketedBatches): 72 %
         # of the embedded corpus's prompts fit 32 tokens and 95 % fit 64, so the longest guided
@@ -324,12 +324,12 @@ def get_base_config() -> ConfigDict:
         # demonstrations; elsewhere copy_fraction and copy_steps are unused (the warm start
         # logs it).
         # 0.2 with copy_steps=200 of steps=700: every genuine criterion has a non-zero sampled
-        # pass rate at the calibration pass on all five protocol seeds (2-core AMD EPYC,
-        # 2026-12-04; lowest unguided: sequence 2.1-4.9 % of 144, numbered 3.1-21.9 % of 64,
+        # pass rate at the calibration pass on all five protocol seeds (2-core AMD EPYC;
+        # lowest unguided: sequence 2.1-4.9 % of 144, numbered 3.1-21.9 % of 64,
         # include 4.2 % of 24 on seed 4). With 0.1 and 700 steps seed 0 lost `sequence` (0 of
         # 144: the longer corpus phase dilutes copying); with 0.1 and 500 steps (the earlier
         # default) seeds 1 and 2 missed `numbered` on that machine. Without copy demonstrations
-        # sequence was 0 of 144; with 0.3 mixed in and 800 steps, no copy phase: 0.01 (2026-12-02).
+        # sequence was 0 of 144; with 0.3 mixed in and 800 steps, no copy phase: 0.01.
         copy_fraction=0.2,
         # The first copy_steps of the warm-start steps train on copy demonstrations only
         # (rubric_rl/warmstart.py says why a phase of its own).
@@ -384,7 +384,7 @@ def get_base_config() -> ConfigDict:
     # newest N kept. With every=0 and final=False a run writes none (and cannot be resumed).
     c.checkpoint = dict(every=50, keep=3, final=True)
     # 150 RL steps of 32 x 8 rollouts: ~4 min in all on the 2-core CPU with tcmalloc (200 steps
-    # took 4:57; measured 2026-11-30); the held-out score flattens after step ~100.
+    # took 4:57; measured); the held-out score flattens after step ~100.
     # trainable_layers: train only the top N decoder layers (0 = all; core/frozen_layers.py).
     c.train = dict(steps=150, seed=0, max_nonfinite_skips=3, trainable_layers=0)
     return c

@@ -152,7 +152,7 @@ class Controller:
 
 class ControllerSet:
     """One sampler plus further controllers, called in order; times each call so the loop can
-    report controller overhead (issue 5: < 2 % of step time in the embedded default)."""
+    report controller overhead (under 2 % of step time in the embedded default)."""
 
     def __init__(self, sampler: Controller, others: Sequence[Controller] = ()):
         self.controllers = [sampler, *others]

@@ -30,6 +30,7 @@ __all__ = [
     "format_reference",
     "hint",
     "mount",
+    "render_blocks",
     "skill_guidance",
     "skill_text",
 ]
@@ -51,26 +52,32 @@ def _items(value: str | Sequence[str] | None) -> list[str]:
     return [t.strip() for t in texts if t and t.strip()]
 
 
-def mount(task: Task, fields: Mapping[str, str | Sequence[str] | None]) -> list[dict]:
-    """The task's messages with ``fields`` (a text or several per field) appended to the last
-    user message as titled lists. An unknown field is an error naming it."""
+def render_blocks(fields: Mapping[str, str | Sequence[str] | None]) -> str:
+    """The titled lists of ``fields`` in ``FIELD_TITLES`` order, blank-line separated ("" when
+    every field is empty). An unknown field is an error naming it."""
     unknown = sorted(set(fields) - set(FIELD_TITLES))
     if unknown:
-        raise ValueError(
-            f"instruct guidance: unknown fields {unknown}; known: {list(FIELD_TITLES)}"
-        )
+        known = list(FIELD_TITLES)
+        raise ValueError(f"instruct guidance: unknown fields {unknown}; known: {known}")
     blocks = []
     for field, title in FIELD_TITLES.items():
         items = _items(fields.get(field))
         if items:
             blocks.append(f"{title}:\n" + "\n".join(f"- {t}" for t in items))
+    return "\n\n".join(blocks)
+
+
+def mount(task: Task, fields: Mapping[str, str | Sequence[str] | None]) -> list[dict]:
+    """The task's messages with ``fields`` (a text or several per field) appended to the last
+    user message as titled lists (:func:`render_blocks`) after a blank line."""
+    text = render_blocks(fields)
     msgs = [dict(m) for m in task.messages]
-    if not blocks:
+    if not text:
         return msgs
     users = [i for i, m in enumerate(msgs) if m["role"] == "user"]
     if not users:
         raise ValueError(f"task {task.id!r} has no user message to mount guidance on")
-    msgs[users[-1]]["content"] += "\n\n" + "\n\n".join(blocks)
+    msgs[users[-1]]["content"] += "\n\n" + text
     return msgs
 
 

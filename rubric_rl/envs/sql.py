@@ -13,9 +13,13 @@ PRAGMAs also work as table-valued functions (``SELECT name FROM pragma_table_inf
 their virtual tables are created before the authorizer is installed (creating one asks to update
 ``sqlite_master``), and reading them is a schema look-up. ``REINDEX`` never reaches the
 authorizer, so it is refused by its leading keyword and scored as the write it is. A progress
-handler aborts a statement past its deadline, results are capped in rows and characters, and
-``SQLITE_LIMIT_LENGTH`` bounds blob/string sizes. A refused or aborted statement comes back as a
-clear observation; the database is byte-for-byte unchanged (``db_fingerprint``).
+handler aborts a statement past its deadline (checked every ``PROGRESS_EVERY`` VM instructions,
+and between fetched rows), results are capped in rows and characters, ``SQLITE_LIMIT_LENGTH``
+bounds blob/string sizes, ``SQLITE_LIMIT_COLUMN`` the columns, and the fetched cells' bytes are
+capped (``max_result_bytes``): with one cell of at most ``max_blob_bytes`` per instruction, a
+wide row of large cells can neither outrun the deadline nor fill memory. A refused or aborted
+statement comes back as a clear observation; the database is byte-for-byte unchanged
+(``db_fingerprint``).
 """
 
 from __future__ import annotations
@@ -55,6 +59,14 @@ _ACTION_NAMES = {
 _ALLOWED_ACTIONS = frozenset(
     (sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE)
 )
+# Functions a query may not call although SELECT may call functions: fts3_tokenizer(name) returns
+# the address of a tokenizer module in this process (and with two arguments installs one from an
+# address); load_extension loads code.
+_REFUSED_FUNCTIONS = frozenset(("fts3_tokenizer", "load_extension"))
+# VM instructions between deadline checks: one instruction may build a cell of up to
+# max_blob_bytes (printf('%.*c', n, 'x')), so checking every 1000 let a wide row of such cells
+# run seconds past the limit; 100 bounds that to ~100 cells of work.
+PROGRESS_EVERY = 100
 _READ_ONLY_PRAGMAS = frozenset(
     "table_info table_xinfo table_list index_list index_info index_xinfo foreign_key_list "
     "database_list collation_list function_list module_list pragma_list compile_options".split()
@@ -97,7 +109,9 @@ class SqlEnv(Env):
         *,
         time_limit_s: float = 1.0,
         max_rows: int = 50,
-        max_blob_bytes: int = 1_000_000,
+        max_blob_bytes: int = 100_000,
+        max_columns: int = 64,
+        max_result_bytes: int = 1_000_000,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -105,9 +119,16 @@ class SqlEnv(Env):
             raise ValueError(
                 f"SqlEnv: need time_limit_s > 0 and max_rows >= 1 (got {time_limit_s}, {max_rows})"
             )
+        if min(max_blob_bytes, max_columns, max_result_bytes) < 1:
+            raise ValueError(
+                "SqlEnv: max_blob_bytes, max_columns and max_result_bytes must be >= 1 (got "
+                f"{max_blob_bytes}, {max_columns}, {max_result_bytes})"
+            )
         self.time_limit_s = time_limit_s
         self.max_rows = max_rows
         self.max_blob_bytes = max_blob_bytes
+        self.max_columns = max_columns
+        self.max_result_bytes = max_result_bytes
         self._conn: sqlite3.Connection | None = None
         self._deadline: float | None = None
         self._timed_out = False
@@ -126,8 +147,9 @@ class SqlEnv(Env):
         for name in sorted(_READ_ONLY_PRAGMAS):  # create the pragma_* tables (module docstring)
             conn.execute(f"SELECT * FROM pragma_{name} LIMIT 0").fetchall()
         conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.max_blob_bytes)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_COLUMN, self.max_columns)
         conn.set_authorizer(self._authorize)
-        conn.set_progress_handler(self._progress, 1000)
+        conn.set_progress_handler(self._progress, PROGRESS_EVERY)
         self._conn = conn
 
     def _teardown(self) -> None:
@@ -147,6 +169,9 @@ class SqlEnv(Env):
                 self._schema_read = True
             else:
                 self._tables_read.add(arg1.lower())
+        if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() in _REFUSED_FUNCTIONS:
+            self._denied.append(f"FUNCTION {arg2}")
+            return sqlite3.SQLITE_DENY
         if action in _ALLOWED_ACTIONS:
             return sqlite3.SQLITE_OK
         if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() in _READ_ONLY_PRAGMAS:
@@ -209,7 +234,22 @@ class SqlEnv(Env):
             raise self._refusal(None)
         try:
             cur = self._conn.execute(query)
-            rows = cur.fetchmany(self.max_rows + 1)
+            rows, size = [], 0
+            for row in cur:  # row by row: the deadline and the byte budget hold between rows
+                size += sum(len(v) if isinstance(v, str | bytes) else 8 for v in row)
+                if size > self.max_result_bytes:
+                    raise tool_error(
+                        f"query result too large: more than {self.max_result_bytes} bytes in "
+                        f"its first {len(rows) + 1} row(s); select fewer or narrower columns "
+                        "(length(...), substr(...)) or add LIMIT. The database is unchanged.",
+                        reason="result_too_large",
+                    )
+                self._progress()
+                if self._timed_out:
+                    raise sqlite3.OperationalError("interrupted")
+                rows.append(row)
+                if len(rows) > self.max_rows:
+                    break
             columns = [d[0] for d in cur.description or ()]
         except (sqlite3.Error, sqlite3.Warning) as e:
             raise self._refusal(e) from None

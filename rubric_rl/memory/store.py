@@ -21,9 +21,9 @@ and critic retrieve from it (§2.3: "the task history in E^time and related crit
   exact and exhaustive over an in-process mirror of the current versions' embeddings (one row
   per criterion, rebuilt from Chroma on open and rollback): one matrix product per call ranks
   every current criterion in float32, and the cosines of those that can reach the top k are
-  recomputed in float64, so a criterion exactly at the floor is retrieved. (Until 2026-12-02 the
-  search went through Chroma's HNSW index with a metadata filter per task: approximate beyond 32
-  candidates, and the memory was 68 % of a HarnessRL protocol step's time.)
+  recomputed in float64, so a criterion exactly at the floor is retrieved. (Chroma's own HNSW index
+  with a metadata filter per task is approximate beyond 32 candidates, and was most of the
+  memory's time.)
 
 Writes (``record_many``, ``index_criteria``) are validated, numbered and mirrored at once, and
 handed to one background thread that adds them to Chroma in order (ours: Chroma's ``add`` costs

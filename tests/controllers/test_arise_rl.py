@@ -1,4 +1,4 @@
-"""ARISE-RL's controller (issue 18): the cycle schedule, the solver and generator rewards of a
+"""ARISE-RL's controller: the cycle schedule, the solver and generator rewards of a
 step, the pool refresh, RG-SED's memories / memory rollouts / Δr / gates / teachers, and the
 scripted-policy check — the real pipeline, Services, agent loop, tokenizer and programmatic judge
 with a scripted engine standing in for the policy (deterministic, seconds)."""
@@ -26,8 +26,10 @@ from rubric_rl.methods.arise_rl.arise_rl import (
     GeneratorScore,
     final_turn_mask,
     generator_memory,
+    grouped_advantages,
     met_matrix,
     phase,
+    proposer_reward,
     solver_rewards,
 )
 from rubric_rl.methods.arise_rl.generator_domain import (
@@ -38,7 +40,7 @@ from rubric_rl.methods.arise_rl.generator_domain import (
 from rubric_rl.rollout.engine import Generation
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verdict
 from rubric_rl.services import Services
-from rubric_rl.step import StepContext, build_pipeline
+from rubric_rl.step import StepContext
 from rubric_rl.trainer_batch import rollouts_to_batch
 from tests.rollout.test_agent import ScriptedEngine
 
@@ -83,13 +85,24 @@ def test_config_errors_name_the_field(kw, match):
 
 def test_every_config_variant_builds():
     for v in ("", "smoke", "protocol", "seed_scale", *arise_rl_config.ARMS, "hard_gate",
-              "final_turn", "placement=last_user", "estimator=full", "current_solver"):  # fmt: skip
+              "final_turn", "placement=last_user", "estimator=full", "current_solver",
+              "shape=absolute_zero"):  # fmt: skip
         c = arise_rl_config.get_config(v)
         a = c.arise_rl
         assert c.train.steps == a.cycles * (a.generator_steps + a.solver_steps)
         AriseRLConfig(**{**a.to_dict(), "rgsed_roles": tuple(a.rgsed_roles)})
     assert arise_rl_config.get_config("no_rgsed").loss.sd_estimator == "none"
-    assert arise_rl_config.get_config("dr_zero").arise_rl.shape == "dr_zero"
+    dz = arise_rl_config.get_config("dr_zero")
+    assert (dz.arise_rl.proposer_reward, dz.arise_rl.advantage_grouping) == ("dr_zero", "hrpo")
+    az = arise_rl_config.get_config("absolute_zero")
+    assert (az.arise_rl.proposer_reward, az.arise_rl.advantage_grouping) == (
+        "absolute_zero",
+        "trr++",
+    )
+    for base in (dz, az):  # their frameworks: no self-distillation
+        assert base.loss.sd_estimator == "none" and base.loss.sd_coef == 0.0
+    assert arise_rl_config.get_config("shape=dr_zero").arise_rl.shape == "dr_zero"
+    assert arise_rl_config.get_config("opcd").loss.sd_agg_mode == "seq-mean-token-mean"
     assert not arise_rl_config.get_config("no_tool").arise_rl.tool_grounding
     grpo = arise_rl_config.get_config("solver_grpo")
     assert grpo.method == "grpo" and grpo.loss.reward == "arise_rl_solver_weighted"
@@ -284,9 +297,8 @@ def scripted_steps(workdir: str, config, engine_cls, steps):
         config, engine, tok, builders.build_judge(config, workdir), domain, workdir,
         functools.partial(builders.prompt_buckets, config),
     )  # fmt: skip
-    controllers = builders.build_controllers(config, domain)
+    controllers, pipeline = builders.build_method(config, domain)
     controllers.bind(services, f"{workdir}/controllers")
-    pipeline = build_pipeline(config)
     out = {}
     for step in steps:
         engine.requests.clear()
@@ -458,6 +470,76 @@ def test_generator_sd_waits_for_a_positive_mean_delta_r(run):
         gate = other.sd_gate(rollouts)
         assert gate[1] == pytest.approx(0.0, abs=1e-12)  # Δr < −τ: closed either way
         assert (gate[0] > 0.9) == want_open, (mode, dr, gate)
+
+
+def test_baseline_proposer_rewards_on_the_scripted_episodes(run):
+    """Dr. Zero's and Absolute Zero's own proposer rewards on step 1's generator episodes
+    (grounded + c = K/2; no question; parsed without a lookup; no question; no question)."""
+    config, services, controllers, steps = run
+    ctl = _ctl(controllers)
+    responses = [t.response for t in steps[1][0].groups[0].trajectories]
+    k = K
+    want = {
+        # 0.5·(1 + think 1 + tool + ans 1)/4 + (K − c)/(K − 1), c = K/2; 0 without a parse
+        "dr_zero": [0.5 + 2 / 3, 0.0, 0.5 * 0.75 + 2 / 3, 0.0, 0.0],
+        # 1 − c/K on a valid task (no tool gate); −1 for a format error
+        "absolute_zero": [0.5, -1.0, 0.5, -1.0, -1.0],
+    }
+    for name, rewards in want.items():
+        other = AriseRLController(
+            dataclasses.replace(ctl.cfg, proposer_reward=name, solver_policy="current"),
+            fallback_tasks=ctl.fallback_tasks, tasks_per_step=2,
+        )  # fmt: skip
+        other.bind(services, None)
+        scores = other.score_generator(responses)
+        assert [sc.c for sc in scores] == [k // 2, None, k // 2, None, None]
+        assert [sc.reward for sc in scores] == pytest.approx(rewards), name
+    invalid = GeneratorScore(0.0, "unknown_head", True, None, "q", None)
+    assert proposer_reward("absolute_zero", invalid, 8) == -0.5
+    with pytest.raises(ValueError, match="unknown proposer reward"):
+        proposer_reward("sec", invalid, 8)
+
+
+def test_grouped_advantages_match_numpy():
+    r = np.array([[1.0, 0.0, np.nan], [3.0, 1.0, 2.0], [0.5, 0.5, 0.5]])
+    keys = [("generator", "a"), ("generator", "a"), ("solver", "b")]
+    a = r[:2][~np.isnan(r[:2])]  # the key's pooled rollouts: 1, 0, 3, 1, 2
+    hrpo = grouped_advantages(r, keys, "hrpo")
+    np.testing.assert_allclose(hrpo[0, :2], (r[0, :2] - a.mean()) / (a.std() + 1e-6))
+    np.testing.assert_allclose(hrpo[1], (r[1] - a.mean()) / (a.std() + 1e-6))
+    assert hrpo[0, 2] == 0.0 and np.all(hrpo[2] == 0.0)  # NaN reward; a constant key
+    trr = grouped_advantages(r, keys, "trr++")
+    centred = np.array([1.0, 0.0, 3.0, 1.0, 2.0]) - a.mean()
+    scale = np.concatenate([centred, np.zeros(3)]).std() + 1e-6
+    np.testing.assert_allclose(trr[0, :2], centred[:2] / scale)
+    np.testing.assert_allclose(trr[1], centred[2:] / scale)
+    with pytest.raises(ValueError, match="mode must be"):
+        grouped_advantages(r, keys, "grpo")
+
+
+def test_hrpo_shapes_generator_groups_only(run):
+    config, services, controllers, steps = run
+    ctl = _ctl(controllers)
+    rollouts = copy.deepcopy(steps[2][0])  # solver groups
+    rollouts.groups[0].role = "generator"
+    given = np.full((2, J), 7.0)
+    for mode in ("hrpo", "trr++"):
+        other = AriseRLController(
+            dataclasses.replace(ctl.cfg, advantage_grouping=mode),
+            fallback_tasks=ctl.fallback_tasks, tasks_per_step=2,
+        )  # fmt: skip
+        got = other.shape_advantages(rollouts, given)
+        r = rollouts.signal(SIGNAL)
+        keys = [(g.role, g.task.task_type) for g in rollouts.groups]
+        want = grouped_advantages(r, keys, mode)
+        np.testing.assert_allclose(got[0], want[0])
+        np.testing.assert_allclose(got[1], 7.0 if mode == "hrpo" else want[1])
+    assert (
+        AriseRLController(ctl.cfg, fallback_tasks=ctl.fallback_tasks).shape_advantages(
+            rollouts, given
+        )
+        is None
+    )
 
 
 def test_state_round_trip(run):

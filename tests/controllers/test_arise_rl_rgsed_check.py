@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from configs import arise_rl as arise_rl_config
 from rubric_rl.methods.arise_rl.rgsed_check import mean_se, memory_notes, run_check
 
 TAU = 0.05
@@ -23,7 +24,7 @@ OLD = dict(coach_rule="majority", memory_rollouts=4, paired_seeds="none", schedu
 
 @functools.cache
 def check(d, overrides=()):
-    return run_check(d, p=P, overrides=dict(overrides))
+    return run_check(d, arise_rl_config.get_config("smoke"), p=P, overrides=dict(overrides))
 
 
 def test_memory_notes_reads_coach_blocks():

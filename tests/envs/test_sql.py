@@ -281,6 +281,56 @@ def test_row_char_and_blob_caps():
     )
 
 
+def _wide(columns: int, cell: int) -> str:
+    return "SELECT " + ", ".join(f"printf('%.*c', {cell}, 'x') AS c{i}" for i in range(columns))
+
+
+def test_a_wide_row_of_large_cells_holds_the_time_limit_and_the_result_budget():
+    # One row of 200 one-megabyte cells ran 3.9 s past a 1 s limit (the deadline was checked
+    # every 1000 VM instructions, each building a cell), 1000 of them 24 s and 1.9 GB.
+    task = task_bank("sql", "train", 1, 0)[0]
+    env = SqlEnv(time_limit_s=1.0)
+    env.reset(task)
+    before = env.db_fingerprint()
+    t0 = time.monotonic()
+    res = env.step(sql(_wide(200, 1_000_000)))
+    assert time.monotonic() - t0 < 1.0
+    assert res.tool_messages[0].content == (
+        "Error (tool_error): sqlite error: too many columns in result set"
+    )
+    # Within the column limit, 60 cells of 90 kB (5.4 MB) pass the 1 MB result budget.
+    t0 = time.monotonic()
+    res = env.step(sql(_wide(60, 90_000)))
+    assert time.monotonic() - t0 < 1.0
+    assert res.tool_messages[0].content == (
+        "Error (tool_error): query result too large: more than 1000000 bytes in its first 1 "
+        "row(s); select fewer or narrower columns (length(...), substr(...)) or add LIMIT. The "
+        "database is unchanged."
+    )
+    assert res.info["tool_calls"][0]["details"]["reason"] == "result_too_large"
+    # Many rows of narrower cells: the budget holds across rows.
+    res = env.step(sql(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n LIMIT 40) "
+        "SELECT printf('%.*c', 60000, 'x') FROM n"
+    ))  # fmt: skip
+    assert "more than 1000000 bytes in its first 17 row(s)" in res.tool_messages[0].content
+    assert env.db_fingerprint() == before
+    res = env.step(sql("SELECT length(printf('%.*c', 90000, 'x')) AS n"))
+    assert res.tool_messages[0].content == "n\n90000\n(1 row)"
+
+
+@pytest.mark.parametrize("call", ["fts3_tokenizer('simple')", "FTS3_TOKENIZER('porter')"])
+def test_pointer_returning_functions_are_refused(env, call):
+    # fts3_tokenizer(name) answered with the address of the tokenizer module in this process.
+    env.reset(task_bank("sql", "train", 1, 0)[0])
+    res = env.step(sql(f"SELECT hex({call})"))
+    name = call.split("(")[0].lower()
+    assert res.tool_messages[0].content == (
+        "Error (tool_error): query refused: the database is read-only and only SELECT statements "
+        f"may run (not allowed: FUNCTION {name}). The database is unchanged."
+    )
+
+
 def test_sql_errors_are_observations(env):
     task = task_bank("sql", "train", 1, 0)[0]
     env.reset(task)

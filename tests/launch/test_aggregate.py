@@ -29,7 +29,8 @@ RUNS = {
 def write_run(d, heldout, ood, fail_base, pool, steps=150):
     os.makedirs(os.path.join(d, "controllers"), exist_ok=True)
     with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump({"method": "x", "train": {"steps": steps, "seed": 0}}, f)
+        seed = an.SEED_DIR.match(os.path.basename(d))
+        json.dump({"method": "x", "train": {"steps": steps, "seed": int(seed.group(1))}}, f)
     with open(os.path.join(d, "metrics.jsonl"), "w") as f:
         for step in range(steps + 1):
             row = {"step": step}
@@ -561,6 +562,10 @@ def test_arise_rl_per_cycle_table_and_dynamics(tmp_path):
                 row["arise_rl/pool/base_pass_rate"] = off + 0.5 - s / 100
             if s in (1, 2, 6, 7):
                 row["arise_rl/rgsed/above"] = off + (0.5 if s < 5 else 0.7)
+                role = "generator" if s in (1, 6) else "solver"
+                row[f"arise_rl/rgsed/{role}/above"] = off + s / 10
+                row[f"arise_rl/rgsed/{role}/placebo_delta_r"] = -off
+                row[f"arise_rl/rgsed/{role}/lambda_mean"] = 0.1 * s
             rows.append(row)
         (d / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in rows) + "\n")
     groups = aggregate.load_groups(str(r))
@@ -572,6 +577,91 @@ def test_arise_rl_per_cycle_table_and_dynamics(tmp_path):
     assert cyc[1]["base_pass_rate"][0] == pytest.approx(np.mean([0.42, 0.62]))
     dyn = {row["group"]: row for row in aggregate.dynamics_rows(groups)}
     assert dyn["arise_rl"]["Δr above τ"][0] == pytest.approx(np.mean([0.6, 0.8]))
+    # per role: the means over that role's steps
+    assert dyn["arise_rl"]["generator Δr above τ"][0] == pytest.approx(np.mean([0.35, 0.55]))
+    assert dyn["arise_rl"]["solver Δr above τ"][0] == pytest.approx(np.mean([0.45, 0.65]))
+    assert dyn["arise_rl"]["solver placebo Δr"][0] == pytest.approx(-0.1)
+    assert dyn["arise_rl"]["generator λ"][0] == pytest.approx(0.35)
+    assert "solver Δr within ±τ" not in dyn["arise_rl"]  # not logged: no column
     text = aggregate.report(groups, str(tmp_path / "out"), dynamics=True)
     assert "## ARISE-RL per cycle" in text
     assert os.path.exists(tmp_path / "out" / "cycles.csv")
+
+
+def _group(tmp_path, **seeds):
+    """``<tmp>/runs/g/seed<k>`` runs of RUNS["arise"]'s numbers; ``seeds``: k -> config changes."""
+    root = tmp_path / "runs"
+    for k, change in seeds.items():
+        k = int(k.removeprefix("s"))
+        d = str(root / "g" / f"seed{k}")
+        write_run(d, *RUNS["arise"][k % 3][:3], None)
+        cfg = json.load(open(os.path.join(d, "config.json")))
+        cfg.update(change)
+        json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    return root
+
+
+def test_a_group_of_mixed_methods_is_refused_listing_the_keys(tmp_path, capsys):
+    root = _group(tmp_path, s0={"controllers": ["arise"]}, s1={"controllers": ["harness"]},
+                  s2={"controllers": ["arise"], "optim": {"lr": 1e-4}})  # fmt: skip
+    assert aggregate.main([str(root), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "  g: config controllers differs: seed0=['arise'], seed1=['harness'], seed2=['arise']\n"
+        in err
+    )
+    # optim.lr is recorded by seed2 only (as a new option would be): nothing to compare it with.
+    assert "optim.lr" not in err and not os.path.exists(tmp_path / "out" / "results.md")
+    assert aggregate.main([str(root), "--out", str(tmp_path / "o2"), "--allow-config-diff",
+                           "controllers"]) == 0  # fmt: skip
+
+
+def test_per_seed_paths_cache_dirs_and_new_options_are_not_differences():
+    def run(seed, **cfg):
+        return an.Run(f"/r/g/seed{seed}", {"train": {"seed": seed}, **cfg}, ())
+
+    runs = [
+        run(0, frozen="runs/p/arise/seed0", warmstart={"cache_dir": "runs/ws"}, model="k3"),
+        run(3, frozen="runs/p/arise/seed3", warmstart={"cache_dir": "/abs/ws"}, model="k3"),
+    ]
+    assert aggregate.config_differences(runs) == {}
+    runs.append(run(4, frozen="runs/p/other/seed4", model="k3"))
+    assert aggregate.config_differences(runs) == {
+        "frozen": [("seed0", "runs/p/arise/seed0"), ("seed3", "runs/p/arise/seed3"),
+                   ("seed4", "runs/p/other/seed4")]
+    }  # fmt: skip
+
+
+def test_a_run_copied_into_a_second_seed_is_refused(tmp_path, capsys):
+    root = _group(tmp_path, s0={}, s1={})
+    import shutil
+
+    shutil.copytree(root / "g" / "seed0", root / "g" / "seed5")  # config says seed 0
+    shutil.copytree(root / "g" / "seed1", root / "g" / "seed4")
+    cfg = json.load(open(root / "g" / "seed4" / "config.json"))
+    cfg["train"]["seed"] = 4
+    json.dump(cfg, open(root / "g" / "seed4" / "config.json", "w"))
+    assert aggregate.main([str(root), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "  g: seed5 records train.seed=0\n" in err
+    assert "  g: seed4 has the same metrics as seed1 (one run twice?)\n" in err
+    assert "  g: seed5 has the same metrics as seed0 (one run twice?)\n" in err
+
+
+def test_every_skipped_directory_is_listed_with_why(tmp_path, capsys):
+    root = _group(tmp_path, s0={}, s1={})
+    (root / "g" / "seed2").mkdir()  # never logged a step
+    (root / "g" / "seed0.replaced-20261205-230000-000000").mkdir()
+    (root / "g" / "seed-1").mkdir()
+    (root / "g" / "notes").mkdir()
+    (root / "jax_cache").mkdir()
+    assert aggregate.main([str(root), "--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert [ln for ln in err.splitlines() if ln.startswith("skipped ")] == [
+        "skipped g/notes: not a seed<k> directory",
+        "skipped g/seed-1: a negative seed (sweep.py refuses them; not tabulated)",
+        "skipped g/seed0.replaced-20261205-230000-000000: an earlier run set aside by sweep.py "
+        "--force",
+        "skipped g/seed2: no metrics.jsonl (the run never logged a step)",
+        "skipped jax_cache: no seed<k> run directory in it",
+    ]

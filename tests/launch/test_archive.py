@@ -54,3 +54,20 @@ def test_archive_keeps_what_aggregate_reads(tmp_path):
     assert open(gz, "rb").read() == before
     assert archive.archive(root, dest, force=True)["archived"] == done["archived"]
     assert open(os.path.join(dest, "COMMITS")).read() == "abc123\n"
+
+
+def test_a_run_whose_metrics_stop_short_of_its_final_checkpoint_is_not_archived(tmp_path):
+    root, dest = str(tmp_path / "runs"), str(tmp_path / "archive")
+    d = os.path.join(root, "arise", "seed0")
+    write_run(d, *RUNS["arise"][0][:3], None)
+    os.makedirs(os.path.join(d, "checkpoints", "150"))  # the final checkpoint: "finished"
+    with open(os.path.join(d, "metrics.jsonl")) as f:
+        rows = f.readlines()[:101]  # steps 0..100 of 150
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+        f.writelines(rows)
+    assert an.is_finished(d)
+    done = archive.archive(root, dest)
+    assert done == {"archived": [], "kept": [], "unfinished": [
+        "arise/seed0 (metrics end at step 100 of 150)"
+    ]}  # fmt: skip
+    assert not os.path.exists(os.path.join(dest, "arise"))

@@ -140,10 +140,11 @@ def test_smoke_pool_evolves_and_frozen_rubrics_reloads_it(tmp_path):
     (run / "checkpoints" / "3" / "run_state").mkdir(parents=True)
     state = {"step": 3, "controllers": {"arise": ctl.state_dict()}}
     (run / "checkpoints" / "3" / "run_state" / "metadata").write_text(json.dumps(state))
-    fc = arise.get_config(f"smoke,frozen_rubrics={run}")
+    # The earlier arm (tests/controllers/test_arise_frozen.py: the frozen-rubrics arm itself).
+    fc = arise.get_config(f"smoke,frozen_rubrics={run},frozen_pool_and_skills")
     assert fc.arise.frozen_pool_from == str(run) and fc.arise.evolve is False
     frozen = make_arise_controller(domain.train, b, seed=0, **arise.arise_controller_kwargs(fc))
-    frozen.load_pool(an.final_pool_state(fc.arise.frozen_pool_from))
+    frozen.load_pool(an.final_pool_state(fc.arise.frozen_pool_from), mode=fc.arise.frozen_mode)
     before = {e.id: (e.state, e.skill) for e in frozen.pool.entries.values()}
     assert before == {e.id: (e.state, e.skill) for e in ctl.pool.entries.values()} and before
     _simulate(frozen, b, j, 2)

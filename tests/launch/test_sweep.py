@@ -101,6 +101,13 @@ def test_bad_inputs_name_the_flag():
     assert sweep.parse_seeds("0-2") == [0, 1, 2] and sweep.parse_seeds("4,1") == [4, 1]
 
 
+@pytest.mark.parametrize("seeds", ["-1", "0,-1", "2,-3"])
+def test_negative_seeds_are_refused(seeds):
+    # A seed-1 directory matches no seed<k>: aggregate and archive would never see its run.
+    with pytest.raises(ValueError, match=r"seeds must be >= 0"):
+        sweep.parse_seeds(seeds)
+
+
 def test_long_variant_slug_is_safe_and_unique():
     a = sweep.slug("frozen_rubrics=/very/long/path/" + "x" * 80 + "/seed0")
     b = sweep.slug("frozen_rubrics=/very/long/path/" + "x" * 80 + "/seed1")
@@ -126,6 +133,26 @@ def test_seed_placeholder_pairs_runs_of_one_seed():
     ]
     # One group for every seed: the workdirs differ only in seed<k>.
     assert len({os.path.dirname(r.workdir) for r in runs}) == 1
+
+
+def test_next_seed_placeholder_names_another_seeds_run():
+    runs = sweep.expand(
+        "r", ["configs/arise.py"], ["frozen_rubrics=r/arise/seed{next_seed}"], [0, 3, 4],
+        fixed=[("note", "{seed}-{next_seed}")],
+    )  # fmt: skip
+    assert [r.config for r in runs] == [
+        "configs/arise.py:frozen_rubrics=r/arise/seed3",
+        "configs/arise.py:frozen_rubrics=r/arise/seed4",
+        "configs/arise.py:frozen_rubrics=r/arise/seed0",
+    ]
+    assert [r.overrides for r in runs] == [
+        (("note", "0-3"),),
+        (("note", "3-4"),),
+        (("note", "4-0"),),
+    ]
+    assert len({os.path.dirname(r.workdir) for r in runs}) == 1
+    with pytest.raises(ValueError, match="needs the sweep's next seed"):
+        sweep.with_seed("seed{next_seed}", 0)
 
 
 def _finish(wd, steps=10, ckpts=(), marker=False):

@@ -77,9 +77,21 @@ class Request:
         return "\n".join(parts)
 
 
+# A fenced quote of policy text (rubric_rl.rubrics.prompts.fence): markers with the same id.
+FENCED = re.compile(r"<(\w+) id=([0-9a-f]{16})>\n.*?\n</\1 id=\2>", flags=re.DOTALL)
+
+
+def fenced_texts(prompt: str) -> list[str]:
+    """The policy texts a prompt quotes between fence markers, in prompt order."""
+    return [m.group(0).split("\n", 1)[1].rsplit("\n", 1)[0] for m in FENCED.finditer(prompt)]
+
+
 def criterion_names(prompt: str) -> list[str]:
-    """The criterion names a rubric_judge_v1 prompt asks about, in prompt order."""
-    return [json.loads(m) for m in re.findall(r'^- name: (".*")$', prompt, flags=re.MULTILINE)]
+    """The criterion names a rubric judge prompt asks about, in prompt order: its ``- name:``
+    lines outside any fenced quote, as a model that keeps to the prompt's stated rule reads it
+    (a v1 prompt has no fence: a response's own ``- name:`` lines count)."""
+    outside = FENCED.sub("", prompt)
+    return [json.loads(m) for m in re.findall(r'^- name: (".*")$', outside, flags=re.MULTILINE)]
 
 
 def verdicts_json(decisions: list[tuple[str, str]], *, fenced: bool = False) -> str:

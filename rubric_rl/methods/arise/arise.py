@@ -61,6 +61,14 @@ __all__ = [
 
 TaskVerifier = Callable[[Task, str], "bool | float | None"]
 FROZEN_POOL_ENTRIES = ("lifecycle", "final")  # what load_pool installs (frozen-rubrics ablation)
+# How load_pool freezes the installed pool. "rubrics" (the seed's ablation keeps "the full
+# lifecycle rubric pool" fixed; ours, how the skills start): every pair starts in the "added"
+# state with its domain's base skill text and no evidence, and the skills keep their lifecycle
+# (activate, hide, refine; AriseConfig.fixed_rubrics) while no pair is added or retired.
+# "frozen_pool_and_skills": every pair keeps its end-of-run state and skill text, with no
+# transition at all (AriseConfig.evolve=False): the arm before, whose skills arrive refined and
+# always on.
+FROZEN_MODES = ("rubrics", "frozen_pool_and_skills")
 
 
 # --- reward --------------------------------------------------------------------------------------
@@ -300,7 +308,14 @@ class AriseController(Controller):
     def _evolve(self, step: int) -> None:
         cfg = self.config
         records = self._records()
-        retired = self.pool.advance(step, lambda e: self.reflection.refine(e, records, step=step))
+
+        def refine(entry: PoolEntry) -> str | None:
+            return self.reflection.refine(entry, records, step=step)
+
+        if cfg.fixed_rubrics:  # the frozen-rubrics ablation: skills move, rubrics stay
+            self.pool.advance(step, refine, retire=False)
+            return
+        retired = self.pool.advance(step, refine)
         if retired and hasattr(self.sampler, "forget"):
             self.sampler.forget([e.id for e in retired])  # retired rubrics' evidence is dropped
         room = min(cfg.pool_cap - len(self.pool.live()), cfg.max_add_per_reflection)
@@ -379,23 +394,57 @@ class AriseController(Controller):
         if self.reflection is not None:
             self.reflection.load_state_dict(state["reflection"])
 
-    def load_pool(self, pool_state: Mapping[str, Any], entries: str = "lifecycle") -> None:
+    def load_pool(
+        self,
+        pool_state: Mapping[str, Any],
+        entries: str = "lifecycle",
+        mode: str = "frozen_pool_and_skills",
+    ) -> None:
         """Installs another run's pool (e.g. its final checkpoint's ``state["pool"]``) — the
-        frozen-rubrics ablation, with ``AriseConfig(evolve=False)``.
+        frozen-rubrics ablation.
 
         ``entries="lifecycle"``: every pair the run ever added is judged — ARISE's "even the full
-        lifecycle rubric pool, when kept fixed, does not replace dynamic evolution"; a retired
-        pair comes back hidden (judged, its skill not shown), the others keep their final state.
-        ``"final"``: the final pool as it stood (retired pairs neither judged nor shown)."""
+        lifecycle rubric pool, when kept fixed, does not replace dynamic evolution";
+        ``"final"``: the final pool as it stood (retired pairs neither judged nor shown).
+        ``mode`` (``FROZEN_MODES``): ``"rubrics"`` (with ``AriseConfig(fixed_rubrics=True)``):
+        every installed pair starts "added" with its capability's base skill text, no evidence
+        and no refinement; ``"frozen_pool_and_skills"`` (with ``AriseConfig(evolve=False)``):
+        a retired pair comes back hidden, the others keep their final state and skill text."""
         if entries not in FROZEN_POOL_ENTRIES:
             raise ValueError(
                 f"load_pool: entries must be one of {FROZEN_POOL_ENTRIES}, got {entries!r}"
             )
+        if mode not in FROZEN_MODES:
+            raise ValueError(f"load_pool: mode must be one of {FROZEN_MODES}, got {mode!r}")
         self.pool.load_state_dict({**pool_state, "events": []})
+        if mode == "rubrics":
+            if not self.config.fixed_rubrics:
+                raise ValueError("load_pool: mode 'rubrics' needs AriseConfig(fixed_rubrics=True)")
+            if entries == "final":
+                self.pool.entries = {k: e for k, e in self.pool.entries.items() if e.live}
+            for e in self.pool.entries.values():
+                e.skill = self._base_skill(e)
+                e.state, e.obs, e.skill_version, e.parent_id, e.refinements = ADDED, [], 1, None, 0
+            n = len(self.pool.entries)
+            self.pool.totals = {"added": n, "retired": 0, "refined": 0, "retired_unlearnable": 0}
+            return
         if entries == "lifecycle":
             for e in self.pool.entries.values():
                 if e.state == RETIRED:
                     e.state, e.obs = HIDDEN, []
+
+    def _base_skill(self, entry: PoolEntry) -> str:
+        """The skill text a pair starts with: the reflection's base text for its capability (the
+        domain's, e.g. the embedded domain's SKILL_TEXTS), else the text it was added with."""
+        base = getattr(self.reflection, "base_skill", None)
+        if base is not None:
+            return base(entry.capability)
+        if entry.skill_version > 1:
+            raise ValueError(
+                f"load_pool: pair {entry.id} has a refined skill (version {entry.skill_version}) "
+                "and the reflection has no base text to reset it to"
+            )
+        return entry.skill
 
 
 def make_arise_controller(

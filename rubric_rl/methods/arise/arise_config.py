@@ -3,7 +3,7 @@ of ``make_arise_controller`` built from it.
 
 ``configs/arise.py`` builds the section (variants, smoke settings) from ``arise_defaults()``; this
 module only reads it, so the package never imports ``configs/``. ``validate_arise`` runs from
-``rubric_rl.config_validation.validate_config`` when ``config.method == "arise"``, so a bad
+``rubric_rl.config_validation.validate_config`` through the arise ``Method``, so a bad
 ``arise.*`` value fails at start-up naming the field, before any model is built.
 """
 
@@ -20,7 +20,7 @@ from rubric_rl.methods.arise import (
     capability_sampler,  # noqa: F401  (registers "capability")
     reflection_llm,  # noqa: F401  (registers "llm")
 )
-from rubric_rl.methods.arise.arise import FROZEN_POOL_ENTRIES
+from rubric_rl.methods.arise.arise import FROZEN_MODES, FROZEN_POOL_ENTRIES
 from rubric_rl.methods.arise.arise_pool import AriseConfig
 from rubric_rl.methods.arise.reflection import RANKINGS, REFLECTIONS
 
@@ -36,7 +36,7 @@ _LLM_REFLECTION_OPTIONS = (
 )
 
 
-# ARISE's settings before issue 13, each still a flag so the old behaviour stays an ablation
+# ARISE's earlier defaults, each still a flag so that setting stays an ablation
 # (keys are paths under ``config.arise``): HarnessRL's importance weights on the capability
 # sampler's draws, the separation ranking, no exit for a pair that never improves, candidates
 # from the seed rubric only, and a pool of 8 filled at up to 2 pairs a step, retired after 4
@@ -95,20 +95,65 @@ def validate_arise(config: ConfigDict) -> None:
             f"config.arise.frozen_pool_entries: must be one of {FROZEN_POOL_ENTRIES}, "
             f"got {a.frozen_pool_entries!r}"
         )
+    mode = frozen_mode(config)
+    if mode not in FROZEN_MODES:
+        raise ValueError(f"config.arise.frozen_mode: must be one of {FROZEN_MODES}, got {mode!r}")
     if a.frozen_pool_from:
-        if a.evolve:
+        if mode == "frozen_pool_and_skills" and a.evolve:
             raise ValueError(
-                "config.arise.frozen_pool_from: a frozen pool needs arise.evolve=False"
+                "config.arise.frozen_pool_from: a frozen pool needs arise.evolve=False "
+                "(frozen_mode='frozen_pool_and_skills')"
+            )
+        if mode == "rubrics" and not (a.evolve and a.fixed_rubrics):
+            raise ValueError(
+                "config.arise.frozen_pool_from: a frozen pool with frozen_mode='rubrics' needs "
+                "arise.evolve=True and arise.fixed_rubrics=True (the skills keep their lifecycle)"
             )
         if not os.path.isdir(a.frozen_pool_from):
             raise ValueError(
                 f"config.arise.frozen_pool_from: run directory {a.frozen_pool_from!r} "
                 "does not exist"
             )
+        if mode == "rubrics":
+            _check_other_seed(config)
     try:
         AriseConfig(**{k: a[k] for k in arise_defaults()})
     except ValueError as e:
         raise ValueError(f"config.arise: {e}") from None
+
+
+def frozen_arm_settings(mode: str) -> dict[str, Any]:
+    """The ``config.arise`` values of a frozen arm (``arise.FROZEN_MODES``): "rubrics" keeps the
+    skills' lifecycle over a fixed rubric set, "frozen_pool_and_skills" stops every transition."""
+    if mode not in FROZEN_MODES:
+        raise ValueError(f"frozen mode must be one of {FROZEN_MODES}, got {mode!r}")
+    rubrics = mode == "rubrics"
+    return {"frozen_mode": mode, "evolve": rubrics, "fixed_rubrics": rubrics}
+
+
+def frozen_mode(config: ConfigDict) -> str:
+    """``config.arise.frozen_mode`` (``arise.FROZEN_MODES``); a config without the key (written
+    before it existed) froze pool and skills, and reruns that way."""
+    return str(config.arise.get("frozen_mode", "frozen_pool_and_skills"))
+
+
+def _check_other_seed(config: ConfigDict) -> None:
+    """The frozen-rubrics arm takes its rubric set from ANOTHER seed's run: a same-seed source
+    mined its pairs from the same warm start and the same task draws, which the arm would then
+    see from step 1. Checked against the source's ``config.json`` when it has one."""
+    path = os.path.join(config.arise.frozen_pool_from, "config.json")
+    if not os.path.exists(path):
+        return
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        src_seed = json.load(f).get("train", {}).get("seed")
+    if src_seed is not None and int(src_seed) == int(config.train.seed):
+        raise ValueError(
+            f"config.arise.frozen_pool_from: {config.arise.frozen_pool_from!r} is a run of "
+            f"train.seed={src_seed}, this run's seed: frozen_mode='rubrics' takes the rubric set "
+            "from another seed's run"
+        )
 
 
 def arise_controller_kwargs(config: ConfigDict) -> dict[str, Any]:

@@ -82,6 +82,9 @@ class AriseConfig:
     retire_above: float = 0.9
     retire_window: int = 8
     evolve: bool = True  # False: the pool is frozen (no reflection, no transitions)
+    # True: the rubric set is fixed (the frozen-rubrics ablation): no pair is added or retired,
+    # while every pair's skill keeps its lifecycle (activate, hide, refine). Needs evolve=True.
+    fixed_rubrics: bool = False
     inject_skills: bool = True  # False: the "no skill injection" ablation
     # Ours (the seed states no limit; ARISE shows every active pair's skill for the task): at
     # most this many skills in one prompt, in pool order (0 = all). Whatever the cap, skills are
@@ -97,6 +100,10 @@ class AriseConfig:
     bank: str = "auto"
 
     def __post_init__(self):
+        if self.fixed_rubrics and not self.evolve:
+            raise ValueError(
+                "AriseConfig.fixed_rubrics keeps the skills' lifecycle and needs evolve=True"
+            )
         if self.bank not in BANKS:
             raise ValueError(f"AriseConfig.bank must be one of {BANKS}, got {self.bank!r}")
         for name in ("activate_window", "refine_window", "hide_window", "retire_window"):
@@ -304,14 +311,23 @@ class RubricSkillPool:
         self._event(step, entry, event, old, new, evidence)
 
     def advance(
-        self, step: int, refine: Callable[[PoolEntry], str | None] | None = None
+        self,
+        step: int,
+        refine: Callable[[PoolEntry], str | None] | None = None,
+        *,
+        retire: bool = True,
     ) -> list[PoolEntry]:
-        """Applies the lifecycle rules once; returns the entries retired at this step."""
+        """Applies the lifecycle rules once; returns the entries retired at this step.
+        ``retire=False`` (a fixed rubric set): a pair that would retire stays where it is (an
+        added or hidden pair keeps being judged, its skill not shown; an active pair past its
+        refinements stays active)."""
         cfg = self.config
         retired = []
         for e in list(self.entries.values()):
             if e.state in (ADDED, HIDDEN):
                 r = self._window(e, cfg.retire_window)
+                if r is not None and r >= cfg.retire_above and not retire:
+                    continue
                 if r is not None and r >= cfg.retire_above:
                     self._move(step, e, "retire", RETIRED, r, cfg.retire_window, cfg.retire_above)
                     self.totals["retired"] += 1
@@ -330,7 +346,7 @@ class RubricSkillPool:
                 if r is None or r >= cfg.refine_below:
                     continue
                 if e.refinements >= cfg.max_refinements:
-                    if cfg.retire_unlearnable:
+                    if cfg.retire_unlearnable and retire:
                         w, t = cfg.refine_window, cfg.refine_below
                         extra = {"reason": "unlearnable", "refinements": e.refinements}
                         self._move(step, e, "retire", RETIRED, r, w, t, extra)

@@ -28,6 +28,7 @@ from rubric_rl.methods.arise.reflection_base import (
 )
 from rubric_rl.registry import Registry
 from rubric_rl.rubrics.llm import LLMClient, LLMError, SchemaCaller, strip_json_fence
+from rubric_rl.rubrics.prompts import FENCE_RULE, fence
 
 logger = logging.getLogger(__name__)
 
@@ -90,11 +91,13 @@ _REFINE_USER_V1 = """\
 
 Return the JSON object now."""
 
+# v2: each rollout's task and response fenced (``fence``), the rule in the instructions.
+_RULE = "\n" + FENCE_RULE.format(label="response")
 PROPOSE_V1 = REFLECTION_TEMPLATES.register("arise_propose")(
-    ReflectionTemplate("arise_propose", 1, _PROPOSE_SYSTEM_V1, _PROPOSE_USER_V1)
+    ReflectionTemplate("arise_propose", 2, _PROPOSE_SYSTEM_V1 + _RULE, _PROPOSE_USER_V1)
 )
 REFINE_V1 = REFLECTION_TEMPLATES.register("arise_refine")(
-    ReflectionTemplate("arise_refine", 1, _REFINE_SYSTEM_V1, _REFINE_USER_V1)
+    ReflectionTemplate("arise_refine", 2, _REFINE_SYSTEM_V1 + _RULE, _REFINE_USER_V1)
 )
 
 PROPOSE_SCHEMA = {
@@ -222,7 +225,7 @@ def _render_record(rec: RolloutRecord, max_chars: int) -> str:
     return (
         f"- task type {rec.task.task_type or '-'} | outcome {outcome}"
         f"{' | verdicts ' + verdicts if verdicts else ''}\n"
-        f"  task: {rec.task.question[:max_chars]}\n  response: {rec.response[:max_chars]}"
+        f"  task: {rec.task.question[:max_chars]}\n  response:\n{fence(rec.response[:max_chars])}"
     )
 
 
@@ -236,6 +239,7 @@ class LLMReflection(SchemaCaller, Reflection):
     """
 
     name = "llm"
+    role = "ARISE LLM reflection"
 
     def __init__(
         self,
@@ -306,7 +310,7 @@ class LLMReflection(SchemaCaller, Reflection):
         if error is not None:
             self._reject(f"{self.propose_template.key}: {error}")
             return []
-        self.counts["accepted"] += len(proposals)
+        self.accept(len(proposals))
         return proposals
 
     def refine(self, entry: PoolPair, records: Sequence[RolloutRecord], *, step: int) -> str | None:
@@ -325,6 +329,7 @@ class LLMReflection(SchemaCaller, Reflection):
         if error is not None:
             self._reject(f"{self.refine_template.key}: {error}")
             return None
+        self.accept(0)  # a usable reply: counted for the failure rate, not as a new pair
         return skill
 
     def stats(self) -> dict[str, float]:

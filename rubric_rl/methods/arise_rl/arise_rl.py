@@ -1,6 +1,6 @@
 """ARISE-RL (seed 002): generator–solver co-evolution on one policy, with RG-SED for both roles.
 
-The run is a sequence of co-evolution cycles (seed App. D.5; issue 18). Cycle ``i`` holds
+The run is a sequence of co-evolution cycles (seed App. D.5). Cycle ``i`` holds
 ``generator_steps`` generator steps, then a pool refresh, then ``solver_steps`` solver steps::
 
     step s (1-based), L = generator_steps + solver_steps:
@@ -48,7 +48,7 @@ its role phase) — on generator groups only at steps whose generator mean Δr i
 role (``role_metrics``; per group in ``history``). ``sd_scope="final_turn"`` distils only the last
 assistant turn of a multi-turn rollout (``sd_mask``).
 
-**The frozen solver** (``solver_policy="frozen"``, issue 18): the K attempts of a cycle's
+**The frozen solver** (``solver_policy="frozen"``, the default): the K attempts of a cycle's
 generator phase sample the policy as it was at the phase's first step — a second parameter set
 (``Services.hold_policy``, JAX engine), taken then, written under ``<workdir>/policies/`` for a
 resume, released when the solver phase begins; ``"current"`` samples the live policy. **The base
@@ -638,9 +638,13 @@ class AriseRLController(Controller):
         gated tasks; a probe stream, never trained) and R_G of each generator episode."""
         cfg = self.cfg
         scores = [self._parse(r) for r in responses]
+        # ARISE-RL solves the gated tasks; the baselines' proposers every parsed one (their
+        # difficulty term is computed whenever their format term is > 0)
+        baseline = cfg.proposer_reward != "arise_rl"
         solve = [
             s for s in scores
-            if s.task is not None and (s.tool or not cfg.tool_grounding) and cfg.difficulty
+            if s.task is not None and cfg.difficulty
+            and (baseline or s.tool or not cfg.tool_grounding)
         ]  # fmt: skip
         if solve:
             tasks = [s.task for s in solve]
@@ -652,6 +656,9 @@ class AriseRLController(Controller):
                 r = self._rewards(task, vs)
                 s.c = int(rw.solver_successes(r, cfg.gamma))
         for s in scores:
+            if baseline:
+                s.reward = proposer_reward(cfg.proposer_reward, s, cfg.k_attempts)
+                continue
             outcome = rw.GeneratorOutcome(
                 s.question, 0 if s.task is None else len(s.task.rubric), s.tool, s.fmt_reason
             )
@@ -679,6 +686,23 @@ class AriseRLController(Controller):
 
     def signal_weights(self) -> dict[str, float]:
         return {SIGNAL: 1.0}
+
+    def shape_advantages(self, rollouts: Rollouts, advantages: np.ndarray) -> np.ndarray | None:
+        """``advantage_grouping``: "group" leaves the trainer's per-prompt advantages; "hrpo"
+        and "trr++" recompute them from the trained signal over wider groups
+        (:func:`grouped_advantages`) — Dr. Zero's HRPO on its proposer's (generator) groups only,
+        Absolute Zero's TRR++ on both roles."""
+        mode = self.cfg.advantage_grouping
+        if mode == "group":
+            return None
+        r = rollouts.signal(SIGNAL)
+        roles = [g.role for g in rollouts.groups]
+        keys = [(g.role, g.task.task_type) for g in rollouts.groups]
+        out = grouped_advantages(r, keys, mode)
+        if mode == "hrpo":
+            gen = np.array([role == "generator" for role in roles])
+            out = np.where(gen[:, None], out, advantages)
+        return out
 
     def reward_signals(self, rollouts: Rollouts) -> dict[str, np.ndarray]:
         out = np.full((len(rollouts.groups), rollouts.group_size), np.nan)
@@ -874,7 +898,7 @@ class AriseRLController(Controller):
         """Per role present this step (seed Fig. 5 is per group): the share of its groups with
         memory, mean Δr and its standard error, the gate regions over its groups, the placebo's
         Δr and regions beside them, and the effective λ / λ0 (mean over the role's groups, and
-        the share above 0.5: ``memory_stage`` scales them by λ0 = ``loss.sd_coef``)."""
+        the share above 0.5: the pipeline's memory stage scales them by λ0 = ``loss.sd_coef``)."""
         roles = np.array([g.role for g in rollouts.groups])
         out: dict[str, float] = {}
         for role in ROLES:
@@ -1006,6 +1030,69 @@ class AriseRLController(Controller):
         self.history = list(state.get("history", []))
 
 
+# Absolute Zero's −1 goes to a format error (the output cannot be read as a task at all), its −0.5
+# to a task that is read but invalid (ours: the parse reasons that name the tags vs the others).
+FORMAT_ERRORS = frozenset(
+    {"no_final_answer", "no_question", "empty_question", "no_rubric", "stray_rubric_text",
+     "empty_rubric"}
+)  # fmt: skip
+
+
+def proposer_reward(name: str, score: GeneratorScore, k: int) -> float:
+    """A baseline's own proposer reward of one generator episode (notes/baselines.md §6):
+
+    * "dr_zero": ``0.5·f + difficulty`` with Dr. Zero's format score
+      ``f = (1 + think + tool + ans)/4`` when the episode parsed (its integrity check), else 0,
+      and its difficulty ``(K − c)/(K − 1)`` for 0 < c < K. Theirs: the composite, the
+      difficulty shape. Approximated: think = 1 (our answer format has no think block to
+      score), tool = the tool observation event (Dr. Zero's hop-count rule gives 1 for one hop
+      whatever was called), ans = 1 when every listed criterion names a check, else 0.5 (its
+      short-answer rule has no rubric counterpart); c and K are ARISE-RL's attempts.
+    * "absolute_zero": learnability ``1 − c/K`` for 0 < c < K, else 0, on a valid task; −0.5 for
+      a task read but invalid; −1 on a format error (``FORMAT_ERRORS``). Theirs: the composite
+      and its penalties. Approximated: "valid" = R_fmt (its code executor has no counterpart),
+      no tool gate (AZR has no tool), the thresholded success rate c/K as r̄."""
+    c = 0 if score.c is None else score.c
+    parsed = score.fmt_reason is None
+    if name == "dr_zero":
+        ans = 1.0 if score.num_unknown == 0 else 0.5
+        f = rw.dr_zero_format_score(parsed, 1.0, float(score.tool), ans)
+        return rw.dr_zero_proposer_reward(f, c, k)
+    if name == "absolute_zero":
+        formatted = score.fmt_reason not in FORMAT_ERRORS
+        return rw.absolute_zero_proposer_reward(formatted, parsed, c, k)
+    raise ValueError(f"proposer_reward: unknown proposer reward {name!r}")
+
+
+def grouped_advantages(
+    rewards: np.ndarray, keys: Sequence[Any], mode: str, eps: float = 1e-6
+) -> np.ndarray:
+    """``[G, J]`` advantages with a baseline shared by the groups of equal ``keys[g]`` (NaN
+    rewards: advantage 0, and left out of the statistics):
+
+    * "hrpo" (Dr. Zero): ``(r − mean_key) / (std_key + eps)``, mean and std over every rollout of
+      the key's groups (its hop count's groups; ours: the role's task type);
+    * "trr++" (Absolute Zero's Task-Relative REINFORCE++): ``(r − mean_key) / (std + eps)``, the
+      baseline per key (task type x role) and ONE std over all the step's centred rewards."""
+    r = np.asarray(rewards, np.float64)
+    valid = ~np.isnan(r)
+    centred = np.zeros_like(r)
+    scaled = np.zeros_like(r)
+    for key in dict.fromkeys(keys):
+        rows = np.array([k == key for k in keys])
+        sel = rows[:, None] & valid
+        if not sel.any():
+            continue
+        x = r[sel]
+        centred[sel] = x - x.mean()
+        scaled[sel] = (x - x.mean()) / (x.std() + eps)
+    if mode == "hrpo":
+        return scaled
+    if mode == "trr++":
+        return centred / ((centred[valid].std() if valid.any() else 0.0) + eps)
+    raise ValueError(f"grouped_advantages: mode must be 'hrpo' or 'trr++', got {mode!r}")
+
+
 def _seed_match(a: Sequence[Trajectory], b: Sequence[Trajectory] | None) -> float:
     """The share of the first min(len) pairs of ``a`` and ``b`` on the same seed; NaN without a
     partner or where the engine reports no seeds."""
@@ -1076,17 +1163,7 @@ def generator_metrics(infos: Sequence[Mapping[str, Any]], k: int) -> dict[str, f
     return m
 
 
-# --- the pipeline's stages (step.PIPELINES["arise_rl"]) -----------------------------------------
-
-
-def _controller(ctx: Any) -> AriseRLController:
-    ctl = [c for c in ctx.controllers.controllers if isinstance(c, AriseRLController)]
-    if len(ctl) != 1:
-        raise ValueError(
-            f"the arise_rl pipeline needs exactly one AriseRLController, got {len(ctl)} "
-            f"({[c.name for c in ctx.controllers.controllers]})"
-        )
-    return ctl[0]
+# --- the pipeline (the arise_rl Method's) --------------------------------------------------------
 
 
 def assign_roles(rollouts: Rollouts) -> Rollouts:
@@ -1099,45 +1176,61 @@ def assign_roles(rollouts: Rollouts) -> Rollouts:
     return rollouts
 
 
-def generate_generator_groups(rollouts: Rollouts, ctx: Any) -> Rollouts:
-    """Before the default ``generate``: generator groups get trained agent episodes over the
-    generator's tool environment (the default stage then skips them)."""
+def pipeline(controller: AriseRLController) -> Any:
+    """ARISE-RL's step over its controller: sample (+ roles) → decorate → generate (generator
+    groups: agent episodes with the lookup tool, trained) → judge → attempts (parse, gates, K
+    solver attempts: never trained) → reward → advantage → observe → memory (RG-SED's memory
+    rollouts: never trained; Δr) → select → teacher (the memory in the prompt) → gate."""
+    from rubric_rl import step
     from rubric_rl.services import TRAIN_STREAM
 
-    todo = [g for g in rollouts.groups if g.role == "generator" and not g.trajectories]
-    if todo:
-        n = int(ctx.config.rollout.samples_per_task)
-        ids, trajs = _controller(ctx)._run_generator([g.task for g in todo], n, TRAIN_STREAM)
-        for g, p, ts in zip(todo, ids, trajs, strict=True):
-            g.prompt_ids, g.trajectories = tuple(p), list(ts)
-    return rollouts
+    def sample_roles(rollouts: Rollouts | None, ctx: Any) -> Rollouts:
+        return assign_roles(step.sample(rollouts, ctx))
 
+    def generate_roles(rollouts: Rollouts, ctx: Any) -> Rollouts:
+        """Generator groups get trained agent episodes over the generator's tool environment
+        (the default ``generate`` then skips them)."""
+        todo = [g for g in rollouts.groups if g.role == "generator" and not g.trajectories]
+        if todo:
+            n = int(ctx.config.rollout.samples_per_task)
+            ids, trajs = controller._run_generator([g.task for g in todo], n, TRAIN_STREAM)
+            for g, p, ts in zip(todo, ids, trajs, strict=True):
+                g.prompt_ids, g.trajectories = tuple(p), list(ts)
+        return step.generate(rollouts, ctx)
 
-def attempts_stage(rollouts: Rollouts, ctx: Any, verifier_signal: str) -> Rollouts:
-    """R_G's inputs for the generator groups: parse, gates, K solver attempts (never trained)."""
-    _controller(ctx).score_generator_groups(rollouts, verifier_signal)
-    return rollouts
+    def attempts(rollouts: Rollouts, ctx: Any) -> Rollouts:
+        """R_G's inputs for the generator groups: parse, gates, K solver attempts (never
+        trained)."""
+        controller.score_generator_groups(rollouts, step.VERIFIER_SIGNAL)
+        return rollouts
 
+    def memory(rollouts: Rollouts, ctx: Any) -> Rollouts:
+        """RG-SED's memories and memory rollouts (measurement only) and Δr, when SD is on; the
+        effective λ per role (``rgsed/<role>/lambda_mean``: λ0 = ``loss.sd_coef`` × the mean
+        multiplier over the role's groups, ``lambda_active_frac``: the share above 0.5 λ0)."""
+        if ctx.needs_teacher:
+            m = controller.run_rgsed(rollouts)
+            lambda0 = float(ctx.config.loss.sd_coef)
+            for role in ROLES:
+                if f"rgsed/{role}/lambda_ratio" in m:
+                    m[f"rgsed/{role}/lambda_mean"] = lambda0 * m[f"rgsed/{role}/lambda_ratio"]
+            ctx.metrics.update({f"arise_rl/{k}": v for k, v in m.items()})
+        return rollouts
 
-def memory_stage(rollouts: Rollouts, ctx: Any) -> Rollouts:
-    """RG-SED's memories and memory rollouts (measurement only) and Δr, when SD is on; the
-    effective λ per role (``rgsed/<role>/lambda_mean``: λ0 = ``loss.sd_coef`` × the mean
-    multiplier over the role's groups, ``lambda_active_frac``: the share above 0.5 λ0)."""
-    if ctx.needs_teacher:
-        m = _controller(ctx).run_rgsed(rollouts)
-        lambda0 = float(ctx.config.loss.sd_coef)
-        for role in ROLES:
-            if f"rgsed/{role}/lambda_ratio" in m:
-                m[f"rgsed/{role}/lambda_mean"] = lambda0 * m[f"rgsed/{role}/lambda_ratio"]
-        ctx.metrics.update({f"arise_rl/{k}": v for k, v in m.items()})
-    return rollouts
+    def teacher(rollouts: Rollouts, ctx: Any) -> Rollouts:
+        """Every trained rollout of a group with memory: the teacher prompt with m."""
+        if ctx.needs_teacher:
+            controller.set_teachers(rollouts)
+        return rollouts
 
-
-def teacher_stage(rollouts: Rollouts, ctx: Any) -> Rollouts:
-    """Every trained rollout of a group with memory: the teacher prompt with m."""
-    if ctx.needs_teacher:
-        _controller(ctx).set_teachers(rollouts)
-    return rollouts
+    return (
+        step.default_pipeline()
+        .replace("sample", sample_roles)
+        .replace("generate", generate_roles)
+        .insert_after("judge", "attempts", attempts)
+        .insert_after("observe", "memory", memory)
+        .replace("teacher", teacher)
+    )
 
 
 __all__ = [
@@ -1148,14 +1241,11 @@ __all__ = [
     "GeneratorScore",
     "Phase",
     "assign_roles",
-    "attempts_stage",
-    "generate_generator_groups",
-    "memory_stage",
-    "teacher_stage",
     "final_turn_mask",
     "generator_memory",
     "generator_metrics",
     "met_matrix",
     "phase",
+    "pipeline",
     "solver_rewards",
 ]

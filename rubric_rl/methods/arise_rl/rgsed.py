@@ -11,10 +11,10 @@ rollouts (measurement only, never trained) minus that of the J standard ones. Th
   "none" (gate ≡ 1) is the "w/o reward gating" ablation;
 * cosine warm-up ``w(t) = ½(1 − cos(π·min(t/W, 1)))``, W = 20, and cosine decay
   ``d(t) = f + (1 − f)·½(1 + cos(π·min(t/D, 1)))``, D = 120, floor f = 0.1 — both on the same step
-  counter t, from 0 (as in the authors' code: decay is not delayed by the warm-up). Step
-  convention: t is the 0-based index of the training step whose batch the coefficient multiplies
-  (``Rollouts.step``), so w(0) = 0 (no SD on the first step), w(W) = 1, d(0) = 1, d(D) = f, and
-  both stay flat beyond their end.
+  counter t, from 0 (as in the authors' code: decay is not delayed by the warm-up): w(0) = 0, w(W)
+  = 1, d(0) = 1, d(D) = f, both flat beyond their end. Which counter t is, the seed leaves open:
+  ARISE-RL's controller passes the step's offset in its role phase by default (0 at each
+  phase's first step, so no SD there) or the training step (``schedule_clock``).
 
 A group whose Δr is undefined (no defined reward on either side, e.g. no memory was written)
 gets gate 0 — also under "none": without a measured memory there is nothing to distil.

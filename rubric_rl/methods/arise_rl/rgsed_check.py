@@ -21,6 +21,7 @@ the schedule clock it was computed from. Ours throughout: the seed has no such c
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import re
@@ -167,13 +168,12 @@ class CheckResult:
     config: Any
 
 
-def check_config(groups: int, samples: int, steps: int, overrides: Mapping[str, Any]):
-    """configs/arise_rl.py's smoke config on solver steps only: ``groups`` tasks x ``samples``
-    rollouts a step, eq. 8 with α = 1 (r = s, so Δr is in s's units), no warm-up, the live policy,
-    no base probe; ``overrides`` set ``config.arise_rl`` fields (e.g. the old defaults)."""
-    from configs import arise_rl as arise_rl_config
-
-    c = arise_rl_config.get_config("smoke")
+def check_config(base: Any, groups: int, samples: int, steps: int, overrides: Mapping[str, Any]):
+    """``base`` (configs/arise_rl.py's ``smoke`` config; the package never imports configs/) on
+    solver steps only: ``groups`` tasks x ``samples`` rollouts a step, eq. 8 with α = 1 (r = s,
+    so Δr is in s's units), no warm-up, the live policy, no base probe; ``overrides`` set
+    ``config.arise_rl`` fields (e.g. the old defaults)."""
+    c = copy.deepcopy(base)
     c.unlock()
     c.calibration.enabled = False
     c.rollout.update(tasks_per_step=groups, samples_per_task=samples)
@@ -189,6 +189,7 @@ def check_config(groups: int, samples: int, steps: int, overrides: Mapping[str, 
 
 def run_check(
     d: float,
+    base: Any,
     *,
     p: float = 0.5,
     groups: int = 16,
@@ -199,13 +200,14 @@ def run_check(
     workdir: str | None = None,
 ) -> CheckResult:
     """``steps`` solver steps of the real pipeline on ``groups`` distinct check tasks (the pool,
-    drawn without replacement) with the stand-in's memory effect ``d`` (module docstring)."""
+    drawn without replacement) with the stand-in's memory effect ``d`` (module docstring);
+    ``base``: configs/arise_rl.py's ``smoke`` config (``check_config``)."""
     from rubric_rl import builders
     from rubric_rl.methods.arise_rl.arise_rl import AriseRLController
     from rubric_rl.services import Services
-    from rubric_rl.step import StepContext, build_pipeline
+    from rubric_rl.step import StepContext
 
-    config = check_config(groups, samples, steps, overrides or {})
+    config = check_config(base, groups, samples, steps, overrides or {})
     tasks = check_tasks(groups, criteria)
     with (
         tempfile.TemporaryDirectory() if workdir is None else contextlib.nullcontext(workdir) as wd
@@ -219,11 +221,10 @@ def run_check(
             config, engine, tok, ScriptedJudge(), domain, wd,
             functools.partial(builders.prompt_buckets, config),
         )  # fmt: skip
-        controllers = builders.build_controllers(config, domain)
+        controllers, pipeline = builders.build_method(config, domain)
         controllers.bind(services, f"{wd}/controllers")
         (ctl,) = [c for c in controllers.controllers if isinstance(c, AriseRLController)]
         ctl.pool, ctl.pool_cycle = list(tasks), 0
-        pipeline = build_pipeline(config)
         dr, placebo, at, coefs, metrics = [], [], [], [], []
         try:
             for step in range(1, steps + 1):
