@@ -13,7 +13,7 @@ what is the effective batch size of its sampling, what environment mix does it t
   response is rendered by the domain (``render_response``), so the real judge and verifier grade
   real text. The policy reads the task's hidden parameters to render: it stands in for the
   policy, and no controller sees them.
-- ``run_check(config, policy, steps)``: the method's own pipeline (``step.build_pipeline``) with
+- ``run_check(config, policy, steps)``: the method's own pipeline (``Method.pipeline``) with
   its ``generate`` stage replaced by the policy; sample, decorate, judge, reward, advantage,
   observe and select are the real stages, with the method's real controllers bound to real
   ``Services`` (programmatic judge). Nothing is trained. Returns ``CheckReport``.
@@ -54,13 +54,13 @@ import numpy as np
 
 from rubric_rl import builders
 from rubric_rl.methods.arise.reflection_base import satisfied
+from rubric_rl.methods.method import get_method
 from rubric_rl.rollout.batch import Rollouts, Trajectory
 from rubric_rl.services import Services
 from rubric_rl.step import (
     RUBRIC_SIGNAL,
     VERIFIER_SIGNAL,
     StepContext,
-    build_pipeline,
     mark_behaviour,
 )
 
@@ -282,9 +282,12 @@ def scripted_run(config, policy: ScriptedPolicy, workdir: str, controllers=None)
     services = Services(config, None, tokenizer, judge, domain, workdir, buckets)
     services.generate = scripted_services_generate(policy, services, domain.train)
     if controllers is None:
-        controllers = builders.build_controllers(config, domain)
+        controllers, pipeline = builders.build_method(config, domain)
+    else:  # given controllers: the method's pipeline over them
+        method = get_method(str(config.get("method", "grpo")))
+        pipeline = method.pipeline(config, controllers.controllers)
     controllers.bind(services, os.path.join(workdir, "controllers"))
-    pipeline = build_pipeline(config).replace("generate", scripted_generate(policy))
+    pipeline = pipeline.replace("generate", scripted_generate(policy))
     return ScriptedRun(config, domain, services, controllers, pipeline)
 
 

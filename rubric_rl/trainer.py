@@ -43,7 +43,7 @@ from rubric_rl.metrics import (
 from rubric_rl.metrics import summary_line as format_summary
 from rubric_rl.reward_fns import RewardFn
 from rubric_rl.services import ComponentError, Services
-from rubric_rl.step import Pipeline, StepContext, build_pipeline
+from rubric_rl.step import Pipeline, StepContext
 from rubric_rl.step_metrics import oracle_diagnostics, rollout_rows, step_metrics
 from rubric_rl.trainer_batch import rollouts_to_batch, update_batches
 
@@ -214,11 +214,13 @@ class Trainer:
         self.services = Services(
             config, self.engine, self.tokenizer, judge, self.domain, self.workdir, buckets
         )
-        self.controllers = builders.build_controllers(config, self.domain, extra_controllers)
+        self.controllers, method_pipeline = builders.build_method(
+            config, self.domain, extra_controllers
+        )
         self.controllers_dir = os.path.join(self.workdir, "controllers")
         self.controllers.bind(self.services, self.controllers_dir)
         self._check_mix_owner()
-        self.pipeline = pipeline if pipeline is not None else build_pipeline(config)
+        self.pipeline = pipeline if pipeline is not None else method_pipeline
         self.rng = jax.random.key(int(config.train.seed))
         self.step = 0
         self.ckpt = RunCheckpointer(

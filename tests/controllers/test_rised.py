@@ -74,7 +74,7 @@ def rollouts(step: int, spec, rewards=None) -> Rollouts:
 
 
 def controller(**kw) -> RisedController:
-    cfg = RisedConfig(**{"k": 0, "selection": "none", **kw})
+    cfg = RisedConfig(**{"k": 0, "selection": "none", "retag_every": 0, **kw})
     return RisedController(cfg, VOCAB, ScriptedTagger())
 
 

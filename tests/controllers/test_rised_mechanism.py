@@ -3,7 +3,7 @@
 success is scripted): outcome-conditioned tags, SD only for groups with a success, teacher hints
 ranked by success/failure contrast, presence-count profiles, untagged groups never preferred to
 tagged ones, Var-Target that keeps the groups with a signal, "w/o selection" as a random k of the
-same 2k; and the previous behaviour of each under its flag."""
+same 2k; and the earlier rule of each under its flag."""
 
 from __future__ import annotations
 
@@ -49,7 +49,9 @@ def _rollouts(step, spec) -> Rollouts:
 
 
 def _ctl(**kw) -> RisedController:
-    return RisedController(RisedConfig(**{"k": 0, "selection": "none", **kw}), VOCAB, JsonTagger())
+    return RisedController(
+        RisedConfig(**{"k": 0, "selection": "none", "retag_every": 0, **kw}), VOCAB, JsonTagger()
+    )
 
 
 # --- the tagger ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""``config.harness`` -> the HarnessRL controller (``CONTROLLER_BUILDERS["harness_rl"]``)."""
+"""``config.harness`` -> the HarnessRL controller (the harness_rl ``Method``'s controllers)."""
 
 from __future__ import annotations
 
