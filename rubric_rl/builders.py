@@ -634,6 +634,7 @@ def train_config(config: ConfigDict) -> TrainConfig:
         chunk_size=int(lo.chunk_size),
         num_micro_batches=int(o.num_micro_batches),
         skip_nonfinite=int(config.train.max_nonfinite_skips) > 0,
+        trainable_layers=int(config.train.get("trainable_layers", 0)),
     )
 
 

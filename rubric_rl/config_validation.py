@@ -246,6 +246,15 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         _fail("checkpoint.final", f"must be True or False, got {ck.final!r}")
     if int(config.train.steps) < 0:
         _fail("train.steps", f"must be >= 0, got {config.train.steps}")
+    n = config.train.get("trainable_layers", 0)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        _fail("train.trainable_layers", f"must be an int >= 0 (0 = all layers), got {n!r}")
+    if n and config.model.get("scan_layers", False):
+        _fail(
+            "train.trainable_layers",
+            "needs model.scan_layers=False (a scanned layer stack is one lax.scan whose "
+            "backward runs every layer)",
+        )
     if int(config.warmstart.steps) > 0 and int(config.warmstart.batch) < 1:
         _fail("warmstart.batch", f"must be >= 1, got {config.warmstart.batch}")
     if int(config.warmstart.steps) > 0:

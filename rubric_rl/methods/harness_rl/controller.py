@@ -63,6 +63,7 @@ from rubric_rl.methods.harness_rl.proposer import (
     ProgrammaticProposer,
     ProposalContext,
     criterion_state,
+    expected_gain,
 )
 from rubric_rl.methods.harness_rl.rubric_ops import (
     anchor_share_of,
@@ -158,6 +159,16 @@ class HarnessConfig:
             raise ValueError("harness.cold_start: groups and regradings must be >= 2")
 
 
+def _finite(x: float) -> float | None:
+    return float(x) if x is not None and math.isfinite(float(x)) else None
+
+
+def _checks(criteria: Sequence[Criterion]) -> list[tuple]:
+    """What a rubric checks and how much each check weighs (an op that leaves this unchanged is
+    a no-op, whatever it records)."""
+    return [(c.id, criterion_state(c), round(float(c.weight), 9)) for c in criteria]
+
+
 class HarnessController(Controller):
     name = "harness"
 
@@ -221,6 +232,9 @@ class HarnessController(Controller):
         self.generic: dict[str, bool] = {}  # criterion check key -> passes on generic content
         self.accepted_log: dict[str, list[dict[str, Any]]] = {}  # task -> accepted rubric updates
         self.totals = {"accepted_rubric": 0, "reversals": 0}
+        # task -> accepted updates awaiting the task's next draw, when their ``outcome`` (the
+        # reward and the target's reach then) goes to the time index.
+        self.pending_outcomes: dict[str, list[dict[str, Any]]] = {}
         self._events: list[dict[str, Any]] = []
         # The step's attributions (analysis: the scripted-policy check scores them).
         self.last_attributions: list[TaskAttribution] = []
@@ -397,6 +411,8 @@ class HarnessController(Controller):
             crit = {c.id: c for c in st.criteria}
             weights = [crit[i].weight if i in crit else 1.0 for i in ids]
             responses = tuple(t.response for t in group.trajectories)
+            reward_now = mean_points(rewards[g, :j].tolist())
+            records += self._outcomes(task.id, ids, weights, met, reward_now)
             t0 = time.perf_counter()
             ev = evidence.gather(
                 self.memory, task.id, ids, last_label=self.last_label, draws=st.draws,
@@ -410,7 +426,7 @@ class HarnessController(Controller):
             group_record = (task.id, "group", {
                 "criterion_ids": ids, "weights": weights,
                 "met": [[None if math.isnan(x) else float(x) for x in row] for row in met],
-                "responses": list(responses), "reward_points": mean_points(rewards[g, :j].tolist()),
+                "responses": list(responses), "reward_points": reward_now,
                 "fields": sorted(st.fields), "level": st.level,
             })  # fmt: skip
             seeded = {"seed": step} if self.llm is not None else {}
@@ -436,7 +452,8 @@ class HarnessController(Controller):
                 satisfied={i: tuple(float(x) for x in sat[m]) for m, i in enumerate(ids)},
                 rejected=ev.rejected,
                 replaced=self._replaced(task.id) if self.config.memory != "none" else {},
-                donors=ev.donors, generic_pass=generic,
+                donors=ev.donors, generic_pass=generic, min_points=self.rollout_band.lower,
+                fits=self._fits(task),
             )  # fmt: skip
             cands = self.proposer.propose(ctx, att, **seeded)
             if self.config.rubric_rule == evorubric.RULE and "rubric" in self.config.interfaces:
@@ -465,6 +482,24 @@ class HarnessController(Controller):
         times["memory"] += time.perf_counter() - t0
         metrics = self._metrics(work, verdicts, times, mounted, not_attributed)
         return {**metrics, **sec_metrics, **guidance_tokens}
+
+    def _outcomes(self, task_id, ids, weights, met, reward_now) -> list[tuple[str, str, dict]]:
+        """The ``outcome`` records of the task's updates accepted at its previous draw: the
+        group's reward and the target's reach now, beside those at acceptance."""
+        rows = []
+        sat = satisfied(met, weights) if len(ids) else np.zeros((0, 0))
+        for p in self.pending_outcomes.pop(task_id, []):
+            reach = None
+            if p["target"] in ids:
+                row = sat[ids.index(p["target"])]
+                reach = _finite(float(np.nanmean(row))) if np.isfinite(row).any() else None
+            then = p["reward_points_then"]
+            change = None if then is None or reward_now is None else reward_now - then
+            rows.append((task_id, "outcome", {
+                **p, "reward_points_now": reward_now, "reward_change": change,
+                "target_reach_now": reach,
+            }))  # fmt: skip
+        return rows
 
     def _guidance_tokens(self, rollouts: Rollouts) -> dict[str, float]:
         """The guided rollouts' extra cost, bounded: the share of the step's prompt tokens that
@@ -539,16 +574,22 @@ class HarnessController(Controller):
     def _critic(self, step: int, work) -> dict[tuple[str, str], Verdict]:
         out: dict[tuple[str, str], Verdict] = {}
         rollout_todo = []
-        for task, st, _, cands, responses, baseline in work:
+        for task, st, att, cands, responses, baseline in work:
             c = cands.get("sampling")
             if c is not None:
                 out[(task.id, "sampling")] = Verdict(True, None, "accepted on its attribution")
             c = cands.get("rollout")
             if c is not None:
-                if not self.config.critic:
+                fields = {f: v["text"] for f, v in fields_after(st.fields, c).items()}
+                too_long = self._prompt_error(task, fields)
+                if too_long is not None:
+                    # Applied, it would break every later generation of the task: rejected
+                    # alone, with or without a critic.
+                    out[(task.id, "rollout")] = Verdict(False, None, f"invalid: {too_long}")
+                elif not self.config.critic:
                     out[(task.id, "rollout")] = Verdict(True, None, "no critic")
                 else:
-                    rollout_todo.append((task, st, c, baseline))
+                    rollout_todo.append((task, st, c, baseline, self._priority(st, att, c)))
             c = cands.get("rubric")
             if c is not None:
                 invalid = self._invalid_rubric(step, st, c)
@@ -564,27 +605,24 @@ class HarnessController(Controller):
                     out[(task.id, "rubric")] = self._measure_rubric(
                         step, task, st, c, responses, baseline
                     )
-        # Re-sampled groups, most confident first, up to the per-step budget; one engine call.
-        rollout_todo = rollout_todo[: self.config.max_rollout_measurements]
+        # Re-sampled groups, most confident first (then by expected gain), up to the per-step
+        # budget; one engine call, or one per candidate if it fails, so that a failure rejects
+        # only the candidate that caused it.
+        rollout_todo.sort(key=lambda x: x[-1])
+        rollout_todo = [x[:4] for x in rollout_todo[: self.config.max_rollout_measurements]]
+        results: list[Any] = []
         if rollout_todo:
-            prompts = []
-            for task, st, c, _ in rollout_todo:
-                fields = fields_after(st.fields, c)
-                prompts.append(self.style.mount(task, {f: v["text"] for f, v in fields.items()}))
             try:
-                _, trajs = self.services.generate(
-                    prompts, self.config.samples_per_task, stream=CRITIC_STREAM,
-                    names=[t.id for t, *_ in rollout_todo],
-                )  # fmt: skip
-                tasks = [self.harness_task(t) for t, *_ in rollout_todo]
-                vs = self.services.judge(tasks, [[x.response for x in ts] for ts in trajs])
+                results = self._resample(rollout_todo)
             except Exception as e:  # noqa: BLE001 - no measurement rejects (§3)
-                for task, *_ in rollout_todo:
-                    out[(task.id, "rollout")] = Verdict(False, None, f"no measurement: {e!r}")
-                return out
-            for (task, _, c, baseline), t, rows in zip(rollout_todo, tasks, vs, strict=True):
-                new = mean_points([row_reward(t.rubric.criteria, row) for row in rows])
-                delta = None if new is None or baseline is None else new - baseline
+                results = [e] if len(rollout_todo) == 1 else [
+                    self._resample_one(x) for x in rollout_todo
+                ]  # fmt: skip
+            for (task, _, c, baseline), res in zip(rollout_todo, results, strict=True):
+                if isinstance(res, Exception):
+                    out[(task.id, "rollout")] = Verdict(False, None, f"no measurement: {res!r}")
+                    continue
+                delta = None if res is None or baseline is None else res - baseline
                 out[(task.id, "rollout")] = rollout_verdict(
                     delta, self.rollout_band, drop_only=c.drop_only
                 )
@@ -593,15 +631,70 @@ class HarnessController(Controller):
                 out[(task.id, "rollout")] = Verdict(False, None, DEFERRED)
         return out
 
+    def _resample(self, todo) -> list[float | None]:
+        """The mean reward (points) of a group re-sampled with each candidate's fields, under the
+        task's current rubric; raises if generation or judging fails."""
+        prompts = []
+        for task, st, c, _ in todo:
+            fields = fields_after(st.fields, c)
+            prompts.append(self.style.mount(task, {f: v["text"] for f, v in fields.items()}))
+        _, trajs = self.services.generate(
+            prompts, self.config.samples_per_task, stream=CRITIC_STREAM,
+            names=[t.id for t, *_ in todo],
+        )  # fmt: skip
+        tasks = [self.harness_task(t) for t, *_ in todo]
+        vs = self.services.judge(tasks, [[x.response for x in ts] for ts in trajs])
+        return [
+            mean_points([row_reward(t.rubric.criteria, row) for row in rows])
+            for t, rows in zip(tasks, vs, strict=True)
+        ]
+
+    def _resample_one(self, item) -> float | None | Exception:
+        try:
+            return self._resample([item])[0]
+        except Exception as e:  # noqa: BLE001 - no measurement rejects this candidate only
+            return e
+
+    def _priority(self, st: TaskHarness, att: TaskAttribution | None, c: Candidate) -> tuple:
+        """The measurement budget's order: the target's label confidence, then its expected gain
+        (weight × (1 − reach)), highest first; drops (no blind target) last among equals."""
+        lab = None if att is None else next(
+            (x for x in att.labels if x.criterion_id == c.target), None
+        )  # fmt: skip
+        crit = next((x for x in st.criteria if x.id == c.target), None)
+        conf = 0.0 if lab is None else lab.confidence
+        gain = 0.0
+        if lab is not None and crit is not None:
+            gain = expected_gain(crit.weight, lab.satisfied_rate)
+        return (-conf, -gain)
+
+    def _fits(self, task: Task):
+        """Whether ``task``'s prompt with mounted fields fits ``model.max_prompt_len`` (None: no
+        services to encode with)."""
+        if self.services is None:
+            return None
+        return lambda fields: self._prompt_error(task, fields) is None
+
+    def _prompt_error(self, task: Task, fields: Mapping[str, str]) -> str | None:
+        if self.services is None or not fields:
+            return None
+        try:
+            self.services.encode_prompt(self.style.mount(task, dict(fields)), f"task {task.id}")
+        except ValueError as e:
+            return str(e)
+        return None
+
     def _invalid_rubric(self, step: int, st: TaskHarness, cand: Candidate) -> str | None:
         """Why ``cand``'s ops cannot apply to the task's rubric (None: they apply)."""
         try:
-            apply_ops(
+            new = apply_ops(
                 st.criteria, cand.rubric, step=step, total=self.config.total_weight,
                 anchor_share=st.anchor_share,
             )  # fmt: skip
         except (ValueError, KeyError) as e:
             return f"invalid: {e}"
+        if _checks(new) == _checks(st.criteria):
+            return "invalid: no change after the Λ rescale"
         return None
 
     def _measure_rubric(self, step, task, st, cand: Candidate, responses, baseline) -> Verdict:
@@ -624,7 +717,7 @@ class HarnessController(Controller):
 
     def _apply(self, step: int, work, verdicts) -> list[tuple[str, str, dict]]:
         rows = []
-        for task, st, _, cands, _, _ in work:
+        for task, st, att, cands, _, baseline in work:
             for iface in INTERFACES:
                 c = cands.get(iface)
                 if c is None:
@@ -639,6 +732,15 @@ class HarnessController(Controller):
                 }  # fmt: skip
                 if v.accepted:
                     row.update(self._accept(step, task, st, c))
+                    lab = None if att is None else next(
+                        (x for x in att.labels if x.criterion_id == c.target), None
+                    )  # fmt: skip
+                    self.pending_outcomes.setdefault(task.id, []).append({
+                        "update_step": step, "interface": iface, "kind": c.kind,
+                        "target": c.target, "measured_delta": v.delta,
+                        "reward_points_then": baseline,
+                        "target_reach_then": None if lab is None else _finite(lab.satisfied_rate),
+                    })  # fmt: skip
                 rows.append((task.id, "update", row))
                 self._events.append({"event": "update", "task_id": task.id, **row})
         return rows
@@ -782,6 +884,7 @@ class HarnessController(Controller):
             "generic": dict(sorted(self.generic.items())),
             "accepted_log": self.accepted_log,
             "totals": dict(self.totals),
+            "pending_outcomes": self.pending_outcomes,
             "sec": self.sec.state_dict() if self.sec is not None else None,
         }  # fmt: skip
 
@@ -804,6 +907,7 @@ class HarnessController(Controller):
         self.generic = {k: bool(v) for k, v in state["generic"].items()}
         self.accepted_log = {k: list(v) for k, v in state["accepted_log"].items()}
         self.totals = dict(state["totals"])
+        self.pending_outcomes = {k: list(v) for k, v in state.get("pending_outcomes", {}).items()}
         if self.sec is not None and state.get("sec"):
             self.sec.load_state_dict(state["sec"])
 

@@ -228,3 +228,135 @@ def test_an_invalid_rubric_candidate_is_rejected_not_raised(tmp_path, variant):
     assert not v.accepted and v.reason.startswith("invalid:") and dup.id in v.reason
     (row,) = ctl._apply(2, work, verdicts)
     assert row[2]["status"] == "rejected" and st.criteria == before
+
+
+def _after_step_1(tmp_path, variant="smoke", **set_):
+    """A scripted run of ``small_config(variant)`` with ``set_`` ("section.field": value) after
+    its first step, and its harness controller."""
+    c = small_config(variant)
+    c.unlock()
+    for k, v in set_.items():
+        section, field = k.split(".")
+        c[section][field] = v
+    c.lock()
+    run = scripted_run(c, ScriptedPolicy(seed=0), str(tmp_path))
+    run.step(1)
+    return run, run.controllers.sampler
+
+
+def _two_rollout_candidates(run, ctl, long_words: int = 0, confidences=(0.5, 0.5)):
+    """Two drawn tasks, each with an ``add(criterion)`` candidate for a positive criterion; the
+    first's text padded with ``long_words`` words."""
+    from rubric_rl.methods.harness_rl.attributor import CriterionLabel, TaskAttribution
+    from rubric_rl.methods.harness_rl.proposer import Candidate, GuidanceOp
+
+    by_id = {t.id: t for t in run.domain.train}
+    work = []
+    for k, (tid, st) in enumerate(list(ctl.state.items())[:2]):
+        task = by_id[tid]
+        target = max((c for c in st.criteria if c.weight > 0), key=lambda c: c.weight)
+        text = "guidance " + " ".join(["extra"] * (long_words if k == 0 else 0))
+        op = GuidanceOp("add", "criterion", text.strip(), target.id)
+        cand = Candidate("rollout", tid, "blind", target.id, (op,))
+        att = TaskAttribution(
+            tid, (CriterionLabel(target.id, "blind", confidences[k], 0.0, ""),), 0.3, False
+        )
+        work.append((task, st, att, {"rollout": cand}, ("a", "b"), 0.0))
+    return work
+
+
+def _prompt_tokens(ctl, task, text):
+    messages = ctl.style.mount(task, {"criterion": text})
+    return len(ctl.services.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+
+@pytest.mark.parametrize("variant", ["smoke", "smoke,no_critic"])
+def test_a_140_token_candidate_rejects_only_itself(tmp_path, variant):
+    run, ctl = _after_step_1(tmp_path, variant, **{"model.max_prompt_len": 128})
+    n = 0
+    while True:  # pad the first candidate to a 140-token prompt
+        work = _two_rollout_candidates(run, ctl, long_words=n)
+        got = _prompt_tokens(ctl, work[0][0], work[0][3]["rollout"].guidance[0].text)
+        if got >= 140:
+            break
+        n += 1
+    assert got == 140
+    verdicts = ctl._critic(2, work)
+    long_v = verdicts[(work[0][0].id, "rollout")]
+    ok_v = verdicts[(work[1][0].id, "rollout")]
+    assert (
+        not long_v.accepted
+        and long_v.reason.startswith("invalid:")
+        and "140 tokens" in long_v.reason
+    )
+    if "no_critic" in variant:
+        assert ok_v.accepted and ok_v.reason == "no critic"
+    else:
+        assert ok_v.delta is not None  # measured: the step's other candidate is unaffected
+    before = dict(work[0][1].fields)
+    ctl._apply(2, work, verdicts)
+    assert work[0][1].fields == before  # the long field is never mounted
+    run.step(2)  # and generation goes on
+
+
+def test_a_generation_failure_rejects_only_its_candidate(tmp_path):
+    run, ctl = _after_step_1(tmp_path)
+    work = _two_rollout_candidates(run, ctl)
+    bad = work[0][0].id
+    real = ctl.services.generate
+
+    def failing(prompts, n, **kw):
+        if bad in kw.get("names", ()):
+            raise RuntimeError(f"engine failed on {bad}")
+        return real(prompts, n, **kw)
+
+    ctl.services.generate = failing
+    verdicts = ctl._critic(2, work)
+    v_bad, v_ok = verdicts[(bad, "rollout")], verdicts[(work[1][0].id, "rollout")]
+    assert v_bad.delta is None and "engine failed" in v_bad.reason
+    assert v_ok.delta is not None
+
+
+def test_the_measurement_budget_goes_to_the_most_confident_first(tmp_path):
+    run, ctl = _after_step_1(tmp_path, **{"harness.max_rollout_measurements": 1})
+    for conf in ((0.5, 0.875), (0.875, 0.5)):
+        work = _two_rollout_candidates(run, ctl, confidences=conf)
+        verdicts = ctl._critic(2, work)
+        first = 0 if conf[0] > conf[1] else 1
+        assert verdicts[(work[first][0].id, "rollout")].delta is not None
+        assert verdicts[(work[1 - first][0].id, "rollout")].reason.startswith("deferred")
+
+
+def test_outcome_records_follow_accepted_updates(tmp_path):
+    run = scripted_run(small_config(), ScriptedPolicy(seed=0), str(tmp_path))
+    ctl = run.controllers.sampler
+    for s in range(1, 9):
+        run.step(s)
+    ctl.memory.flush()
+    n = 0
+    for t in ctl.tasks:
+        hist = ctl.memory.history(t.id)
+        groups = {r.step: r.data for r in hist if r.kind == "group"}
+        accepted = {(r.step, r.data["candidate"]["interface"]) for r in hist
+                    if r.kind == "update" and r.data["status"] == "accepted"}  # fmt: skip
+        for r in hist:
+            if r.kind != "outcome":
+                continue
+            n += 1
+            d = r.data
+            # Written at the task's next draw after the update's, with that draw's reward.
+            assert (d["update_step"], d["interface"]) in accepted and r.step > d["update_step"]
+            assert d["reward_points_now"] == groups[r.step]["reward_points"]
+            assert d["reward_points_then"] == groups[d["update_step"]]["reward_points"]
+            assert d["reward_change"] == pytest.approx(
+                d["reward_points_now"] - d["reward_points_then"]
+            )
+            later = [s for s in groups if d["update_step"] < s < r.step]
+            assert not later
+    assert n > 0
+    pending = sum(len(v) for v in ctl.pending_outcomes.values())
+    accepted_total = sum(
+        1 for t in ctl.tasks for r in ctl.memory.history(t.id, kinds=["update"])
+        if r.data["status"] == "accepted"
+    )  # fmt: skip
+    assert n + pending == accepted_total
