@@ -13,7 +13,7 @@ the two pure-function figures of its selection. Prints ONE JSON line:
   environment is left.
 
 Usage: python benchmarks/rised_mechanism.py [--steps 20] [--old]
-(``--old``: the flags that keep the previous behaviour: unconditioned tagging, count-ranked
+(``--old``: the flags that keep the earlier rules: unconditioned tagging, count-ranked
 hints, raw-count profiles summed as they are, untagged groups scored 0, Var-Target at 2× the pool
 mean.)
 """

@@ -101,8 +101,11 @@ def _score(task: Task, prompt: list[dict], response: str, reused: bool = False) 
 
 
 def measure(tasks: Sequence[Task], generate: Generate, *, placement: str = "user",
-            arms: Sequence[str] = ARMS) -> dict[str, list[Answer]]:  # fmt: skip
-    """Every arm's answers to ``tasks`` (``unguided`` first: ``missed`` reads its misses)."""
+            arms: Sequence[str] = ARMS,
+            unguided: Sequence[str] | None = None) -> dict[str, list[Answer]]:  # fmt: skip
+    """Every arm's answers to ``tasks`` (``unguided`` first: ``missed`` reads its misses).
+    ``unguided``: the unguided answers of an earlier run on the same tasks (greedy: the same
+    prompts give the same answers), so a placement variant generates its guided arms only."""
     if placement not in PLACEMENTS:
         raise ValueError(f"--placement must be one of {PLACEMENTS}, got {placement!r}")
     unknown = sorted(set(arms) - set(ARMS))
@@ -110,8 +113,11 @@ def measure(tasks: Sequence[Task], generate: Generate, *, placement: str = "user
         raise ValueError(f"arms {list(arms)}: need 'unguided' and a subset of {ARMS}")
     out: dict[str, list[Answer]] = {}
     prompts = [t.messages for t in tasks]
-    out["unguided"] = [_score(t, p, r) for t, p, r in zip(tasks, prompts, generate(prompts),
-                                                           strict=True)]  # fmt: skip
+    if unguided is None:
+        unguided = generate(prompts)
+    elif len(unguided) != len(tasks):
+        raise ValueError(f"{len(unguided)} unguided answers for {len(tasks)} tasks")
+    out["unguided"] = [_score(t, p, r) for t, p, r in zip(tasks, prompts, unguided, strict=True)]
     if "skills" in arms:
         prompts = [guided(t, {"skills": [skill_text(c) for c in t.capabilities]}, placement)
                    for t in tasks]  # fmt: skip
@@ -257,6 +263,7 @@ def hf_generator(model: Any, tokenizer: Any, *, max_new_tokens: int, batch: int)
                  for p in prompts]  # fmt: skip
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out: list[str] = [""] * len(texts)
+        t0 = time.time()
         for lo in range(0, len(order), batch):
             idx = order[lo : lo + batch]
             enc = tokenizer([texts[i] for i in idx], return_tensors="pt", padding=True,
@@ -266,6 +273,8 @@ def hf_generator(model: Any, tokenizer: Any, *, max_new_tokens: int, batch: int)
                                      pad_token_id=tokenizer.pad_token_id)  # fmt: skip
             for i, row in zip(idx, gen[:, enc["input_ids"].shape[1] :], strict=True):
                 out[i] = tokenizer.decode(row, skip_special_tokens=True).strip()
+            print(f"generated {lo + len(idx)}/{len(order)} prompts ({time.time() - t0:.0f} s)",
+                  file=sys.stderr, flush=True)  # fmt: skip
         return out
 
     return generate
@@ -295,6 +304,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--placement", default="user", choices=PLACEMENTS)
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--out", required=True, help="JSON file: summary and every answer")
+    p.add_argument("--unguided-from", default="", help="an earlier --out: reuse its unguided arm")
     a = p.parse_args(argv)
     tasks = probe_tasks(a.tasks, seed=a.seed, pool=a.pool)
     t0 = time.time()
@@ -302,12 +312,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     load_s = time.time() - t0
     generate = hf_generator(model, tokenizer, max_new_tokens=a.max_new_tokens, batch=a.batch)
     t0 = time.time()
-    answers = measure(tasks, generate, placement=a.placement, arms=a.arms.split(","))
+    reused = None
+    if a.unguided_from:
+        with open(a.unguided_from, encoding="utf-8") as f:
+            earlier = json.load(f)
+        rows = earlier["answers"]["unguided"]
+        if [r["task"] for r in rows] != [t.id for t in tasks] or any(
+            earlier["summary"][k] != v
+            for k, v in (("model", a.model), ("max_new_tokens", a.max_new_tokens))
+        ):
+            raise SystemExit(f"--unguided-from={a.unguided_from}: another probe, model or limit")
+        reused = [r["response"] for r in rows]
+    answers = measure(tasks, generate, placement=a.placement, arms=a.arms.split(","),
+                      unguided=reused)  # fmt: skip
     summary = summarise(tasks, answers)
     summary.update(
         model=a.model, placement=a.placement, max_new_tokens=a.max_new_tokens, seed=a.seed,
         pool=a.pool, load_s=round(load_s, 1), measure_s=round(time.time() - t0, 1),
-        decoding="greedy", split="train",
+        decoding="greedy", split="train", unguided_from=a.unguided_from,
     )  # fmt: skip
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump({"summary": summary, "table": table(summary),

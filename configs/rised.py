@@ -58,6 +58,8 @@ kl_beta 0.001 (HarnessRL's; AgentRL's value is unknown).
 from __future__ import annotations
 
 from configs import common, grpo
+from rubric_rl.methods.method import section_defaults
+from rubric_rl.methods.rised.rised import FROM_OTHER_SECTIONS, RisedConfig
 
 VARIANTS = (
     "smoke", "model", "hard", "protocol", "beta", "grpo_k", "grpo_2k", "top_var", "var_target",
@@ -74,50 +76,9 @@ TRANSFER_VALIDATION = 64  # ours: validation tasks at least (the pools and pass 
 
 
 def get_rised_section() -> common.ConfigDict:
-    r = common.ConfigDict()
-    r.selection = "profile"  # profile | none | top_variance | variance_targeted
-    r.beta = 1.0  # ours: the seed gives no value (baselines.md suggests sweeping 0.5 / 1 / 2)
-    r.overlap = "max"  # ours; "mean" is the cheap alternative
-    r.teacher = "positive"  # positive (RISED) | all (All-Rubric SD) | none
-    r.top_n = 3  # the seed: top-3 of the rollout ∪ top-3 of its group
-    r.anti_patterns = True
-    r.anti_top = 3  # ours: negatives per environment's anti-patterns block
-    # var_target (rubric_rl/methods/rised/rised_selection.py VARIANCE_TARGETS): "proportional"
-    # (ours: k of 2k drawn with probability ∝ within-group variance), "max" (closest to the
-    # variance of success rate 0.5), "pool_multiple" (variance_target × the pool mean: the
-    # previous arm, which prefers zero-variance groups).
-    r.variance_targeting = "proportional"
-    r.variance_target = 2.0  # "pool_multiple" only
-    # The tagger (rised_tagger.ProgrammaticTagger): "outcome" = positives from successes only,
-    # negatives from failures only (the seed's tagger); "unconditioned" = every detected rubric
-    # whatever the outcome (the previous tagging).
-    r.tagging = "outcome"
-    # Profiles (rised_tags.PROFILE_COUNTS): "presence" per rollout (ours), "log", "raw" (the
-    # previous); batch profile of unit-norm group profiles ("unit", ours) or the plain sum; an
-    # untagged (all-zero) group picked only after every tagged one of its environment ("last",
-    # ours), at the median score ("median") or at 0 ("score0": the previous).
-    r.profile_counts = "presence"
-    r.batch_profile = "unit"
-    r.untagged = "last"
-    # Teacher hints ranked by success/failure contrast, then rarity ("contrast", ours) or by
-    # count, ties by vocabulary order ("count": the previous).
-    r.hint_rank = "contrast"
-    # The tagger's reliability probe (seed C.2): every 10 steps 16 of the step's rollouts are
-    # tagged again under another seed (tag/reliability/*; ours: the schedule and sample size).
-    r.retag_every = 10
-    r.retag_samples = 16
-    # The tagger: "programmatic" (the embedded domain: checkers and fluff detectors) or "llm"
-    # (one call per rollout through judge.llm's endpoint unless rised.llm overrides it).
-    r.tagger = "programmatic"
-    # A vocabulary file (rubric_rl/rubrics/vocabulary.py format); "" = the embedded domain's,
-    # built by the warm-up (weak-policy failures + reference answers) and cached in the run.
-    r.vocabulary = ""
-    # The transfer analysis's single-environment runs (``single_env=<env>``): only this
-    # environment's training tasks are sampled; "" = every environment.
-    r.train_environment = ""
-    r.llm = common.ConfigDict(dict(backend="", model="", base_url="", retry_candidates=24,
-                                   refresh_every=10))  # fmt: skip
-    return r
+    """``config.rised`` at its defaults: ``RisedConfig``'s fields (each documented there; k and
+    the seed come from ``rollout.train_groups`` and ``train.seed``)."""
+    return common.ConfigDict(section_defaults(RisedConfig, *FROM_OTHER_SECTIONS))
 
 
 def get_config(arg: str | None = None) -> common.ConfigDict:

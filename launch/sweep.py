@@ -16,14 +16,14 @@ Each run is ``python -m rubric_rl.launch --config=<file>[:<variant>] --workdir=<
 configs' own syntax (``smoke,no_skills``), crossed with every ``--config``; a ``--config`` may
 also carry its variant (``configs/arise.py:smoke``). ``--grid key=v1,v2`` overrides are crossed
 with each other and named in the slug; ``--set key=value`` overrides apply to every run and are
-NOT in the slug. ``{seed}`` in a variant or an override is the run's seed
-(``frozen_rubrics=runs/p/arise-protocol/seed{seed}`` pairs each seed with the same seed's ARISE
-run); the group name keeps the placeholder. A run is skipped when finished (``SWEEP_DONE.json``
-written after exit 0, or a checkpoint at its ``train.steps``) unless ``--force``, which moves
-its workdir aside to ``<wd>.replaced-<UTC time>`` (never deletes it; aggregation skips it) and
-starts afresh; a run with checkpoints but unfinished is continued with ``--resume``. A sweep
-never touches a workdir a live run holds: ``--force`` on one is refused, naming the holder's pid,
-before any run starts. Local runs log to ``<wd>/launch.log``.
+NOT in the slug. ``{seed}`` in a variant or an override is the run's seed, ``{next_seed}`` the next
+seed of ``--seeds`` (cyclically: ``frozen_rubrics=runs/p/arise-protocol/seed{next_seed}`` pairs each
+seed with another seed's ARISE run); the group name keeps the placeholders. A run is skipped when
+finished (``SWEEP_DONE.json`` written after exit 0, or a checkpoint at its ``train.steps``) unless
+``--force``, which moves its workdir aside to ``<wd>.replaced-<UTC time>`` (never deletes it;
+aggregation skips it) and starts afresh; a run with checkpoints but unfinished is continued with
+``--resume``. A sweep never touches a workdir a live run holds: ``--force`` on one is refused,
+naming the holder's pid, before any run starts. Local runs log to ``<wd>/launch.log``.
 
 Local runs share one persistent XLA compilation cache (``--jax_cache``, default
 ``<root>/jax_cache``; ``off`` for none; an explicit ``JAX_COMPILATION_CACHE_DIR`` in the
@@ -54,6 +54,9 @@ from rubric_rl.run_dir import RunDirError, lock_holder, set_aside
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED_KEY = "train.seed"  # configs/common.py: c.train.seed
 SEED_PLACEHOLDER = "{seed}"
+# The next seed of the sweep's --seeds list, cyclically (the last one's is the first): a run of
+# ANOTHER seed (ARISE's frozen-rubrics arm takes its rubric set from another seed's run).
+NEXT_SEED_PLACEHOLDER = "{next_seed}"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
 MAX_SLUG = 64
 
@@ -155,13 +158,14 @@ def expand(
                 if point:
                     parts.append(slug("+".join(f"{k}_{v}" for k, v in point)))
                 group = "-".join(parts)
-                for seed in seeds:
+                for i, seed in enumerate(seeds):
                     wd = os.path.join(root, group, f"seed{seed}")
                     if wd in seen:
                         raise ValueError(f"runs {seen[wd]} and {spec} share workdir {wd}")
                     seen[wd] = spec
-                    overrides = tuple((k, with_seed(v, seed)) for k, v in (*point, *fixed))
-                    runs.append(RunSpec(with_seed(spec, seed), int(seed), overrides, wd))
+                    nxt = seeds[(i + 1) % len(seeds)]
+                    overrides = tuple((k, with_seed(v, seed, nxt)) for k, v in (*point, *fixed))
+                    runs.append(RunSpec(with_seed(spec, seed, nxt), int(seed), overrides, wd))
     return runs
 
 
@@ -173,10 +177,16 @@ def seed_major(runs: Sequence[RunSpec]) -> list[RunSpec]:
     return sorted(runs, key=lambda r: order[r.seed])  # stable: expand's order within a seed
 
 
-def with_seed(text: str, seed: int) -> str:
-    """``text`` with ``{seed}`` replaced by the run's seed: a variant or override that names
-    another run of the same seed (``frozen_rubrics=runs/p/arise/seed{seed}``, the paired
-    frozen-rubrics ablation). The group name keeps the placeholder, so every seed is one group."""
+def with_seed(text: str, seed: int, next_seed: int | None = None) -> str:
+    """``text`` with ``{seed}`` replaced by the run's seed (a variant or override that names
+    another run of the same seed) and ``{next_seed}`` by ``next_seed``, the next seed of the
+    sweep (one that names another seed's run: ``frozen_rubrics=runs/p/arise/seed{next_seed}``,
+    the frozen-rubrics ablation). The group name keeps the placeholders, so every seed is one
+    group."""
+    if NEXT_SEED_PLACEHOLDER in text:
+        if next_seed is None:
+            raise ValueError(f"{text!r}: {NEXT_SEED_PLACEHOLDER} needs the sweep's next seed")
+        text = text.replace(NEXT_SEED_PLACEHOLDER, str(next_seed))
     return text.replace(SEED_PLACEHOLDER, str(seed))
 
 

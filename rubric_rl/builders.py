@@ -24,11 +24,10 @@ from flax import nnx
 
 from rubric_rl.checkpoint import publish_dir
 from rubric_rl.controllers.base import Controller, ControllerSet
-from rubric_rl.controllers.sampling import SAMPLERS
 from rubric_rl.core import sharding
 from rubric_rl.core.train_step import TrainConfig
 from rubric_rl.envs import tool_domain
-from rubric_rl.envs.base import Env
+from rubric_rl.envs.base import Domain
 from rubric_rl.models import (
     Qwen3_5Config,
     Qwen3_5ForCausalLM,
@@ -47,6 +46,7 @@ from rubric_rl.rubrics.types import Task
 
 if TYPE_CHECKING:
     from rubric_rl.rubrics.datasets import LoadReport
+    from rubric_rl.step import Pipeline
 
 ConfigDict = ml_collections.ConfigDict
 EMBEDDED_PRESETS = ("tiny", "1m", "5m", "20m", "peer-3m", "qwen2_tiny", "qwen3_5_tiny")
@@ -60,45 +60,6 @@ CHAT_TEMPLATE = (
 
 
 # ------------------------------------------------------------------------------ domains
-
-
-@dataclasses.dataclass(frozen=True)
-class Domain:
-    """Task splits plus the domain's analysis-only functions (never shown to controllers)."""
-
-    name: str
-    train: tuple[Task, ...]
-    heldout: tuple[Task, ...]
-    ood: tuple[Task, ...]
-    verify: Callable[[Task, str], bool] | None = None  # task pass (all stated constraints)
-    oracle: Callable[[Task, str], float] | None = None  # hidden quality in [0, 1]
-    # (n, seed, p_keep, copy_fraction): n demonstrations, each stated constraint met with
-    # probability p_keep; a share copy_fraction copy demonstrations (a domain without copy
-    # demonstrations, copy_corpus None, ignores it and the warm start logs that).
-    corpus: Callable[[int, int, float, float], list[tuple[list[dict], str]]] | None = None
-    vocabulary: Sequence[str] | None = None
-    # A fresh tool environment for one rollout of a task (None: a single-turn domain). The
-    # agent loop (rollout/agent.py) makes one per rollout and closes it.
-    make_env: Callable[[Task], Env] | None = None
-    # The embedded tokenizer over ``vocabulary``: "word" (units joined by spaces on decode) or
-    # "spaced" (units carry their leading space: decode(encode(text)) == text, needed where the
-    # policy's text is parsed: tool-call JSON, SQL). See build_tokenizer.
-    embedded_tokenizer: str = "word"
-    # The task's prompt with the domain's own guidance for it (the embedded domain: the skill texts
-    # of its capabilities), for calibration's guidance-following gain (rubric_rl/calibration.py).
-    guidance: Callable[[Task], list[dict]] | None = None
-    # The domain's checker library: the rule-checked criteria a rubric-writing method may propose
-    # for a task, read from its prompt text (the embedded domain: envs/constraint_library.py;
-    # ARISE's ``arise.bank``). None: the task's own rubric is the only bank.
-    criteria_library: Callable[[Task], Sequence[Any]] | None = None
-    # (n, seed): n copy demonstrations for the warm start's first warmstart.copy_steps steps.
-    copy_corpus: Callable[[int, int], list[tuple[list[dict], str]]] | None = None
-    # Tasks for choices (checkpoints, hyperparameters) that the held-out set must never make
-    # (benchmarks/protocol.md); empty where the domain has no such split.
-    validation: tuple[Task, ...] = ()
-    # Which tasks are rolled out as agent episodes in agent mode (None: every task). The embedded
-    # domain with tool environments mixed in (``domain.tool_envs``): their tasks only.
-    episodic: Callable[[Task], bool] | None = None
 
 
 DOMAINS: Registry[Callable[[ConfigDict], Domain]] = Registry("domain")
@@ -213,7 +174,7 @@ def dataset_domain(cfg: ConfigDict) -> Domain:
 
     ds = cfg.dataset
     limit = int(ds.limit) or None
-    checkers = frozenset(load_builtin_checkers().names())
+    checkers = load_builtin_checkers()  # names and signatures: arguments checked at load
     reports: dict[str, LoadReport] = {}
 
     def load(split: str, fmt: str) -> tuple[Task, ...]:
@@ -677,6 +638,7 @@ def train_config(config: ConfigDict) -> TrainConfig:
         chunk_size=int(lo.chunk_size),
         num_micro_batches=int(o.num_micro_batches),
         skip_nonfinite=int(config.train.max_nonfinite_skips) > 0,
+        trainable_layers=int(config.train.get("trainable_layers", 0)),
     )
 
 
@@ -791,310 +753,41 @@ def build_judge(config: ConfigDict, workdir: str):
 # ------------------------------------------------------------------------------ controllers
 
 
-# config.method -> fn(config, domain) -> [controllers]; the first one is the sampler.
-CONTROLLER_BUILDERS: Registry[Callable[[ConfigDict, Domain], list[Controller]]] = Registry(
-    "controller builder (config.method)"
-)
+def build_method(
+    config: ConfigDict, domain: Domain, extra: Sequence[Controller] = ()
+) -> tuple[ControllerSet, Pipeline]:
+    """The run's controllers and step pipeline, from its method (``config.method``, a room of
+    ``rubric_rl/methods``): the method's controllers (the first is the sampler), then
+    calibration's and ``extra``; the pipeline over the method's own controller objects."""
+    from rubric_rl.calibration import build_calibration
+    from rubric_rl.methods.method import get_method
 
-
-def _from_section(cls, config: ConfigDict, name: str, **fixed):
-    """``cls(**fixed, **config.<name>)``; an unknown or missing field is an error naming the
-    section."""
-    try:
-        return cls(**fixed, **dict(config.get(name, {})))
-    except TypeError as e:
-        raise ValueError(f"config.{name}: {e}") from e
-
-
-def ruscarl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
-    """RuscaRL's rubric scaffold (``config.ruscarl``, when the config has that section)."""
-    if config.get("ruscarl") is None:
-        return []
-    from rubric_rl.methods.harness_rl.ruscarl import RuscaRLConfig, RuscaRLController
-    from rubric_rl.methods.harness_rl.style import style_for
-
-    if str(config.loss.rollout_correction) == "bypass":
-        raise ValueError(
-            "config.loss.rollout_correction='bypass' with config.ruscarl: the scaffolded "
-            "samples' engine log-probs are under another prompt; use 'off' (π_old recomputed "
-            "on the trained prompt, as RuscaRL's verl does)"
-        )
-    rc = _from_section(
-        RuscaRLConfig, config, "ruscarl",
-        total_steps=int(config.train.steps), seed=int(config.train.seed),
-    )  # fmt: skip
-    return [RuscaRLController(rc, style_for(domain))]
-
-
-@CONTROLLER_BUILDERS.register("grpo")
-def grpo_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
-    """Static seed rubrics, a sampler from SAMPLERS (``config.controllers.sampler``), and
-    RuscaRL's scaffold / SkillRL's skills when the config has a ``ruscarl`` / ``skillrl``
-    section."""
-    extra = [*ruscarl_controllers(config, domain), *skillrl_controllers(config, domain)]
-    return [*_grpo_sampler(config, domain), *extra, *variance_select_controllers(config)]
-
-
-def variance_select_controllers(config: ConfigDict) -> list[Controller]:
-    """RISED's reward-variance selector baselines (``config.variance_select``, when the config
-    has that section): keep ``rollout.train_groups`` of the step's groups."""
-    if config.get("variance_select") is None:
-        return []
-    from rubric_rl.methods.rised.rised_selectors import VarianceSelectConfig, VarianceSelector
-
-    k = int(config.rollout.train_groups)
-    if k < 1:
-        raise ValueError(
-            "config.rollout.train_groups: config.variance_select keeps k groups of "
-            f"tasks_per_step={config.rollout.tasks_per_step}; set k >= 1, got {k}"
-        )
-    vc = _from_section(
-        VarianceSelectConfig, config, "variance_select", k=k, seed=int(config.train.seed)
-    )
-    return [VarianceSelector(vc)]
-
-
-def skillrl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
-    """SkillRL's skill bank (``config.skillrl``, when the config has that section)."""
-    if config.get("skillrl") is None:
-        return []
-    from rubric_rl.methods.harness_rl.skillrl import SkillRLConfig, SkillRLController
-    from rubric_rl.methods.harness_rl.style import style_for
-
-    sc = _from_section(SkillRLConfig, config, "skillrl")
-    return [SkillRLController(sc, style_for(domain), domain.criteria_library)]
-
-
-def _grpo_sampler(
-    config: ConfigDict, domain: Domain, train: Sequence[Task] | None = None
-) -> list[Controller]:
-    """The step's sampler over ``train`` (default: the domain's training tasks)."""
-    from rubric_rl.methods.rised import rised_selectors  # noqa: F401  (registers "env_quota")
-
-    train = list(domain.train if train is None else train)
-
-    if config.controllers.sampler == "sec":
-        from rubric_rl.methods.harness_rl.sec import SECConfig, SECSampler
-
-        sec = _from_section(SECConfig, config, "sec")
-        batch, seed = int(config.rollout.tasks_per_step), int(config.train.seed)
-        return [SECSampler(train, batch, seed=seed, config=sec)]
-    sampler_cls = SAMPLERS.get(config.controllers.sampler)
-    return [sampler_cls(train, int(config.rollout.tasks_per_step), seed=int(config.train.seed))]
-
-
-@CONTROLLER_BUILDERS.register("arise")
-def arise_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
-    from rubric_rl.methods.arise.arise import make_arise_controller
-    from rubric_rl.methods.arise.arise_config import arise_controller_kwargs
-
-    client = None
-    if config.arise.reflection == "llm":
-        from rubric_rl.rubrics.llm import client_from_settings
-
-        client = client_from_settings(config.arise.llm, config.judge.llm)
-    ctrl = make_arise_controller(
-        domain.train,
-        int(config.rollout.tasks_per_step),
-        seed=int(config.train.seed),
-        llm_client=client,
-        task_verifier=domain.verify,
-        criteria_library=domain.criteria_library,
-        **arise_controller_kwargs(config),
-    )
-    if config.arise.frozen_pool_from:
-        from rubric_rl.analysis import final_pool_state
-        from rubric_rl.methods.arise.arise_config import frozen_mode
-
-        ctrl.load_pool(
-            final_pool_state(config.arise.frozen_pool_from),
-            config.arise.frozen_pool_entries,
-            mode=frozen_mode(config),
-        )
-    return [ctrl]
-
-
-@CONTROLLER_BUILDERS.register("harness_rl")
-def harness_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
-    from rubric_rl.methods.harness_rl.builder import make_harness_controller
-
-    harness = make_harness_controller(config, domain)
-    if harness.config.rollout_rule == "ruscarl":  # the g_t <- RuscaRL switching arm
-        scaffold = ruscarl_controllers(config, domain)
-        if not scaffold:
-            raise ValueError("harness.rollout_rule='ruscarl' needs a config.ruscarl section")
-        return [harness, *scaffold]
-    return [harness]
-
-
-@CONTROLLER_BUILDERS.register("rised")
-def rised_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
-    """RISED (configs/rised.py): the per-environment quota sampler and the RISED controller
-    (tagger, selection, anti-patterns, per-rollout teacher contexts)."""
-    from rubric_rl.methods.rised.rised import (
-        RisedConfig,
-        RisedController,
-        embedded_description,
-        embedded_renderer,
-        generic_renderer,
-        mixed_description,
-        mixed_renderer,
-    )
-    from rubric_rl.methods.rised.rised_tagger import (
-        LLMTagger,
-        ProgrammaticTagger,
-        embedded_vocabulary,
-    )
-    from rubric_rl.rubrics.vocabulary import Vocabulary
-
-    r = config.rised
-    embedded = domain.name == "constraints"
-    tools = tool_env_names(config.domain) if embedded else ()
-    if r.vocabulary:
-        vocab = Vocabulary.load(r.vocabulary)
-    elif embedded:
-        vocab = embedded_vocabulary(int(config.domain.seed), tool_envs=tools)
-    else:
-        raise ValueError(
-            f"config.rised.vocabulary: the {domain.name!r} domain has no built-in RISED "
-            "vocabulary; give a vocabulary file (rubric_rl/rubrics/vocabulary.py format)"
-        )
-    if r.tagger == "programmatic":
-        if not embedded:
-            raise ValueError(
-                f"config.rised.tagger='programmatic' tags the embedded constraint domain only, "
-                f"not {domain.name!r}: use tagger='llm'"
-            )
-        # A key missing from a config (a run from before the key existed) means its behaviour
-        # then, so an archived config.json reruns as it ran.
-        tagging = str(r.get("tagging", "unconditioned"))
-        if tagging not in ("outcome", "unconditioned"):
-            raise ValueError(
-                f"config.rised.tagging={tagging!r}: expected 'outcome' or 'unconditioned'"
-            )
-        conditioned = tagging == "outcome"
-        tagger = ProgrammaticTagger(vocab, outcome_conditioned=conditioned)
-        if tools:  # the tool environments' episodes: their own tagger
-            from rubric_rl.methods.rised.rised_tool_tagger import MixedTagger, ToolTagger
-
-            tagger = MixedTagger(tagger, ToolTagger(vocab, outcome_conditioned=conditioned))
-    elif r.tagger == "llm":
-        from rubric_rl.rubrics.llm import client_from_settings
-
-        client = client_from_settings(r.llm, config.judge.llm, where="judge.llm")
-        tagger = LLMTagger(
-            client, vocab, retry_candidates=int(r.llm.retry_candidates),
-            refresh_every=int(r.llm.refresh_every),
-        )  # fmt: skip
-    else:
-        raise ValueError(f"config.rised.tagger={r.tagger!r}: expected 'programmatic' or 'llm'")
-    rc = RisedConfig(
-        k=int(config.rollout.train_groups), selection=r.selection, beta=float(r.beta),
-        overlap=r.overlap, teacher=r.teacher, top_n=int(r.top_n),
-        anti_patterns=bool(r.anti_patterns), anti_top=int(r.anti_top),
-        variance_target=float(r.variance_target),
-        variance_targeting=str(r.get("variance_targeting", "pool_multiple")),
-        profile_counts=str(r.get("profile_counts", "raw")),
-        batch_profile=str(r.get("batch_profile", "sum")), untagged=str(r.get("untagged", "score0")),
-        hint_rank=str(r.get("hint_rank", "count")), retag_every=int(r.get("retag_every", 0)),
-        retag_samples=int(r.get("retag_samples", 16)), seed=int(config.train.seed),
-    )  # fmt: skip
-    ctl = RisedController(
-        rc, vocab, tagger,
-        render=(mixed_renderer if tools else embedded_renderer) if embedded else generic_renderer,
-        describe=(mixed_description if tools else embedded_description) if embedded else None,
-    )  # fmt: skip
-    return [*_grpo_sampler(config, domain, _rised_train(config, domain)), ctl]
-
-
-def _rised_train(config: ConfigDict, domain: Domain) -> list[Task]:
-    """The training tasks RISED samples: all, or one environment's (``rised.train_environment``,
-    the transfer analysis's single-environment runs; evaluation still covers every environment).
-    Not ``train_env``: a config key ending in ``_env`` names an environment variable (llm.py)."""
-    from rubric_rl.evaluation import env_of
-
-    env = str(config.rised.get("train_environment", "") or "")
-    if not env:
-        return list(domain.train)
-    kept = [t for t in domain.train if env_of(t) == env]
-    if not kept:
-        envs = sorted({env_of(t) for t in domain.train})
-        raise ValueError(
-            f"config.rised.train_environment={env!r}: no training task of that environment; "
-            f"the training tasks' environments are {envs}"
-        )
-    return kept
-
-
-@CONTROLLER_BUILDERS.register("arise_rl")
-def arise_rl_controllers(config: ConfigDict, domain: Domain) -> list[Controller]:
-    """ARISE-RL (configs/arise_rl.py): one controller that is the sampler (the cycle schedule:
-    generator tasks, then the pool of generated tasks) and owns R_G, the solver reward and
-    RG-SED. The generator role writes tasks of ``config.arise_rl.generator_domain``: the
-    embedded constraint domain or the SQL env (controllers/arise_rl_domain.py)."""
-    from rubric_rl.methods.arise_rl.arise_rl import AriseRLConfig, AriseRLController
-    from rubric_rl.methods.arise_rl.arise_rl_domain import build_generator_domain
-
-    a = config.arise_rl.to_dict()
-    a["rgsed_roles"] = tuple(a["rgsed_roles"])
-    cfg = AriseRLConfig(**a)
-    solver_domain = {"constraint": "constraints", "sql": "sql"}[cfg.generator_domain]
-    if domain.name != solver_domain:
-        raise ValueError(
-            f"config.arise_rl.generator_domain={cfg.generator_domain!r} writes tasks of the "
-            f"{solver_domain!r} domain, but config.domain.name={domain.name!r}"
-        )
-    mode = str(config.rollout.get("mode", "auto"))
-    if cfg.generator_domain == "sql" and mode not in ("agent", "auto"):
-        raise ValueError(
-            f"config.arise_rl.generator_domain='sql': the solver answers SQL tasks in agent "
-            f"episodes; config.rollout.mode must be 'agent', got {mode!r}"
-        )
-    generator_domain = build_generator_domain(
-        cfg.generator_domain, domain.train, rubric_completion=cfg.rubric_completion
-    )
-    external = bool(config.get("teacher") is not None and config.teacher.model)
-    if (cfg.teacher != "self") != external:
-        raise ValueError(
-            f"config.arise_rl.teacher={cfg.teacher!r} with config.teacher.model="
-            f"{config.teacher.model!r}: the OPCD / GKD baselines need an external teacher "
-            "(config.teacher.model and .params), RG-SED ('self') must not have one"
-        )
-    # Generated tasks train the solver, which is evaluated on these: never generate one of them.
-    forbidden = generator_domain.forbidden_signatures([*domain.heldout, *domain.validation])
-    return [
-        AriseRLController(
-            cfg,
-            fallback_tasks=domain.train,
-            forbidden=forbidden,
-            tasks_per_step=int(config.rollout.tasks_per_step),
-            seed=int(config.train.seed),
-            generator_domain=generator_domain,
-        )  # fmt: skip
-    ]
+    method = get_method(str(config.get("method", "grpo")))
+    built = method.controllers(config, domain)
+    pipeline = method.pipeline(config, built)
+    controllers = ControllerSet(built[0], [*built[1:], *build_calibration(config, domain), *extra])
+    check_teacher_context_source(config, controllers, pipeline)
+    return controllers, pipeline
 
 
 def build_controllers(
     config: ConfigDict, domain: Domain, extra: Sequence[Controller] = ()
 ) -> ControllerSet:
-    from rubric_rl.calibration import build_calibration
-
-    method = config.get("method", "grpo")
-    built = CONTROLLER_BUILDERS.get(method)(config, domain)
-    controllers = ControllerSet(built[0], [*built[1:], *build_calibration(config, domain), *extra])
-    check_teacher_context_source(config, controllers)
-    return controllers
+    """``build_method``'s controllers."""
+    return build_method(config, domain, extra)[0]
 
 
 def _supplies_teacher_context(controller: Controller) -> bool:
     return type(controller).teacher_context is not Controller.teacher_context
 
 
-def check_teacher_context_source(config: ConfigDict, controllers: ControllerSet) -> None:
+def check_teacher_context_source(
+    config: ConfigDict, controllers: ControllerSet, pipeline: Pipeline
+) -> None:
     """Self-distillation on (``loss.sd_estimator`` set, ``loss.sd_coef`` > 0) needs a source of
     teacher contexts: a controller that implements ``teacher_context``, or the method's own
-    ``teacher`` stage (``step.PIPELINES``). Without one every group's SD term is exactly 0 and
-    the run trains plain RL while paying for the teacher rows: an error at start-up."""
+    ``teacher`` stage (its ``Method.pipeline``). Without one every group's SD term is exactly 0
+    and the run trains plain RL while paying for the teacher rows: an error at start-up."""
     from rubric_rl import step
 
     lo = config.loss
@@ -1102,7 +795,7 @@ def check_teacher_context_source(config: ConfigDict, controllers: ControllerSet)
         return
     if any(_supplies_teacher_context(c) for c in controllers.controllers):
         return
-    if dict(step.build_pipeline(config).stages).get("teacher") is not step.teacher:
+    if dict(pipeline.stages).get("teacher") is not step.teacher:
         return  # the method's pipeline sets teacher prompts itself
     method = config.get("method", "grpo")
     raise ValueError(

@@ -4,14 +4,13 @@ or device touched.
 
 The package owns these checks (``configs/`` imports the package, never the reverse);
 ``configs/common.py`` re-exports ``validate_config`` and ``mesh_shape``. A method's own section is
-checked by its validator in ``METHOD_VALIDATORS`` (``config.method``: ARISE's ``arise.*``).
+checked by its method (``rubric_rl.methods.method.get_method(config.method).validate``).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
 
 from ml_collections import ConfigDict
 
@@ -23,12 +22,11 @@ from rubric_rl.core.variants import (
     KL_ESTIMATORS,
     ROLLOUT_CORRECTION_PRESETS,
 )
-from rubric_rl.methods.arise.arise_config import validate_arise
+from rubric_rl.methods.method import get_method
 from rubric_rl.models.config import checkpoint_shape_error, with_shape
 from rubric_rl.models.gguf_io import GGUF_MODELS, gguf_path, is_gguf_source
 from rubric_rl.models.qwen3_5_config import ALL_PRESETS as PRESETS
 from rubric_rl.models.tokenizer import check_chat_template
-from rubric_rl.registry import Registry
 from rubric_rl.rubrics.llm import check_env_settings
 from rubric_rl.rubrics.rewards import REWARDS
 
@@ -50,7 +48,6 @@ __all__ = [
     "ENGINES",
     "JUDGES",
     "LLM_BACKENDS",
-    "METHOD_VALIDATORS",
     "MODEL_DTYPES",
     "ROLLOUT_MODES",
     "SCHEDULES",
@@ -59,12 +56,6 @@ __all__ = [
     "rollout_mode",
     "validate_config",
 ]
-
-# config.method -> checks of that method's own config section (run after the shared checks).
-METHOD_VALIDATORS: Registry[Callable[[ConfigDict], None]] = Registry(
-    "method config validator (config.method)"
-)
-METHOD_VALIDATORS.register("arise")(validate_arise)
 
 
 def _fail(field: str, msg: str) -> None:
@@ -255,6 +246,15 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         _fail("checkpoint.final", f"must be True or False, got {ck.final!r}")
     if int(config.train.steps) < 0:
         _fail("train.steps", f"must be >= 0, got {config.train.steps}")
+    n = config.train.get("trainable_layers", 0)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        _fail("train.trainable_layers", f"must be an int >= 0 (0 = all layers), got {n!r}")
+    if n and config.model.get("scan_layers", False):
+        _fail(
+            "train.trainable_layers",
+            "needs model.scan_layers=False (a scanned layer stack is one lax.scan whose "
+            "backward runs every layer)",
+        )
     if int(config.warmstart.steps) > 0 and int(config.warmstart.batch) < 1:
         _fail("warmstart.batch", f"must be >= 1, got {config.warmstart.batch}")
     if int(config.warmstart.steps) > 0:
@@ -295,10 +295,8 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         if len(band) != 2 or float(band[0]) > float(band[1]):
             _fail(field, f"an acceptance band must be (low, high) with low <= high, got {band}")
     _validate_copy_demonstrations(config)
-    _validate_grpo_sampler(config)
-    method = config.get("method")
-    if method in METHOD_VALIDATORS:
-        METHOD_VALIDATORS.get(method)(config)
+    # The method's own section, after the shared checks.
+    get_method(str(config.get("method", "grpo"))).validate(config)
     if num_devices is not None:
         data, fsdp, _ = mesh_shape(config, num_devices)
         # The rows the jitted step sees: every sampled group, or the k a select stage keeps.
@@ -406,19 +404,6 @@ def _validate_reward_weights(config: ConfigDict, fns: list[str]) -> None:
             f"reward function (config.reward_fns: {fns}) through loss.reward or "
             "loss.reward_weights",
         )
-
-
-def _validate_grpo_sampler(config: ConfigDict) -> None:
-    """``controllers.sampler`` of a GRPO run (builders.grpo_controllers): a ``SAMPLERS`` name."""
-    from rubric_rl.controllers.sampling import SAMPLERS
-    from rubric_rl.methods.arise import capability_sampler  # noqa: F401  (registers theirs)
-    from rubric_rl.methods.harness_rl import sec  # noqa: F401
-    from rubric_rl.methods.rised import rised_selectors  # noqa: F401
-
-    controllers = config.get("controllers")
-    if config.get("method", "grpo") != "grpo" or controllers is None:
-        return
-    _one_of("controllers.sampler", controllers.get("sampler"), SAMPLERS.names())
 
 
 def _check_gguf(field: str, name: str) -> None:

@@ -393,7 +393,8 @@ def get_base_config() -> ConfigDict:
     c.checkpoint = dict(every=50, keep=3, final=True)
     # 150 RL steps of 32 x 8 rollouts: ~4 min in all on the 2-core CPU with tcmalloc (200 steps
     # took 4:57; measured); the held-out score flattens after step ~100.
-    c.train = dict(steps=150, seed=0, max_nonfinite_skips=3)
+    # trainable_layers: train only the top N decoder layers (0 = all; core/frozen_layers.py).
+    c.train = dict(steps=150, seed=0, max_nonfinite_skips=3, trainable_layers=0)
     return c
 
 

@@ -105,6 +105,24 @@ def _score(rewards: np.ndarray) -> float:
     return float(POINTS_SCALE * np.nanmean(rewards)) if np.any(~np.isnan(rewards)) else math.nan
 
 
+def judge_failure_metrics(split: str, verdicts: Sequence[Sequence[Sequence[Any]]]) -> dict:
+    """``eval/<split>/judge/failed``: the share of the set's verdicts that failed (a checker that
+    raised, a judge call that failed), and ``eval/<split>/judge/failed/<criterion>`` for each
+    criterion with a failed verdict. A failed verdict leaves the score (never counted as unmet),
+    so without these a criterion that always raises would drop out of it unseen."""
+    flat = [v for group in verdicts for row in group for v in row]
+    if not flat:
+        return {}
+    out = {f"eval/{split}/judge/failed": sum(v.met is None for v in flat) / len(flat)}
+    by_criterion: dict[str, list[bool]] = {}
+    for v in flat:
+        by_criterion.setdefault(v.criterion_id, []).append(v.met is None)
+    for cid, failed in sorted(by_criterion.items()):
+        if any(failed):
+            out[f"eval/{split}/judge/failed/{cid}"] = sum(failed) / len(failed)
+    return out
+
+
 def split_metrics(
     split: str,
     tasks: Sequence[Task],
@@ -221,6 +239,7 @@ def evaluate(
         responses = [g[0].response for g in trajs]
         judged = [i for i, t in enumerate(tasks) if len(t.rubric.evaluated())]
         verdicts = services.judge([tasks[i] for i in judged], [[responses[i]] for i in judged])
+        out.update(judge_failure_metrics(split, verdicts))
         groups = [[{v.criterion_id: v for v in vs} for vs in g] for g in verdicts]
         scores = pack_verdicts(groups, [tasks[i].rubric.evaluated() for i in judged])
         rewards = None

@@ -282,6 +282,13 @@ def call_reward_fn(
     prompts = [t.question for t in tasks]
     try:
         out = fn(prompts, list(completions), **fields_of(tasks))
+    except SystemExit as e:
+        # sys.exit() in user code would end the run with the exit's status — 0 reads as a
+        # finished run (a sweep marks it done): an error naming the function instead.
+        raise RewardFnError(
+            f"reward function {name!r} ({reward_fn_path(fn)}) {where} called sys.exit"
+            f"({e.code!r}); a reward function returns rewards, it does not end the run"
+        ) from e
     except Exception as e:  # noqa: BLE001 - a user function's failure is recorded, not trained
         frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
         at = f" at {frame.filename}:{frame.lineno}" if frame else ""

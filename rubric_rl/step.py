@@ -7,9 +7,9 @@ A stage is ``fn(rollouts, ctx) -> rollouts``: it reads and fills the step's ``Ro
 (``rubric_rl/rollout/batch.py``); ``sample`` gets ``None`` and makes the record. The trainer runs
 the pipeline, packs the selected trainable trajectories into a ``TrainBatch`` and updates; it
 knows nothing else about the method. A method changes the step by replacing or inserting stages
-(``Pipeline.replace`` / ``insert_before`` / ``insert_after``) in a pipeline builder registered
-under its ``config.method`` in ``PIPELINES`` (or passed to ``Trainer(pipeline=...)``): RISED's
-``select`` keeps k of 2k groups, ARISE-RL inserts a generator round before the solver round. Each
+(``Pipeline.replace`` / ``insert_before`` / ``insert_after``) in its ``Method.pipeline``
+(``rubric_rl/methods/method.py``; or passed to ``Trainer(pipeline=...)``): RISED places
+per-rollout teacher prompts, ARISE-RL inserts a generator round before the solver round. Each
 default stage calls the controllers' hooks (``controllers/base.py``); stages that act on groups
 (``decorate``, ``generate``, ``judge``) only touch groups that have not been through them yet, so
 a stage inserted later in the pipeline can add groups and run them again.
@@ -43,7 +43,6 @@ from absl import logging
 
 from rubric_rl.controllers.base import ControllerSet
 from rubric_rl.core.advantages import ADVANTAGE_ESTIMATORS, multi_signal_advantages
-from rubric_rl.registry import Registry
 from rubric_rl.reward_fns import REWARD_FN_ERRORS, RewardFn, call_reward_fn, reward_fn_path
 from rubric_rl.rollout.batch import Group, Messages, Rollouts, score_matrices
 from rubric_rl.rubrics.rewards import REWARDS, batch_rewards
@@ -501,59 +500,13 @@ def default_pipeline() -> Pipeline:
     return Pipeline(DEFAULT_STAGES)
 
 
-# config.method -> fn(config) -> Pipeline; a method without an entry runs the default pipeline.
-PIPELINES: Registry[Callable[[Any], Pipeline]] = Registry("step pipeline (config.method)")
-
-
-@PIPELINES.register("rised")
-def rised_pipeline(config: Any) -> Pipeline:
-    """RISED: per-rollout teacher prompts (rollout's top positive rubrics ∪ its group's)."""
-    from rubric_rl.methods.rised.rised import rised_teacher
-
-    return default_pipeline().replace("teacher", rised_teacher)
-
-
-@PIPELINES.register("arise_rl")
-def arise_rl_pipeline(config: Any) -> Pipeline:
-    """ARISE-RL (controllers/arise_rl.py): sample (+ roles) → decorate → generate (generator
-    groups: agent episodes with the lookup tool, trained) → judge → attempts (parse, gates, K
-    solver attempts: never trained) → reward → advantage → observe → memory (RG-SED's memory
-    rollouts: never trained; Δr) → select → teacher (the memory in the prompt) → gate."""
-    from rubric_rl.methods.arise_rl import arise_rl
-
-    def sample_roles(rollouts: Rollouts | None, ctx: StepContext) -> Rollouts:
-        return arise_rl.assign_roles(sample(rollouts, ctx))
-
-    def generate_roles(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
-        return generate(arise_rl.generate_generator_groups(rollouts, ctx), ctx)
-
-    def attempts(rollouts: Rollouts, ctx: StepContext) -> Rollouts:
-        return arise_rl.attempts_stage(rollouts, ctx, VERIFIER_SIGNAL)
-
-    return (
-        default_pipeline()
-        .replace("sample", sample_roles)
-        .replace("generate", generate_roles)
-        .insert_after("judge", "attempts", attempts)
-        .insert_after("observe", "memory", arise_rl.memory_stage)
-        .replace("teacher", arise_rl.teacher_stage)
-    )
-
-
-def build_pipeline(config: Any) -> Pipeline:
-    method = str(config.get("method", "grpo"))
-    return PIPELINES.get(method)(config) if method in PIPELINES else default_pipeline()
-
-
 __all__ = [
     "DEFAULT_STAGES",
-    "PIPELINES",
     "RUBRIC_SIGNAL",
     "VERIFIER_SIGNAL",
     "Pipeline",
     "Stage",
     "StepContext",
-    "build_pipeline",
     "default_pipeline",
     "reward_fn_signals",
     "rubric_reward_name",

@@ -43,7 +43,7 @@ from rubric_rl.metrics import (
 from rubric_rl.metrics import summary_line as format_summary
 from rubric_rl.reward_fns import RewardFn
 from rubric_rl.services import ComponentError, Services
-from rubric_rl.step import Pipeline, StepContext, build_pipeline
+from rubric_rl.step import Pipeline, StepContext
 from rubric_rl.step_metrics import oracle_diagnostics, rollout_rows, step_metrics
 from rubric_rl.trainer_batch import rollouts_to_batch, update_batches
 
@@ -214,11 +214,13 @@ class Trainer:
         self.services = Services(
             config, self.engine, self.tokenizer, judge, self.domain, self.workdir, buckets
         )
-        self.controllers = builders.build_controllers(config, self.domain, extra_controllers)
+        self.controllers, method_pipeline = builders.build_method(
+            config, self.domain, extra_controllers
+        )
         self.controllers_dir = os.path.join(self.workdir, "controllers")
         self.controllers.bind(self.services, self.controllers_dir)
         self._check_mix_owner()
-        self.pipeline = pipeline if pipeline is not None else build_pipeline(config)
+        self.pipeline = pipeline if pipeline is not None else method_pipeline
         self.rng = jax.random.key(int(config.train.seed))
         self.step = 0
         self.ckpt = RunCheckpointer(
@@ -654,6 +656,7 @@ class Trainer:
         try:
             with logs_above(bar):
                 while self.step < total:
+                    self.ckpt.check()  # a failed asynchronous save stops the run here
                     m = self.train_one_step()
                     m.update(self._evaluate_due(final=self.step == total))
                     # Row first, then the checkpoint: a kill in between replays this step on resume
@@ -669,7 +672,8 @@ class Trainer:
         finally:
             bar.close()
             self._prefetch.drain()
-            self.ckpt.wait()
+            if not self.ckpt.failed:  # else its error is the one already on its way out
+                self.ckpt.wait()
         return rows
 
     def close(self) -> None:

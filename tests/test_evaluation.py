@@ -167,3 +167,29 @@ def test_pooled_values_equal_the_previous_computation_bit_for_bit():
 def test_length_mismatch_is_an_error():
     with pytest.raises(ValueError, match=r"2 rewards for 1 tasks"):
         split_metrics("heldout", [_task(0, "a")], ["r"], np.zeros(2), None, None, {})
+
+
+def test_a_criterion_whose_checker_raises_is_reported_not_dropped_unseen():
+    """A failed verdict leaves the score (it is no 'unmet'): the evaluation reports the share
+    of failed verdicts, overall and per criterion (there was no failure metric in evaluation)."""
+    from rubric_rl.evaluation import judge_failure_metrics
+    from rubric_rl.registry import Registry
+    from rubric_rl.rubrics.judges import JudgeItem, ProgrammaticJudge
+    from rubric_rl.rubrics.types import Criterion, Message, Rubric, Verifier
+
+    reg = Registry("checker")
+    reg.register("has")(lambda response, *, task=None, word: word in response)
+    reg.register("broken")(lambda response, *, task=None: 1 / 0)
+    crits = (
+        Criterion("ok", "has x", 1.0, verifier=Verifier.rule("has", word="x")),
+        Criterion("bad", "broken", 1.0, verifier=Verifier.rule("broken")),
+    )
+    tasks = [Task(f"t{i}", (Message("user", "q"),), Rubric(crits)) for i in range(3)]
+    judge = ProgrammaticJudge(reg)
+    rows = judge.score([JudgeItem(t, r) for t, r in zip(tasks, ["x", "y", "x"], strict=True)])
+    verdicts = [[row] for row in rows]  # one response per task, as evaluate() judges them
+    assert judge_failure_metrics("heldout", verdicts) == {
+        "eval/heldout/judge/failed": 0.5,
+        "eval/heldout/judge/failed/bad": 1.0,
+    }
+    assert judge_failure_metrics("heldout", []) == {}

@@ -1,8 +1,17 @@
-"""No import cycles in the package (tools/import_cycles.py); the checker sees every import form."""
+"""No import cycles in the package and its layer rules hold (tools/import_cycles.py): envs/
+imports no method or controller, methods and controllers import of envs/ only the Domain contract
+(envs/base.py) beyond the listed pending crossings; the checker sees every import form."""
 
 import textwrap
 
-from tools.import_cycles import describe, find_cycles, import_graph, strongly_connected_components
+from tools.import_cycles import (
+    PENDING_CROSSINGS,
+    describe,
+    find_cycles,
+    import_graph,
+    layer_violations,
+    strongly_connected_components,
+)
 
 
 def test_no_import_cycles_in_the_package():
@@ -10,6 +19,45 @@ def test_no_import_cycles_in_the_package():
     assert "rubric_rl.core.train_step" in graph and len(graph) > 50  # it read the package
     cycles = find_cycles(graph)
     assert not cycles, "\n".join(describe(c, graph) for c in cycles)
+
+
+def test_layer_rules_hold_in_the_package():
+    graph = import_graph()
+    broken, gone = layer_violations(graph)
+    assert not broken, "\n".join(broken)
+    assert not gone, f"remove from PENDING_CROSSINGS (they no longer exist): {gone}"
+    # envs/ imports nothing of the methods or controllers: no pending pair starts there
+    assert not [a for a, _ in PENDING_CROSSINGS if a.startswith("rubric_rl.envs")]
+
+
+def test_layer_rules_name_each_new_crossing(tmp_path):
+    _package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/envs/__init__.py": "",
+            "pkg/envs/base.py": "",
+            "pkg/envs/dom.py": "def f():\n    from pkg.methods import m  # lazy: still counted\n",
+            "pkg/methods/__init__.py": "",
+            "pkg/methods/m.py": "from pkg.envs import base\nfrom pkg.envs.dom import f\n",
+            "pkg/methods/old.py": "import pkg.envs.dom\n",
+        },
+    )
+    graph = import_graph(tmp_path, ["pkg"])
+    rules = [
+        ("pkg.envs", "pkg.methods", "a domain imports no method"),
+        ("pkg.methods", "pkg.envs", "a method imports no domain"),
+    ]
+    pending = [("pkg.methods.old", "pkg.envs.dom"), ("pkg.methods.gone", "pkg.envs.dom")]
+    broken, gone = layer_violations(graph, rules, allowed=["pkg.envs.base"], pending=pending)
+    assert broken == [
+        "pkg.envs.dom -> pkg.methods.m  (line 2): a domain imports no method",
+        "pkg.methods.m -> pkg.envs.dom  (line 2): a method imports no domain",
+    ]
+    assert gone == [("pkg.methods.gone", "pkg.envs.dom")]
+    # without the contract exemption the import of envs.base breaks the rule too
+    broken, _ = layer_violations(graph, rules, allowed=[], pending=pending)
+    assert "pkg.methods.m -> pkg.envs.base  (line 1): a method imports no domain" in broken
 
 
 def _package(root, files):

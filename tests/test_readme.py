@@ -46,6 +46,10 @@ def test_links_resolve_and_pages_carry_no_issue_numbers_or_hashes():
             path = os.path.normpath(os.path.join(REPO, os.path.dirname(page), target))
             assert os.path.exists(path), f"{page}: link {target} names no file"
         assert not re.search(r"\b[Ii]ssue \d+", text), f"{page}: names an issue number"
+        outside = re.search(
+            r"\.\./shared|(?<![\w/])(?:shared|notes)/\w|\b\d{3}_[0-9a-f]{16}\.txt", text
+        )
+        assert not outside, f"{page}: names a file outside the repository ({outside.group(0)})"
         assert not re.search(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", text), (
             f"{page}: carries a commit hash"
         )

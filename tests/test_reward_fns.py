@@ -87,6 +87,21 @@ def test_an_exception_makes_the_calls_values_nan_and_is_returned():
     assert error == "KeyError: 'no such column'"
 
 
+@pytest.mark.parametrize("code", [0, None, "done"])
+def test_sys_exit_in_a_reward_function_is_an_error_not_a_clean_finish(code):
+    # SystemExit(0) passed through and ended the run with status 0: a sweep marked it done.
+    def leaves(prompts, completions, **fields):
+        sys.exit(code)
+
+    with pytest.raises(RewardFnError) as e:
+        call_reward_fn("leaves", leaves, [_task(0)] * 2, ["a", "b"], "at step 4")
+    assert str(e.value) == (
+        f"reward function 'leaves' ({__name__}:test_sys_exit_in_a_reward_function_is_an_error_"
+        f"not_a_clean_finish.<locals>.leaves) at step 4 called sys.exit({code!r}); a reward "
+        "function returns rewards, it does not end the run"
+    )
+
+
 @pytest.mark.parametrize(
     "returned, match",
     [

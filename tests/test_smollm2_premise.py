@@ -145,3 +145,15 @@ def test_transformers_backend_batched_equals_single(tmp_path):
     # The chat template is applied: the prompt the model saw ends with the assistant marker.
     text = tok.apply_chat_template(prompts[0], tokenize=False, add_generation_prompt=True)
     assert text.endswith("<|assistant|>") and TASKS[0].question in text
+
+
+def test_unguided_answers_reused():
+    gen = Scripted("Tips:")
+    first = premise.measure(TASKS, gen, arms=("unguided", "skills"))
+    again = Scripted("Tips:")
+    second = premise.measure(TASKS, again, arms=("unguided", "skills"), placement="system",
+                             unguided=[a.response for a in first["unguided"]])  # fmt: skip
+    assert len(again.calls) == 1  # the skills arm only
+    assert [a.response for a in second["unguided"]] == [a.response for a in first["unguided"]]
+    with pytest.raises(ValueError, match="2 unguided answers for 3 tasks"):
+        premise.measure(TASKS, again, unguided=["a", "b"])

@@ -1,4 +1,5 @@
-"""Import cycles inside our packages: every strongly-connected component of the import graph.
+"""Import cycles inside our packages: every strongly-connected component of the import graph;
+and the layer rules between parts of the package (``LAYER_RULES``).
 
 Usage: ``python tools/import_cycles.py [PACKAGE ...]`` from the repository root (default
 ``rubric_rl``; e.g. ``rubric_rl configs`` also follows imports between the two). Prints each
@@ -172,6 +173,84 @@ def describe(component: list[str], graph: ImportGraph) -> str:
     return "\n".join(lines)
 
 
+# (importer prefix, imported prefix, why): no module under the first imports one under the second.
+# Domains know nothing of the methods that train on them; methods program against the Domain
+# contract (``rubric_rl/envs/base.py``, the one module of envs/ they may import), not a domain's
+# modules.
+LAYER_RULES: tuple[tuple[str, str, str], ...] = (
+    ("rubric_rl.envs", "rubric_rl.methods", "a domain imports no method"),
+    ("rubric_rl.envs", "rubric_rl.controllers", "a domain imports no controller"),
+    ("rubric_rl.methods", "rubric_rl.envs", "a method imports no domain, only envs.base"),
+    ("rubric_rl.controllers", "rubric_rl.envs", "a controller imports no domain, only envs.base"),
+)
+# The one module of envs/ that method and controller code may import: the Domain contract.
+CONTRACT_MODULES = frozenset({"rubric_rl.envs.base"})
+# Method -> domain imports that predate the rule (importer, imported), each still to be moved
+# behind the Domain contract (its ``style`` and library). The rule holds for every other pair: a
+# new one fails; a listed pair that no longer exists fails too, so the list only shrinks.
+PENDING_CROSSINGS: frozenset[tuple[str, str]] = frozenset(
+    (f"rubric_rl.{a}", f"rubric_rl.envs.{b}")
+    for a, bs in {
+        "controllers.sampling": ("constraint_spec", "constraints"),
+        "methods.arise.arise": ("constraint_corpus", "constraint_spec", "constraints"),
+        "methods.arise.reflection": ("constraint_lexicon",),
+        "methods.arise_rl.arise_rl": ("constraint_corpus",),
+        "methods.arise_rl.arise_rl_domain": ("constraint_corpus",),
+        "methods.arise_rl.generator_corpus": ("constraint_domain",),
+        "methods.arise_rl.generator_domain": (
+            "constraint_domain", "constraint_lexicon", "constraint_library", "constraint_spec",
+            "tool_calls", "trajectory",
+        ),
+        "methods.arise_rl.rgsed_check": ("constraint_lexicon", "constraint_spec"),
+        "methods.arise_rl.rgsed_coach": ("constraint_corpus", "constraint_spec"),
+        "methods.arise_rl.sql_generator": (
+            "sql", "sql_data", "tool_calls", "tool_domain", "trajectory",
+        ),
+        "methods.harness_rl.attributor": ("constraint_checkers",),
+        "methods.harness_rl.style": ("constraint_corpus", "constraint_spec", "instruct_guidance"),
+        "methods.rised.rised": (
+            "constraint_corpus", "constraint_lexicon", "constraint_library", "constraint_spec",
+        ),
+        "methods.rised.rised_tagger": (
+            "constraint_checkers", "constraint_domain", "constraint_lexicon",
+            "constraint_library", "constraint_spec",
+        ),
+        "methods.rised.rised_tool_tagger": ("tool_domain", "tool_envs", "trajectory"),
+    }.items()
+    for b in bs
+)  # fmt: skip
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def layer_violations(
+    graph: ImportGraph,
+    rules: Iterable[tuple[str, str, str]] = LAYER_RULES,
+    allowed: Iterable[str] = CONTRACT_MODULES,
+    pending: Iterable[tuple[str, str]] = PENDING_CROSSINGS,
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """(each import that breaks a rule, as a line naming both modules, the statement's lines and
+    the rule; each ``pending`` pair that no longer exists). ``allowed`` modules may be imported
+    from anywhere; ``pending`` pairs are tolerated."""
+    allowed, pending = set(allowed), set(pending)
+    found: list[str] = []
+    seen: set[tuple[str, str]] = set()
+    for module, edges in sorted(graph.items()):
+        for target, lines in sorted(edges.items()):
+            for importer, imported, why in rules:
+                if not (_under(module, importer) and _under(target, imported)):
+                    continue
+                if target in allowed:
+                    continue
+                seen.add((module, target))
+                if (module, target) not in pending:
+                    where = ", ".join(str(n) for n in sorted(lines))
+                    found.append(f"{module} -> {target}  (line {where}): {why}")
+    return found, sorted(pending - seen)
+
+
 def main(argv: list[str]) -> int:
     packages = argv or ["rubric_rl"]
     graph = import_graph(REPO_ROOT, packages)
@@ -179,7 +258,13 @@ def main(argv: list[str]) -> int:
     for component in cycles:
         print(describe(component, graph))
     print(f"{len(cycles)} import cycle(s) among {len(graph)} modules of {', '.join(packages)}")
-    return 1 if cycles else 0
+    broken, gone = layer_violations(graph)
+    for line in broken:
+        print(f"layer rule broken: {line}")
+    for pair in gone:
+        print(f"pending crossing no longer exists (remove it from PENDING_CROSSINGS): {pair}")
+    print(f"{len(broken)} layer rule violation(s), {len(PENDING_CROSSINGS)} pending crossing(s)")
+    return 1 if cycles or broken or gone else 0
 
 
 if __name__ == "__main__":

@@ -3,12 +3,14 @@ refactor. Usage: ``python tools/same_metrics.py BEFORE_RUN AFTER_RUN [...pairs]`
 or metrics files). Prints each difference (step, key, before, after) and exits 1 if there is any.
 
 Timing keys (``is_timing``) are left out. Everything else (losses, rewards, pass rates, lengths,
-counts, controller figures) must be equal as JSON values, keys present on one side only included.
+counts, controller figures) must be equal as JSON values (NaN equals NaN), keys present on one
+side only included.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -23,6 +25,13 @@ def is_timing(key: str) -> bool:
     """Whether ``key`` measures time or speed."""
     k = key.lower()
     return k.startswith(TIMING_PREFIXES) or "/time/" in k or any(p in k for p in TIMING_PARTS)
+
+
+def same(a: object, b: object) -> bool:
+    """Equal as JSON values, NaN equal to NaN (a metric undefined on both sides)."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
 
 
 def read(path: str) -> dict[int, dict]:
@@ -45,7 +54,7 @@ def differences(before: str, after: str) -> list[tuple]:
         for key in sorted(set(ra) | set(rb)):
             if is_timing(key):
                 continue
-            if ra.get(key, "<absent>") != rb.get(key, "<absent>"):
+            if not same(ra.get(key, "<absent>"), rb.get(key, "<absent>")):
                 out.append((step, key, ra.get(key, "<absent>"), rb.get(key, "<absent>")))
     return out
 

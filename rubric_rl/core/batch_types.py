@@ -97,8 +97,15 @@ class TrainConfig:
     # inside the jitted step, so no copy of the state is kept outside it) and reports
     # ``train/skipped`` = 1. Off: the update is applied whatever it is.
     skip_nonfinite: bool = False
+    # Train only the top N decoder layers (+ final norm, untied LM head); the embedding and the
+    # layers below are frozen and their backward is not run (core/frozen_layers.py). 0 = all.
+    trainable_layers: int = 0
 
     def __post_init__(self):
+        if not isinstance(self.trainable_layers, int) or self.trainable_layers < 0:
+            raise ValueError(
+                f"TrainConfig.trainable_layers must be an int >= 0, got {self.trainable_layers!r}"
+            )
         if self.schedule not in SCHEDULES:
             raise ValueError(f"TrainConfig.schedule {self.schedule!r} not in {SCHEDULES}")
         if self.sd_estimator not in losses.sd_estimator_names():

@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 from rubric_rl.core import aggregation, losses, sharding
 from rubric_rl.core.batch_types import TrainBatch, TrainConfig, is_decoupled
+from rubric_rl.core.frozen_layers import stop_frozen
 from rubric_rl.core.logprobs import chunked_token_stats, shift_targets, teacher_hidden_aligned
 
 Array = jax.Array
@@ -189,7 +190,8 @@ def _micro_batch_loss(
     teacher: Teacher | None = None,
     teacher_graphdef: nnx.GraphDef | None = None,
 ) -> tuple[Array, tuple[dict[str, Array], dict[str, Array]]]:
-    model = nnx.merge(graphdef, params, rest)
+    # Frozen layers (TrainConfig.trainable_layers) enter under stop_gradient: no backward for them.
+    model = nnx.merge(graphdef, stop_frozen(params, config.trainable_layers), rest)
     ids = mb["input_ids"]
     hidden = model.hidden_states(ids, mb["positions"], mb["attention_mask"])
     targets = shift_targets(ids)

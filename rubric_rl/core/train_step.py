@@ -41,6 +41,7 @@ from jax.sharding import PartitionSpec as P
 
 from rubric_rl.core import sharding
 from rubric_rl.core.batch_types import TrainBatch, TrainConfig
+from rubric_rl.core.frozen_layers import mask_frozen_updates
 from rubric_rl.core.logprobs import chunked_token_stats, shift_targets
 from rubric_rl.core.step_loss import check_teacher, loss_and_grads, split_micro_batches
 
@@ -157,6 +158,7 @@ def make_train_step(
         loss, grads, metrics = step_loss_and_grads(state, batch, ref_params, teacher)
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        updates = mask_frozen_updates(updates, state.params, config.trainable_layers)
         params = optax.apply_updates(state.params, updates)
         metrics["grad_norm"] = optax.global_norm(grads)
         metrics["lr"] = schedule(state.step)

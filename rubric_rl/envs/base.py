@@ -1,4 +1,5 @@
-"""The ``Env`` interface for multi-turn tool-use environments (DESIGN.md §7).
+"""The ``Env`` interface for multi-turn tool-use environments (DESIGN.md §7), and ``Domain``, the
+contract between a domain and the methods that train on it (at the end of this module).
 
 Protocol (what the agent loop does)::
 
@@ -35,7 +36,7 @@ import dataclasses
 import hashlib
 import logging
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from rubric_rl.envs.tool_calls import (
@@ -339,6 +340,53 @@ class Env(abc.ABC):
             info["response"] = self.response()
             info["final_answer"] = self._final
         return info
+
+
+@dataclasses.dataclass(frozen=True)
+class Domain:
+    """The Domain contract: what the loop, the evaluation and every method know of a domain.
+
+    Task splits (``train``, ``validation``, ``heldout``, ``ood``), the task verifier (``verify``:
+    a task passes when every stated constraint holds), the hidden oracle (``oracle``: quality in
+    [0, 1], analysis only, never shown to controllers), the criteria library
+    (``criteria_library``: the rule-checked criteria a rubric-writing method may propose for a
+    task), the warm-start corpora and the tool environment of an episodic task. Each domain
+    (``builders.DOMAINS``) builds one; method code takes it as an argument and imports no
+    domain module (``tools/import_cycles.py`` LAYER_RULES)."""
+
+    name: str
+    train: tuple[Task, ...]
+    heldout: tuple[Task, ...]
+    ood: tuple[Task, ...]
+    verify: Callable[[Task, str], bool] | None = None  # task pass (all stated constraints)
+    oracle: Callable[[Task, str], float] | None = None  # hidden quality in [0, 1]
+    # (n, seed, p_keep, copy_fraction): n demonstrations, each stated constraint met with
+    # probability p_keep; a share copy_fraction copy demonstrations (a domain without copy
+    # demonstrations, copy_corpus None, ignores it and the warm start logs that).
+    corpus: Callable[[int, int, float, float], list[tuple[list[dict], str]]] | None = None
+    vocabulary: Sequence[str] | None = None
+    # A fresh tool environment for one rollout of a task (None: a single-turn domain). The
+    # agent loop (rollout/agent.py) makes one per rollout and closes it.
+    make_env: Callable[[Task], Env] | None = None
+    # The embedded tokenizer over ``vocabulary``: "word" (units joined by spaces on decode) or
+    # "spaced" (units carry their leading space: decode(encode(text)) == text, needed where the
+    # policy's text is parsed: tool-call JSON, SQL). See build_tokenizer.
+    embedded_tokenizer: str = "word"
+    # The task's prompt with the domain's own guidance for it (the embedded domain: the skill texts
+    # of its capabilities), for calibration's guidance-following gain (rubric_rl/calibration.py).
+    guidance: Callable[[Task], list[dict]] | None = None
+    # The domain's checker library: the rule-checked criteria a rubric-writing method may propose
+    # for a task, read from its prompt text (the embedded domain: envs/constraint_library.py;
+    # ARISE's ``arise.bank``). None: the task's own rubric is the only bank.
+    criteria_library: Callable[[Task], Sequence[Any]] | None = None
+    # (n, seed): n copy demonstrations for the warm start's first warmstart.copy_steps steps.
+    copy_corpus: Callable[[int, int], list[tuple[list[dict], str]]] | None = None
+    # Tasks for choices (checkpoints, hyperparameters) that the held-out set must never make
+    # (benchmarks/protocol.md); empty where the domain has no such split.
+    validation: tuple[Task, ...] = ()
+    # Which tasks are rolled out as agent episodes in agent mode (None: every task). The embedded
+    # domain with tool environments mixed in (``domain.tool_envs``): their tasks only.
+    episodic: Callable[[Task], bool] | None = None
 
 
 def tool_error(message: str, **details: Any) -> ToolCallError:

@@ -100,6 +100,7 @@ def _register(name: str):
 
         checker.__name__ = fn.__name__
         checker.__doc__ = fn.__doc__
+        checker.__wrapped__ = fn  # its arguments, for checkers.argument_problem at load time
         CHECKERS.register(name)(checker)
         return fn
 

@@ -277,6 +277,7 @@ def _register(name: str, fn: Callable[..., bool]) -> None:
         return bool(fn(response, **args))
 
     checker.__name__ = name
+    checker.__wrapped__ = fn  # its arguments, for checkers.argument_problem at load time
     CHECKERS.register(name)(checker)
 
 

@@ -155,8 +155,37 @@ class ChatFormat:
 
     def tool_turn_ids(self, tool_messages: Sequence[Message], last_token: int | None) -> list[int]:
         """Token ids of the tool turn appended after a model turn that ended with
-        ``last_token`` (its stop token, or None when the turn did not end on one)."""
-        text = self.tool_turn_text(tool_messages)
+        ``last_token`` (its stop token, or None when the turn did not end on one).
+
+        A tool's output is text the model may have written (the SQL tool echoes strings from
+        the query): a special token's string in it (``<|im_end|>``, ``<|im_start|>assistant``)
+        is encoded as the characters it is, never as the special id, so tool output cannot end
+        a turn or open one in the agent's context. The template's own markup keeps its ids."""
+        msgs = [m.to_dict() if hasattr(m, "to_dict") else dict(m) for m in tool_messages]
+        hf = getattr(self.tokenizer, "hf", None)
+        specials = tuple(getattr(hf, "all_special_tokens", ()) or ())
+        if not any(sp in str(m.get("content", "")) for m in msgs for sp in specials):
+            return self.tokenizer.encode(self._after_stop(self.tool_turn_text(msgs), last_token))
+        # Render with a mark for each content, then encode the markup and the contents apart.
+        marks = [f"{_SENTINEL}tool-{i}" for i in range(len(msgs))]
+        text = self.tool_turn_text(
+            [{**m, "content": mk} for m, mk in zip(msgs, marks, strict=True)]
+        )
+        text = self._after_stop(text, last_token)
+        ids: list[int] = []
+        for m, mk in zip(msgs, marks, strict=True):
+            head, found, text = text.partition(mk)
+            if not found:
+                raise ValueError(
+                    "ChatFormat: the chat template does not place a tool message's content "
+                    "verbatim; cannot encode the special-token text in it as text"
+                )
+            ids += self.tokenizer.encode(head)
+            ids += hf.encode(str(m["content"]), add_special_tokens=False, split_special_tokens=True)
+        return ids + self.tokenizer.encode(text)
+
+    def _after_stop(self, text: str, last_token: int | None) -> str:
+        """``text`` less the stop token's text the model's turn already ended with."""
         if last_token is not None:
             if last_token not in self._stop_text:
                 self._stop_text[last_token] = self.tokenizer.decode(
@@ -165,7 +194,7 @@ class ChatFormat:
             stop = self._stop_text[last_token]
             if stop and text.startswith(stop):
                 text = text[len(stop) :]
-        return self.tokenizer.encode(text)
+        return text
 
     def turn_text(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)

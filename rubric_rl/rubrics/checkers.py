@@ -9,7 +9,9 @@ that raises is recorded by the judge as a failed verdict (``met=None``), never a
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import inspect
+import typing
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from rubric_rl.registry import Registry
@@ -32,6 +34,42 @@ BUILTIN_CHECKER_MODULES = (
     "rubric_rl.envs.sql",
     "rubric_rl.envs.inventory",
 )
+
+
+_SIMPLE = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
+
+
+def argument_problem(fn: Callable[..., bool], args: Mapping[str, Any]) -> str | None:
+    """What is wrong with calling checker ``fn`` with a criterion's ``args`` (None: nothing),
+    found from its signature (a registration wrapper's ``__wrapped__`` function's): a missing
+    or unexpected argument, or a value whose type is not its ``bool`` / ``int`` / ``float`` /
+    ``str`` annotation (a bool is no number here). Other annotations are not checked."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    params = list(sig.parameters.values())
+    if params and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        params = params[1:]  # the response
+    sig = sig.replace(parameters=[p for p in params if p.name != "task"])
+    try:
+        sig.bind(**args)
+    except TypeError as e:
+        return str(e)
+    try:
+        hints = typing.get_type_hints(inspect.unwrap(fn))
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve is not checked
+        return None
+    for name, value in args.items():
+        want = _SIMPLE.get(hints.get(name))
+        if want is None:
+            continue
+        if (isinstance(value, bool) and bool not in want) or not isinstance(value, want):
+            return (
+                f"argument {name!r} is {type(value).__name__} {value!r}, expected "
+                f"{hints[name].__name__}"
+            )
+    return None
 
 
 def load_builtin_checkers() -> Registry[Callable[..., bool]]:

@@ -63,12 +63,13 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from absl import logging
 
 from rubric_rl.registry import Registry
+from rubric_rl.rubrics.checkers import argument_problem
 from rubric_rl.rubrics.dataset_files import DatasetError, iter_rows, resolve_files
 from rubric_rl.rubrics.types import (
     Criterion,
@@ -165,6 +166,17 @@ class _Row:
             field,
             f"unknown checker {name!r}; {hint}registered checkers: {sorted(self.checkers)}",
         )
+
+    def checker_args(self, field: str, name: str, args: Mapping[str, Any]) -> None:
+        """A rule criterion's arguments against its checker's signature, when the load was given
+        the checkers themselves (a registry, not only their names): missing, unexpected or
+        wrongly typed arguments would fail every verdict of that criterion inside the judge."""
+        get = getattr(self.checkers, "get", None)
+        if get is None or name not in self.checkers:
+            return
+        problem = argument_problem(get(name), args)
+        if problem is not None:
+            raise self.error(field, f"checker {name!r}: {problem}")
 
     def rubric(self, field: str, criteria: Sequence[Criterion], aggregation: str) -> Rubric:
         """The row's rubric; one whose judged (active or hidden) criteria carry no positive
@@ -376,6 +388,7 @@ def _rubrichub_verifier(row: _Row, field: str, tags: Any) -> tuple[tuple[str, ..
         raise row.error(f"{field}.function", "a 'verifier: rule' criterion needs a function name")
     row.expect(f"{field}.parameters", params, dict, "a dict of checker arguments")
     function = row.checker(f"{field}.function", function)
+    row.checker_args(f"{field}.parameters", function, params)
     return flat, Verifier.rule(function, **_freeze_lists(params))
 
 
@@ -555,6 +568,7 @@ def _parse_our_criterion(row: _Row, f: str, d: Any) -> Criterion:
         args = row.field("args", dict, "a dict", default={}, data=v)
         if v.get("kind") == VerifierKind.RULE and isinstance(v.get("checker"), str):
             row.checker(f"{f}.verifier.checker", v["checker"])
+            row.checker_args(f"{f}.verifier.args", v["checker"], args)
         try:
             fields["verifier"] = Verifier(
                 v.get("kind", "llm"), v.get("checker"), _freeze_lists(args)
@@ -656,7 +670,9 @@ def load_tasks(
       limit: stop after this many tasks.
       report: filled with counts, skipped rows and each task's location if given.
       checkers: the registered checker names; a rule criterion naming another is a malformed
-        row (None: not checked, e.g. to inspect a dataset whose checkers live elsewhere).
+        row (None: not checked, e.g. to inspect a dataset whose checkers live elsewhere). The
+        registry itself (``checkers.load_builtin_checkers()``) also checks each rule
+        criterion's arguments against its checker's signature.
 
     Raises:
       DatasetError: a malformed row (strict mode), naming file, row and field; or a file that

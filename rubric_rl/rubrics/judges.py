@@ -26,8 +26,10 @@ from rubric_rl.registry import Registry
 from rubric_rl.rubrics import checkers as checkers_lib
 from rubric_rl.rubrics.judge_cache import JudgeCache, cache_key
 from rubric_rl.rubrics.llm import (
+    RETRYABLE_STATUS,
     LLMClient,
     LLMError,
+    LLMHTTPError,
     LLMRequest,
     LLMUnavailableError,
     run_sync,
@@ -146,8 +148,9 @@ class LLMJudge(Judge):
     criterion; order does not matter. A missing or duplicated name or a verdict outside the
     criterion's choices fails that criterion; unparseable/truncated JSON, an unknown name or a
     client error fails the whole call. Failed criteria are re-asked (only those) up to
-    ``max_retries`` times, then get ``met=None``; an unreachable endpoint
-    (``LLMUnavailableError``: the client already spent its retries) is not re-asked. The
+    ``max_retries`` times, then get ``met=None``; a failure the client retries itself (an
+    unreachable or 5xx endpoint, ``LLMUnavailableError``; 408 / 429) is not re-asked once the
+    client has spent its attempts, so the judge and its client share one retry budget. The
     criterion's last choice means "met".
     Usage of all attempts is split evenly over the chunk's verdicts so sums stay exact.
     """
@@ -279,9 +282,14 @@ class LLMJudge(Judge):
             self.stats["calls"] += 1
             try:
                 response = await self.client.generate(request)
-            except LLMUnavailableError as e:
+            except LLMHTTPError as e:
                 errors.update({c.id: f"attempt {attempt + 1}: {e}" for c in pending})
-                break  # re-asking an endpoint that is down only waits out the same failure
+                if isinstance(e, LLMUnavailableError) or e.status in RETRYABLE_STATUS:
+                    # The client already spent the call's one retry budget on this failure
+                    # (its attempts within max_retry_s): asking again would multiply it (3 judge
+                    # tries x 5 HTTP attempts), and a down endpoint only fails the same way.
+                    break
+                continue  # a failure the client does not retry (e.g. 400): asked once more
             except LLMError as e:
                 errors.update({c.id: f"attempt {attempt + 1}: {e}" for c in pending})
                 continue

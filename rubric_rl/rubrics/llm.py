@@ -14,6 +14,7 @@ scrubbed from every error message. The interface and its value types are defined
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import logging
 import os
@@ -208,18 +209,64 @@ def redact_env_settings(record: Any) -> Any:
     return record
 
 
+class LLMRoleError(RuntimeError):
+    """An LLM-backed role (tagger, attributor, proposer, reflection) failed too often: the run
+    stops, naming the role, rather than training on what its failures left empty."""
+
+
+class FailureRateStop:
+    """The judge's ``max_failure_rate`` for the other LLM roles: over a role's last ``window``
+    calls (once ``min_calls`` were made), a failed share above ``max_rate`` raises
+    ``LLMRoleError`` naming the role, the share and the latest error. A window, not the whole
+    run, so a role that starts failing midway stops within ``window`` calls (ours: 20, at least
+    4; not checkpointed, so a resumed run starts a fresh window)."""
+
+    def __init__(self, role: str, max_rate: float = 0.5, *, window: int = 20, min_calls: int = 4):
+        if not 0 <= float(max_rate) <= 1:
+            raise ValueError(f"{role}: max_failure_rate must be in [0, 1], got {max_rate}")
+        self.role, self.max_rate = role, float(max_rate)
+        self.window, self.min_calls = int(window), int(min_calls)
+        self.outcomes: collections.deque[bool] = collections.deque(maxlen=self.window)
+        self.last_error: str | None = None
+
+    def record(self, ok: bool, error: str | None = None) -> None:
+        self.outcomes.append(bool(ok))
+        if not ok:
+            self.last_error = error
+
+    def check(self) -> None:
+        n, failed = len(self.outcomes), self.outcomes.count(False)
+        if n >= self.min_calls and failed / n > self.max_rate:
+            raise LLMRoleError(
+                f"{self.role}: {failed} of its last {n} calls failed (> max_failure_rate="
+                f"{self.max_rate:g}); latest error: {self.last_error}"
+            )
+
+
 class SchemaCaller:
     """Asks a client for one reply under a JSON schema, for a controller that evolves something
     from a model's answers (ARISE's reflection, HarnessRL's attributor and proposer), and counts
     what became of the answers: ``calls`` / ``accepted`` / ``rejected`` and the ``last_error``.
-    ``template``: anything with ``system``, ``name`` (the schema's) and ``key`` (its version)."""
+    ``template``: anything with ``system``, ``name`` (the schema's) and ``key`` (its version).
+    ``role`` names the caller in ``FailureRateStop``'s error; every ``reject`` and ``accept``
+    is one call's outcome there."""
 
-    def __init__(self, client: LLMClient, *, temperature: float, max_tokens: int):
+    role = "LLM role"
+
+    def __init__(
+        self,
+        client: LLMClient,
+        *,
+        temperature: float,
+        max_tokens: int,
+        max_failure_rate: float = 0.5,
+    ):
         self.client = client
         self.temperature = float(temperature)
         self.max_tokens = int(max_tokens)
         self.counts = {"calls": 0, "accepted": 0, "rejected": 0}
         self.last_error: str | None = None
+        self.failure_stop = FailureRateStop(self.role, max_failure_rate)
 
     def ask(self, template: Any, user: str, schema: Mapping[str, Any], seed: int) -> str:
         """The reply's text; a client failure is ``LLMError`` with the template's key first."""
@@ -235,8 +282,17 @@ class SchemaCaller:
             raise LLMError(f"{template.key}: client error: {e}") from e
 
     def reject(self, why: str) -> None:
+        """One call whose reply was unusable (client error or invalid); raises ``LLMRoleError``
+        when the role's failure rate is past its limit."""
         self.counts["rejected"] += 1
         self.last_error = why
+        self.failure_stop.record(False, why)
+        self.failure_stop.check()
+
+    def accept(self, n: int = 1) -> None:
+        """One call whose reply was used; ``n`` of its items accepted."""
+        self.counts["accepted"] += int(n)
+        self.failure_stop.record(True)
 
     def stats(self) -> dict[str, int]:
         return dict(self.counts)

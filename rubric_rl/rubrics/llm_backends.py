@@ -210,10 +210,14 @@ class HTTPClient(LLMClient):
         budget_spent: bool = False,
     ) -> LLMHTTPError:
         """The error of a call that gives up: ``LLMUnavailableError`` (the client counts the
-        endpoint down) unless the server did answer, with 408/429/5xx, within the budget."""
+        endpoint down) unless the server did answer within the budget with 408 or 429 (busy or
+        rate-limited: alive). An endpoint that answers every attempt with a 5xx is as down as
+        one that times out: marked down, so the step's other calls fail at once instead of each
+        spending its own attempts on it."""
         elapsed = time.monotonic() - start
         why = f" (the retry budget max_retry_s={self.max_retry_s:g}s is spent)"
-        answered = last.kind == "status" and not budget_spent
+        server_error = last.status is not None and last.status >= 500
+        answered = last.kind == "status" and not budget_spent and not server_error
         return (LLMHTTPError if answered else LLMUnavailableError)(
             f"{what}: {last.cause}; gave up after {attempts} attempt"
             f"{'s' if attempts != 1 else ''} in {elapsed:.1f}s{why if budget_spent else ''}",

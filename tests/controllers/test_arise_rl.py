@@ -1,4 +1,4 @@
-"""ARISE-RL's controller (issue 18): the cycle schedule, the solver and generator rewards of a
+"""ARISE-RL's controller: the cycle schedule, the solver and generator rewards of a
 step, the pool refresh, RG-SED's memories / memory rollouts / Δr / gates / teachers, and the
 scripted-policy check — the real pipeline, Services, agent loop, tokenizer and programmatic judge
 with a scripted engine standing in for the policy (deterministic, seconds)."""
@@ -40,7 +40,7 @@ from rubric_rl.methods.arise_rl.generator_domain import (
 from rubric_rl.rollout.engine import Generation
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verdict
 from rubric_rl.services import Services
-from rubric_rl.step import StepContext, build_pipeline
+from rubric_rl.step import StepContext
 from rubric_rl.trainer_batch import rollouts_to_batch
 from tests.rollout.test_agent import ScriptedEngine
 
@@ -297,9 +297,8 @@ def scripted_steps(workdir: str, config, engine_cls, steps):
         config, engine, tok, builders.build_judge(config, workdir), domain, workdir,
         functools.partial(builders.prompt_buckets, config),
     )  # fmt: skip
-    controllers = builders.build_controllers(config, domain)
+    controllers, pipeline = builders.build_method(config, domain)
     controllers.bind(services, f"{workdir}/controllers")
-    pipeline = build_pipeline(config)
     out = {}
     for step in steps:
         engine.requests.clear()

@@ -74,7 +74,7 @@ def rollouts(step: int, spec, rewards=None) -> Rollouts:
 
 
 def controller(**kw) -> RisedController:
-    cfg = RisedConfig(**{"k": 0, "selection": "none", **kw})
+    cfg = RisedConfig(**{"k": 0, "selection": "none", "retag_every": 0, **kw})
     return RisedController(cfg, VOCAB, ScriptedTagger())
 
 
@@ -252,7 +252,7 @@ def test_scripted_policy_check_of_the_rised_pipeline(tmp_path):
             assert carries == bool(anti_before.get(g.task.env_name))
             seen_anti += carries
             for t in g.trajectories:
-                assert "rised_tags" in t.info
+                assert set(t.info["rised_tags"]) == {"counts", "discovered", "withheld", "failed"}
                 if t.teacher_prompt is not None:
                     assert g.selected and "<criterion>" in t.teacher_prompt[-1]["content"]
                     assert t.teacher_prompt[:-1] == g.messages[:-1]

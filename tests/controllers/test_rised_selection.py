@@ -15,6 +15,7 @@ from rubric_rl import builders
 from rubric_rl.controller_check import ScriptedPolicy, run_check, scripted_run
 from rubric_rl.controllers.sampling import SAMPLERS
 from rubric_rl.evaluation import env_of
+from rubric_rl.methods.grpo import grpo_controllers
 from rubric_rl.methods.rised.rised_selection import (
     cosine,
     env_quotas,
@@ -407,7 +408,7 @@ def test_the_varsel_variants_build_the_quota_sampler_and_the_selector():
     c = grpo.get_config("smoke,varsel=targeted_env")
     assert c.controllers.sampler == "env_quota" and c.rollout.train_groups == 2
     domain = builders.build_domain(c)
-    sampler, selector = builders.grpo_controllers(c, domain)
+    sampler, selector = grpo_controllers(c, domain)
     assert isinstance(sampler, EnvQuotaSampler) and isinstance(selector, VarianceSelector)
     assert selector.config == VarianceSelectConfig(
         k=2, mode="targeted", per_env=True, targeting="proportional", seed=0
@@ -418,7 +419,7 @@ def test_the_varsel_variants_build_the_quota_sampler_and_the_selector():
     c.unlock()
     c.rollout.train_groups = 0
     with pytest.raises(ValueError, match="config.rollout.train_groups"):
-        builders.grpo_controllers(c, domain)
+        grpo_controllers(c, domain)
 
 
 def test_scripted_check_trains_the_k_selected_groups(tmp_path):

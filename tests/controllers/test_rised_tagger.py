@@ -334,6 +334,23 @@ def test_llm_tagger_prompt_and_discovered_names(tasks):
     assert s["discovered_share"] == pytest.approx(1 / 3)  # 1 discovered of 3 names
 
 
+def test_llm_tagger_attributes_tags_by_outcome(tasks):
+    # The judge answers against the prompt (a failure with a positive, a success with a
+    # negative): those tags are withheld, never attributed; outcome_threshold=None keeps them.
+    v = _small_vocab()
+    replies = (_reply(("a_pos", 1), ("b_neg", 2)), _reply(("c_pos", 1), ("e_neg", 1)))
+    task = tasks["plus"]
+    out = _llm(v, *replies)[0].tag_batch([task, task], ["TWELVE .", "eleven ."], [1.0, 0.0])
+    assert [(t.counts, t.withheld) for t in out] == [
+        ({"a_pos": 1}, {"b_neg": 2}),
+        ({"e_neg": 1}, {"c_pos": 1}),
+    ]
+    raw = _llm(v, *replies, outcome_threshold=None)[0]
+    out = raw.tag_batch([task, task], ["TWELVE .", "eleven ."], [1.0, 0.0])
+    assert [t.counts for t in out] == [{"a_pos": 1, "b_neg": 2}, {"c_pos": 1, "e_neg": 1}]
+    assert all(not t.withheld for t in out)
+
+
 def test_llm_tagger_retry_uses_the_shorter_refreshed_list(tasks):
     v = _small_vocab()
     tagger, calls = _llm(
@@ -387,7 +404,10 @@ def test_llm_tagger_probe_leaves_its_state_alone(tasks):
     from rubric_rl.methods.rised.rised_tags import reliability
 
     v = _small_vocab()
-    tagger, calls = _llm(v, _reply(("a_pos", 1), ("b_neg", 1)), _reply(("a_pos", 1)))
+    # The judge's tags as given (outcome conditioning would withhold b_neg from a success).
+    tagger, calls = _llm(
+        v, _reply(("a_pos", 1), ("b_neg", 1)), _reply(("a_pos", 1)), outcome_threshold=None
+    )
     task = tasks["plus"]
     first = tagger.tag_batch([task], ["TWELVE ."], [1.0], step=4)
     before = (tagger.stats(), tagger.running.copy(), tagger.candidates)

@@ -19,6 +19,8 @@ from rubric_rl.controllers.sampling import (
 )
 from rubric_rl.envs import constraints
 from rubric_rl.envs.constraint_corpus import warmstart_example
+from rubric_rl.methods.grpo import grpo_controllers
+from rubric_rl.methods.method import get_method
 from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.judges import JudgeItem, ProgrammaticJudge
 from rubric_rl.rubrics.types import Criterion, Rubric, Task
@@ -233,8 +235,8 @@ def test_arise_variance_variant_builds_observes_and_resumes():
     kw = arise.arise_controller_kwargs(c)
     assert kw["sampler"] == "reward_variance" and kw["sampler_options"]["reward"] == "task_verifier"
 
-    def make():  # the launch path: builders.CONTROLLER_BUILDERS["arise"]
-        (ctl,) = builders.CONTROLLER_BUILDERS.get("arise")(c, domain)
+    def make():  # the launch path: the arise method's controllers
+        (ctl,) = get_method("arise").controllers(c, domain)
         return ctl
 
     ctl = make()
@@ -269,6 +271,6 @@ def test_grpo_builder_accepts_reward_variance():
     c = grpo.get_config("smoke")
     c.controllers.sampler = "reward_variance"
     domain = builders.build_domain(c)
-    (s,) = builders.grpo_controllers(c, domain)
+    (s,) = grpo_controllers(c, domain)
     assert isinstance(s, RewardVarianceSampler) and s.config.reward == "evidence"
     assert s.config.batch_size == c.rollout.tasks_per_step

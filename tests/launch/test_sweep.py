@@ -135,6 +135,26 @@ def test_seed_placeholder_pairs_runs_of_one_seed():
     assert len({os.path.dirname(r.workdir) for r in runs}) == 1
 
 
+def test_next_seed_placeholder_names_another_seeds_run():
+    runs = sweep.expand(
+        "r", ["configs/arise.py"], ["frozen_rubrics=r/arise/seed{next_seed}"], [0, 3, 4],
+        fixed=[("note", "{seed}-{next_seed}")],
+    )  # fmt: skip
+    assert [r.config for r in runs] == [
+        "configs/arise.py:frozen_rubrics=r/arise/seed3",
+        "configs/arise.py:frozen_rubrics=r/arise/seed4",
+        "configs/arise.py:frozen_rubrics=r/arise/seed0",
+    ]
+    assert [r.overrides for r in runs] == [
+        (("note", "0-3"),),
+        (("note", "3-4"),),
+        (("note", "4-0"),),
+    ]
+    assert len({os.path.dirname(r.workdir) for r in runs}) == 1
+    with pytest.raises(ValueError, match="needs the sweep's next seed"):
+        sweep.with_seed("seed{next_seed}", 0)
+
+
 def _finish(wd, steps=10, ckpts=(), marker=False):
     os.makedirs(os.path.join(wd, "checkpoints"), exist_ok=True)
     with open(os.path.join(wd, "config.json"), "w") as f:

@@ -441,8 +441,8 @@ def test_sharded_layer_equals_unsharded():
     assert sharded.conv1d.kernel[...].sharding == NamedSharding(mesh, P(None, "tensor"))
     y, cache = prefill(sharded, *S.shard_batch((x, mask), mesh))
     # The sharded program sums the fsdp-split contractions in another order: float32 rounding
-    # through the recurrence reached 1.6e-5 on 5 of 864 outputs on one CPU type (2026-12-03; 1e-5
-    # held on another), so the bound is issue 14's parity bound, 1e-4. A wrong placement or a
+    # through the recurrence reached 1.6e-5 on 5 of 864 outputs on one CPU type (1e-5 held on
+    # another), so the bound is the parity bound against transformers, 1e-4. A wrong placement or a
     # missing collective is off by O(0.1).
     np.testing.assert_allclose(np.asarray(y), np.asarray(want_y), atol=1e-4, rtol=1e-4)
     for got, want in zip(jax.tree.leaves(cache), jax.tree.leaves(want_cache), strict=True):

@@ -227,3 +227,41 @@ def test_a_bom_is_dropped_and_counted_in_the_byte_offset(tmp_path):
     at = bad.index(b"\xfe")
     assert f"byte 0xfe at column {at + 1}" in str(err)
     assert f"byte offset {at} of the file" in str(err)
+
+
+@pytest.mark.parametrize(
+    "args, problem",
+    [
+        ({"answer": "4"}, "missing a required argument: 'choices'"),
+        ({"answer": "4", "choices": ["4", "5"], "strict": True}, "got an unexpected keyword"),
+        ({"answer": 4, "choices": ["4", "5"]}, "argument 'answer' is int 4, expected str"),
+    ],
+)
+def test_rule_checker_arguments_are_checked_at_load_naming_file_row_criterion(
+    tmp_path, args, problem
+):
+    # They used to fail only inside the judge: every verdict of the criterion failed.
+    crit = dict(MISSPELT, verifier={"kind": "rule", "checker": "cf_answer_is", "args": args})
+    path = _write_jsonl(tmp_path / "t.jsonl", [_ours("t1", GOOD), _ours("t2", GOOD, crit)])
+    err = _error(path, "jsonl", checkers=load_builtin_checkers())
+    assert (err.file, err.row, err.field) == (path, 2, "rubric.criteria[1].verifier.args")
+    assert f"checker 'cf_answer_is': {problem}" in str(err)
+    # Right arguments load; names only (no signatures) check the name alone.
+    good = dict(crit, verifier=dict(crit["verifier"], args={"answer": "4", "choices": ["4"]}))
+    ok = _write_jsonl(tmp_path / "ok.jsonl", [_ours("t2", GOOD, good)])
+    assert len(load_tasks(ok, "jsonl", checkers=load_builtin_checkers())) == 1
+    assert len(load_tasks(path, "jsonl", checkers=CHECKERS)) == 2
+
+
+def test_rubrichub_rule_parameters_are_checked_at_load(tmp_path):
+    row = {
+        "prompt": "p",
+        "reward_model": {"rubrics": [
+            {"criterion": "c", "points": 1, "tags": {"verifier": "rule",
+                                                     "function": "cf_includes_word"}},
+        ]},
+    }  # fmt: skip
+    path = _write_jsonl(tmp_path / "r.jsonl", [row])
+    err = _error(path, "rubrichub", checkers=load_builtin_checkers())
+    assert (err.row, err.field) == (1, "reward_model.rubrics[0].tags.parameters")
+    assert "checker 'cf_includes_word': missing a required argument: 'word'" in str(err)

@@ -238,20 +238,32 @@ def test_exhausted_retries_give_none_excluded_from_reward(server, kind):
     assert result.value == pytest.approx(0.6) and result.num_failed == 1
 
 
-def test_all_attempts_failing_http_gives_none_and_no_cache(server, tmp_path):
+def test_a_5xx_storm_costs_one_retry_budget_and_marks_the_endpoint_down(server, tmp_path):
+    """The judge's re-asks multiplied the client's attempts (3 judge tries x 5 HTTP attempts =
+    15 requests, 52 s a verdict) and an endpoint answering only 5xx was never marked down. Now
+    the client's attempts are the whole budget, and the endpoint is down like a silent one."""
     cache = JudgeCache(tmp_path / "cache.sqlite")
     client = make_client(
         "openai", model="judge", base_url=server.url + "/v1", max_attempts=2, initial_delay=0.01
     )
     server.default = lambda req: Reply(status=503)
-    judge = LLMJudge(client, criteria_per_call=1, max_retries=1, cache=cache)
+    judge = LLMJudge(client, criteria_per_call=1, max_retries=2, cache=cache)
     (row,) = judge.score([JudgeItem(TASK, RESPONSE, (A,))])
-    assert row[0].met is None and "503" in row[0].error
-    assert server.count == 4  # 2 judge attempts × 2 HTTP attempts
+    assert (
+        row[0].met is None
+        and "503" in row[0].error
+        and "gave up after 2 attempts" in (row[0].error)
+    )
+    assert server.count == 2 and judge.stats["retries"] == 0  # was 6: 3 judge x 2 HTTP
     assert len(cache) == 0  # failures are not cached
+    # Marked down: the next verdict fails at once, without a request, naming the cause.
+    (row,) = judge.score([JudgeItem(TASK, RESPONSE, (A,))])
+    assert row[0].met is None and "marked down" in row[0].error and "503" in row[0].error
+    assert server.count == 2
+    client.down_cooldown_s = 0.0  # the cooldown has passed: the endpoint is tried again
     server.default = lb.judge_responder()
     (row,) = judge.score([JudgeItem(TASK, RESPONSE, (A,))])
-    assert row[0].met is True and server.count == 5 and len(cache) == 1
+    assert row[0].met is True and server.count == 3 and len(cache) == 1
 
 
 @pytest.mark.parametrize("kind", ["openai", "genai"])

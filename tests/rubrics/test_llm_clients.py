@@ -8,10 +8,12 @@ import pytest
 
 from rubric_rl.rubrics import llm, llm_backends
 from rubric_rl.rubrics.llm import (
+    LLMEndpointDownError,
     LLMError,
     LLMHTTPError,
     LLMRequest,
     LLMTruncatedError,
+    LLMUnavailableError,
     LocalEngineClient,
     make_client,
 )
@@ -166,6 +168,23 @@ def test_5xx_retried_then_success(server, kind):
     server.push(Reply(status=500), Reply(status=503), Reply(text='{"a": 5}'))
     assert client.generate_sync(request()).text == '{"a": 5}'
     assert server.count == 3
+
+
+@pytest.mark.parametrize("kind", ["openai", "genai"])
+def test_an_endpoint_answering_only_5xx_is_marked_down_but_a_rate_limit_is_not(server, kind):
+    client = make(kind, server)
+    server.push(*[Reply(status=503)] * 3)
+    with pytest.raises(LLMUnavailableError, match="503"):
+        client.generate_sync(request())
+    with pytest.raises(LLMEndpointDownError, match="marked down"):
+        client.generate_sync(request())  # at once, without a request
+    assert server.count == 3
+    client = make(kind, server)
+    server.push(*[Reply(status=429)] * 3, Reply(text="ok"))
+    with pytest.raises(LLMHTTPError, match="429") as e:
+        client.generate_sync(request())
+    assert not isinstance(e.value, LLMUnavailableError)  # busy, not down: the next call goes
+    assert client.generate_sync(request()).text == "ok" and server.count == 7
 
 
 @pytest.mark.parametrize("kind", ["openai", "genai"])

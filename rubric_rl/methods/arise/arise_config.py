@@ -3,7 +3,7 @@ of ``make_arise_controller`` built from it.
 
 ``configs/arise.py`` builds the section (variants, smoke settings) from ``arise_defaults()``; this
 module only reads it, so the package never imports ``configs/``. ``validate_arise`` runs from
-``rubric_rl.config_validation.validate_config`` when ``config.method == "arise"``, so a bad
+``rubric_rl.config_validation.validate_config`` through the arise ``Method``, so a bad
 ``arise.*`` value fails at start-up naming the field, before any model is built.
 """
 
@@ -36,7 +36,7 @@ _LLM_REFLECTION_OPTIONS = (
 )
 
 
-# ARISE's settings before issue 13, each still a flag so the old behaviour stays an ablation
+# ARISE's earlier defaults, each still a flag so that setting stays an ablation
 # (keys are paths under ``config.arise``): HarnessRL's importance weights on the capability
 # sampler's draws, the separation ranking, no exit for a pair that never improves, candidates
 # from the seed rubric only, and a pool of 8 filled at up to 2 pairs a step, retired after 4

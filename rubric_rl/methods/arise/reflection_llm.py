@@ -239,6 +239,7 @@ class LLMReflection(SchemaCaller, Reflection):
     """
 
     name = "llm"
+    role = "ARISE LLM reflection"
 
     def __init__(
         self,
@@ -309,7 +310,7 @@ class LLMReflection(SchemaCaller, Reflection):
         if error is not None:
             self._reject(f"{self.propose_template.key}: {error}")
             return []
-        self.counts["accepted"] += len(proposals)
+        self.accept(len(proposals))
         return proposals
 
     def refine(self, entry: PoolPair, records: Sequence[RolloutRecord], *, step: int) -> str | None:
@@ -328,6 +329,7 @@ class LLMReflection(SchemaCaller, Reflection):
         if error is not None:
             self._reject(f"{self.refine_template.key}: {error}")
             return None
+        self.accept(0)  # a usable reply: counted for the failure rate, not as a new pair
         return skill
 
     def stats(self) -> dict[str, float]:

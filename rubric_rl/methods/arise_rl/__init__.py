@@ -1,0 +1,102 @@
+"""ARISE-RL (seed 002): generator–solver co-evolution on one policy, with RG-SED for both roles.
+
+Modules: ``arise_rl`` (the controller, ``AriseRLConfig`` — the ``config.arise_rl`` section — and
+the step pipeline), ``arise_rl_rewards`` (R_G, the solver reward, the baselines' proposer
+rewards), ``rgsed`` / ``rgsed_coach`` (RG-SED's gate, schedules and programmatic coach),
+``arise_rl_domain`` (the generator-domain interface), ``generator_domain`` /
+``generator_corpus`` (the generator role on the embedded constraint domain, its warm-start
+demonstrations) and ``sql_generator`` (the generator role over the SQL environment).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rubric_rl.methods.method import Method, register_method
+
+
+def arise_rl_config(config: Any) -> Any:
+    """``config.arise_rl`` as an ``AriseRLConfig`` (an unknown field names the section)."""
+    from rubric_rl.methods.arise_rl.arise_rl import AriseRLConfig
+
+    a = config.arise_rl.to_dict()
+    a["rgsed_roles"] = tuple(a["rgsed_roles"])
+    try:
+        return AriseRLConfig(**a)
+    except TypeError as e:
+        raise ValueError(f"config.arise_rl: {e}") from e
+
+
+def arise_rl_controllers(config: Any, domain: Any) -> list[Any]:
+    """One controller that is the sampler (the cycle schedule: generator tasks, then the pool of
+    generated tasks) and owns R_G, the solver reward and RG-SED. The generator role writes tasks
+    of ``config.arise_rl.generator_domain``: the embedded constraint domain or the SQL env
+    (``arise_rl_domain.py``)."""
+    from rubric_rl.methods.arise_rl.arise_rl import AriseRLController
+    from rubric_rl.methods.arise_rl.arise_rl_domain import build_generator_domain
+
+    cfg = arise_rl_config(config)
+    solver_domain = {"constraint": "constraints", "sql": "sql"}[cfg.generator_domain]
+    if domain.name != solver_domain:
+        raise ValueError(
+            f"config.arise_rl.generator_domain={cfg.generator_domain!r} writes tasks of the "
+            f"{solver_domain!r} domain, but config.domain.name={domain.name!r}"
+        )
+    mode = str(config.rollout.get("mode", "auto"))
+    if cfg.generator_domain == "sql" and mode not in ("agent", "auto"):
+        raise ValueError(
+            f"config.arise_rl.generator_domain='sql': the solver answers SQL tasks in agent "
+            f"episodes; config.rollout.mode must be 'agent', got {mode!r}"
+        )
+    generator_domain = build_generator_domain(
+        cfg.generator_domain, domain.train, rubric_completion=cfg.rubric_completion
+    )
+    external = bool(config.get("teacher") is not None and config.teacher.model)
+    if (cfg.teacher != "self") != external:
+        raise ValueError(
+            f"config.arise_rl.teacher={cfg.teacher!r} with config.teacher.model="
+            f"{config.teacher.model!r}: the OPCD / GKD baselines need an external teacher "
+            "(config.teacher.model and .params), RG-SED ('self') must not have one"
+        )
+    # Generated tasks train the solver, which is evaluated on these: never generate one of them.
+    forbidden = generator_domain.forbidden_signatures([*domain.heldout, *domain.validation])
+    return [
+        AriseRLController(
+            cfg,
+            fallback_tasks=domain.train,
+            forbidden=forbidden,
+            tasks_per_step=int(config.rollout.tasks_per_step),
+            seed=int(config.train.seed),
+            generator_domain=generator_domain,
+        )  # fmt: skip
+    ]
+
+
+def arise_rl_pipeline(config: Any, controllers: Sequence[Any]) -> Any:
+    """``arise_rl.pipeline`` over the one controller ``arise_rl_controllers`` returns."""
+    from rubric_rl.methods.arise_rl.arise_rl import AriseRLController, pipeline
+
+    if len(controllers) != 1 or not isinstance(controllers[0], AriseRLController):
+        raise TypeError(
+            "the arise_rl pipeline is built over arise_rl_controllers' own list, one "
+            f"AriseRLController; got {[type(c).__name__ for c in controllers]}"
+        )
+    return pipeline(controllers[0])
+
+
+def validate_arise_rl(config: Any) -> None:
+    """``config.arise_rl`` builds an ``AriseRLConfig``, whose checks name the field."""
+    arise_rl_config(config)
+
+
+METHOD = register_method(
+    Method(
+        "arise_rl",
+        arise_rl_controllers,
+        pipeline=arise_rl_pipeline,
+        validate=validate_arise_rl,
+    )
+)
+
+__all__ = ["METHOD", "arise_rl_config", "arise_rl_controllers", "arise_rl_pipeline"]

@@ -1,6 +1,6 @@
 """ARISE-RL (seed 002): generator–solver co-evolution on one policy, with RG-SED for both roles.
 
-The run is a sequence of co-evolution cycles (seed App. D.5; issue 18). Cycle ``i`` holds
+The run is a sequence of co-evolution cycles (seed App. D.5). Cycle ``i`` holds
 ``generator_steps`` generator steps, then a pool refresh, then ``solver_steps`` solver steps::
 
     step s (1-based), L = generator_steps + solver_steps:
@@ -48,7 +48,7 @@ its role phase) — on generator groups only at steps whose generator mean Δr i
 role (``role_metrics``; per group in ``history``). ``sd_scope="final_turn"`` distils only the last
 assistant turn of a multi-turn rollout (``sd_mask``).
 
-**The frozen solver** (``solver_policy="frozen"``, issue 18): the K attempts of a cycle's
+**The frozen solver** (``solver_policy="frozen"``, the default): the K attempts of a cycle's
 generator phase sample the policy as it was at the phase's first step — a second parameter set
 (``Services.hold_policy``, JAX engine), taken then, written under ``<workdir>/policies/`` for a
 resume, released when the solver phase begins; ``"current"`` samples the live policy. **The base
@@ -898,7 +898,7 @@ class AriseRLController(Controller):
         """Per role present this step (seed Fig. 5 is per group): the share of its groups with
         memory, mean Δr and its standard error, the gate regions over its groups, the placebo's
         Δr and regions beside them, and the effective λ / λ0 (mean over the role's groups, and
-        the share above 0.5: ``memory_stage`` scales them by λ0 = ``loss.sd_coef``)."""
+        the share above 0.5: the pipeline's memory stage scales them by λ0 = ``loss.sd_coef``)."""
         roles = np.array([g.role for g in rollouts.groups])
         out: dict[str, float] = {}
         for role in ROLES:
@@ -1163,17 +1163,7 @@ def generator_metrics(infos: Sequence[Mapping[str, Any]], k: int) -> dict[str, f
     return m
 
 
-# --- the pipeline's stages (step.PIPELINES["arise_rl"]) -----------------------------------------
-
-
-def _controller(ctx: Any) -> AriseRLController:
-    ctl = [c for c in ctx.controllers.controllers if isinstance(c, AriseRLController)]
-    if len(ctl) != 1:
-        raise ValueError(
-            f"the arise_rl pipeline needs exactly one AriseRLController, got {len(ctl)} "
-            f"({[c.name for c in ctx.controllers.controllers]})"
-        )
-    return ctl[0]
+# --- the pipeline (the arise_rl Method's) --------------------------------------------------------
 
 
 def assign_roles(rollouts: Rollouts) -> Rollouts:
@@ -1186,45 +1176,61 @@ def assign_roles(rollouts: Rollouts) -> Rollouts:
     return rollouts
 
 
-def generate_generator_groups(rollouts: Rollouts, ctx: Any) -> Rollouts:
-    """Before the default ``generate``: generator groups get trained agent episodes over the
-    generator's tool environment (the default stage then skips them)."""
+def pipeline(controller: AriseRLController) -> Any:
+    """ARISE-RL's step over its controller: sample (+ roles) → decorate → generate (generator
+    groups: agent episodes with the lookup tool, trained) → judge → attempts (parse, gates, K
+    solver attempts: never trained) → reward → advantage → observe → memory (RG-SED's memory
+    rollouts: never trained; Δr) → select → teacher (the memory in the prompt) → gate."""
+    from rubric_rl import step
     from rubric_rl.services import TRAIN_STREAM
 
-    todo = [g for g in rollouts.groups if g.role == "generator" and not g.trajectories]
-    if todo:
-        n = int(ctx.config.rollout.samples_per_task)
-        ids, trajs = _controller(ctx)._run_generator([g.task for g in todo], n, TRAIN_STREAM)
-        for g, p, ts in zip(todo, ids, trajs, strict=True):
-            g.prompt_ids, g.trajectories = tuple(p), list(ts)
-    return rollouts
+    def sample_roles(rollouts: Rollouts | None, ctx: Any) -> Rollouts:
+        return assign_roles(step.sample(rollouts, ctx))
 
+    def generate_roles(rollouts: Rollouts, ctx: Any) -> Rollouts:
+        """Generator groups get trained agent episodes over the generator's tool environment
+        (the default ``generate`` then skips them)."""
+        todo = [g for g in rollouts.groups if g.role == "generator" and not g.trajectories]
+        if todo:
+            n = int(ctx.config.rollout.samples_per_task)
+            ids, trajs = controller._run_generator([g.task for g in todo], n, TRAIN_STREAM)
+            for g, p, ts in zip(todo, ids, trajs, strict=True):
+                g.prompt_ids, g.trajectories = tuple(p), list(ts)
+        return step.generate(rollouts, ctx)
 
-def attempts_stage(rollouts: Rollouts, ctx: Any, verifier_signal: str) -> Rollouts:
-    """R_G's inputs for the generator groups: parse, gates, K solver attempts (never trained)."""
-    _controller(ctx).score_generator_groups(rollouts, verifier_signal)
-    return rollouts
+    def attempts(rollouts: Rollouts, ctx: Any) -> Rollouts:
+        """R_G's inputs for the generator groups: parse, gates, K solver attempts (never
+        trained)."""
+        controller.score_generator_groups(rollouts, step.VERIFIER_SIGNAL)
+        return rollouts
 
+    def memory(rollouts: Rollouts, ctx: Any) -> Rollouts:
+        """RG-SED's memories and memory rollouts (measurement only) and Δr, when SD is on; the
+        effective λ per role (``rgsed/<role>/lambda_mean``: λ0 = ``loss.sd_coef`` × the mean
+        multiplier over the role's groups, ``lambda_active_frac``: the share above 0.5 λ0)."""
+        if ctx.needs_teacher:
+            m = controller.run_rgsed(rollouts)
+            lambda0 = float(ctx.config.loss.sd_coef)
+            for role in ROLES:
+                if f"rgsed/{role}/lambda_ratio" in m:
+                    m[f"rgsed/{role}/lambda_mean"] = lambda0 * m[f"rgsed/{role}/lambda_ratio"]
+            ctx.metrics.update({f"arise_rl/{k}": v for k, v in m.items()})
+        return rollouts
 
-def memory_stage(rollouts: Rollouts, ctx: Any) -> Rollouts:
-    """RG-SED's memories and memory rollouts (measurement only) and Δr, when SD is on; the
-    effective λ per role (``rgsed/<role>/lambda_mean``: λ0 = ``loss.sd_coef`` × the mean
-    multiplier over the role's groups, ``lambda_active_frac``: the share above 0.5 λ0)."""
-    if ctx.needs_teacher:
-        m = _controller(ctx).run_rgsed(rollouts)
-        lambda0 = float(ctx.config.loss.sd_coef)
-        for role in ROLES:
-            if f"rgsed/{role}/lambda_ratio" in m:
-                m[f"rgsed/{role}/lambda_mean"] = lambda0 * m[f"rgsed/{role}/lambda_ratio"]
-        ctx.metrics.update({f"arise_rl/{k}": v for k, v in m.items()})
-    return rollouts
+    def teacher(rollouts: Rollouts, ctx: Any) -> Rollouts:
+        """Every trained rollout of a group with memory: the teacher prompt with m."""
+        if ctx.needs_teacher:
+            controller.set_teachers(rollouts)
+        return rollouts
 
-
-def teacher_stage(rollouts: Rollouts, ctx: Any) -> Rollouts:
-    """Every trained rollout of a group with memory: the teacher prompt with m."""
-    if ctx.needs_teacher:
-        _controller(ctx).set_teachers(rollouts)
-    return rollouts
+    return (
+        step.default_pipeline()
+        .replace("sample", sample_roles)
+        .replace("generate", generate_roles)
+        .insert_after("judge", "attempts", attempts)
+        .insert_after("observe", "memory", memory)
+        .replace("teacher", teacher)
+    )
 
 
 __all__ = [
@@ -1235,14 +1241,11 @@ __all__ = [
     "GeneratorScore",
     "Phase",
     "assign_roles",
-    "attempts_stage",
-    "generate_generator_groups",
-    "memory_stage",
-    "teacher_stage",
     "final_turn_mask",
     "generator_memory",
     "generator_metrics",
     "met_matrix",
     "phase",
+    "pipeline",
     "solver_rewards",
 ]

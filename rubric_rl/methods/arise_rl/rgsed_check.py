@@ -205,7 +205,7 @@ def run_check(
     from rubric_rl import builders
     from rubric_rl.methods.arise_rl.arise_rl import AriseRLController
     from rubric_rl.services import Services
-    from rubric_rl.step import StepContext, build_pipeline
+    from rubric_rl.step import StepContext
 
     config = check_config(base, groups, samples, steps, overrides or {})
     tasks = check_tasks(groups, criteria)
@@ -221,11 +221,10 @@ def run_check(
             config, engine, tok, ScriptedJudge(), domain, wd,
             functools.partial(builders.prompt_buckets, config),
         )  # fmt: skip
-        controllers = builders.build_controllers(config, domain)
+        controllers, pipeline = builders.build_method(config, domain)
         controllers.bind(services, f"{wd}/controllers")
         (ctl,) = [c for c in controllers.controllers if isinstance(c, AriseRLController)]
         ctl.pool, ctl.pool_cycle = list(tasks), 0
-        pipeline = build_pipeline(config)
         dr, placebo, at, coefs, metrics = [], [], [], [], []
         try:
             for step in range(1, steps + 1):

@@ -5,8 +5,10 @@ The seed's three questions, as the programmatic attributor answers them (every t
 ours unless marked; the LLM attributor asks the same questions of a judge model):
 
 (i) **Reach.** A criterion no rollout satisfies in the current group is *blind* when no earlier
-    recorded group of the task satisfied it either, and *agree* ("noise") when one did.
-    Blind → rollout interface.
+    recorded group of the task satisfied it either, and *agree* ("noise") when one did. A
+    positive criterion whose text names a surface cue (``SURFACE_CUE_PATTERNS``: a length
+    floor, praise, a compliance claim) is never blind when unmet (agree; ours): guidance towards
+    it would teach the cue. Blind → rollout interface.
 (ii) **Training stage.** A criterion every rollout satisfies, now and in the task's previous
     ``saturated_window − 1`` recorded groups, is *saturated* (with fewer recorded groups it is
     agree: one group is no "recent steps"). The task's *discriminative mass* is the share of its
@@ -71,6 +73,10 @@ WORDING_PATTERNS = (
     (r"\bat most \d+ words\b", "any short response passes"),
     (r"\bevery rule of the task\b", "a global claim is judged without the rules"),
 )
+# The wording patterns that name a surface cue a response can show without doing the task (a
+# length floor, praise, a compliance claim). An unmet positive cue is never *blind*: guidance
+# towards it would steer the policy to the cue (ours; the seed's blind label is about reach).
+SURFACE_CUE_PATTERNS = WORDING_PATTERNS[:5]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,10 +202,10 @@ def discriminative_mass(met: np.ndarray) -> float:
     return float(np.mean((hi > lo) & np.isfinite(lo) & np.isfinite(hi)))
 
 
-def wording_phrase(text: str) -> tuple[str, str] | None:
+def wording_phrase(text: str, patterns=WORDING_PATTERNS) -> tuple[str, str] | None:
     """(phrase, why) of the first wording pattern found in a criterion's text, or None."""
     low = text.lower()
-    for pattern, why in WORDING_PATTERNS:
+    for pattern, why in patterns:
         m = re.search(pattern, low)
         if m:
             return m.group(0), why
@@ -273,7 +279,10 @@ class ProgrammaticAttributor:
                 label, reason = "agree", "no valid verdict (judge failures): no evidence"
             elif rate == 0.0:
                 met_before = self._met_before(cid, history)
-                if met_before is None:
+                cue = wording_phrase(texts[m], SURFACE_CUE_PATTERNS) if w[m] > 0 else None
+                if cue is not None:
+                    label, reason = "agree", f"unmet surface cue {cue[0]!r}: not guided towards"
+                elif met_before is None:
                     label, reason = "blind", "unmet now and in every earlier group"
                 else:
                     label, reason = "agree", f"unmet now but met at step {met_before}: noise"
@@ -422,5 +431,6 @@ __all__ = [
     "discriminative_mass",
     "embedded_surface_features",
     "satisfied",
+    "SURFACE_CUE_PATTERNS",
     "wording_phrase",
 ]

@@ -1,4 +1,4 @@
-"""``config.harness`` -> the HarnessRL controller (``CONTROLLER_BUILDERS["harness_rl"]``)."""
+"""``config.harness`` -> the HarnessRL controller (the harness_rl ``Method``'s controllers)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,8 @@ def harness_config(config: Any) -> HarnessConfig:
             cold_start_groups=int(cs.groups),
             cold_start_regradings=int(cs.regradings),
             deterministic_floor=float(cs.deterministic_floor),
+            band_floor=float(cs.get("band_floor", 0.0)),
+            recalibrate=str(h.get("recalibrate", "never")),
             attributor=AttributorConfig(**dict(h.attributor)),
             sampling_rule=str(h.get("sampling_rule", "harness")),
             rollout_rule=str(h.get("rollout_rule", "harness")),

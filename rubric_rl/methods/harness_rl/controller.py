@@ -63,6 +63,7 @@ from rubric_rl.methods.harness_rl.proposer import (
     ProgrammaticProposer,
     ProposalContext,
     criterion_state,
+    expected_gain,
 )
 from rubric_rl.methods.harness_rl.rubric_ops import (
     anchor_share_of,
@@ -99,6 +100,8 @@ SAMPLING_RULES = ("harness", "sec")
 ROLLOUT_RULES = ("harness", "ruscarl")
 RUBRIC_RULES = ("harness", evorubric.RULE)
 EVOLVERS = ("programmatic", "llm")
+RECALIBRATE = ("quarter", "never")
+REVERSAL_WINDOW = 100  # steps (the seed's reversal rate is per 100-step window)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +124,10 @@ class HarnessConfig:
     cold_start_groups: int = 3
     cold_start_regradings: int = 2
     deterministic_floor: float = 3.1
+    band_floor: float = 3.1  # points: a band's least lower bound and least width (ours)
+    # "quarter" (ours): the bands are re-measured on the current policy at the start of each
+    # training quarter (the levels stay); "never": the seed's bands, frozen at the cold start.
+    recalibrate: str = "quarter"
     attributor: AttributorConfig = dataclasses.field(default_factory=AttributorConfig)
     sampling_rule: str = "harness"  # harness | sec (the p_t <- SEC switching arm)
     rollout_rule: str = "harness"  # harness | ruscarl (the g_t <- RuscaRL switching arm)
@@ -139,6 +146,12 @@ class HarnessConfig:
                 raise ValueError(
                     f"harness.{field}={getattr(self, field)!r}: expected one of {allowed}"
                 )
+        if self.recalibrate not in RECALIBRATE:
+            raise ValueError(
+                f"harness.recalibrate={self.recalibrate!r}: expected one of {RECALIBRATE}"
+            )
+        if not (self.band_floor >= 0 and math.isfinite(self.band_floor)):
+            raise ValueError(f"harness.cold_start.band_floor={self.band_floor}: must be >= 0")
         if self.memory not in MEMORY_MODES:
             raise ValueError(f"harness.memory={self.memory!r}: expected one of {MEMORY_MODES}")
         if self.anchors not in ("library", "none", "seed"):
@@ -156,6 +169,16 @@ class HarnessConfig:
             raise ValueError(f"harness.total_weight={self.total_weight}: Λ must be > 0")
         if self.cold_start_tasks and (self.cold_start_groups < 2 or self.cold_start_regradings < 2):
             raise ValueError("harness.cold_start: groups and regradings must be >= 2")
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if x is not None and math.isfinite(float(x)) else None
+
+
+def _checks(criteria: Sequence[Criterion]) -> list[tuple]:
+    """What a rubric checks and how much each check weighs (an op that leaves this unchanged is
+    a no-op, whatever it records)."""
+    return [(c.id, criterion_state(c), round(float(c.weight), 9)) for c in criteria]
 
 
 class HarnessController(Controller):
@@ -221,6 +244,10 @@ class HarnessController(Controller):
         self.generic: dict[str, bool] = {}  # criterion check key -> passes on generic content
         self.accepted_log: dict[str, list[dict[str, Any]]] = {}  # task -> accepted rubric updates
         self.totals = {"accepted_rubric": 0, "reversals": 0}
+        # task -> accepted updates awaiting the task's next draw, when their ``outcome`` (the
+        # reward and the target's reach then) goes to the time index.
+        self.pending_outcomes: dict[str, list[dict[str, Any]]] = {}
+        self.reversal_log: list[list[int]] = []  # [step, reversal] of recent accepted rubric ones
         self._events: list[dict[str, Any]] = []
         # The step's attributions (analysis: the scripted-policy check scores them).
         self.last_attributions: list[TaskAttribution] = []
@@ -283,6 +310,8 @@ class HarnessController(Controller):
     def sample_tasks(self, step: int, rng: np.random.Generator) -> TaskBatch:
         if self.calibrated is None:
             self._cold_start()
+        elif self._recalibration_due(step):
+            self._recalibrate(step)
         cap = guidance_cap(step, self.config.total_steps)
         for tid, st in self.state.items():
             if st.fields:
@@ -331,11 +360,7 @@ class HarnessController(Controller):
             with open(cached, encoding="utf-8") as f:
                 self._apply_cold_start(json.load(f))
             return
-        out = cs.run_cold_start(
-            self.services, self.tasks, seed=cfg.seed, n_tasks=cfg.cold_start_tasks,
-            groups=cfg.cold_start_groups, regradings=cfg.cold_start_regradings,
-            samples_per_task=cfg.samples_per_task, deterministic_floor=cfg.deterministic_floor,
-        )  # fmt: skip
+        out = self._measure_cold_start()
         if cached is not None:
             os.makedirs(os.path.dirname(cached), exist_ok=True)
             tmp = cached + ".tmp"
@@ -343,6 +368,38 @@ class HarnessController(Controller):
                 json.dump(out, f, sort_keys=True)
             os.replace(tmp, cached)
         self._apply_cold_start(out)
+
+    def _measure_cold_start(self) -> dict[str, Any]:
+        cfg = self.config
+        return cs.run_cold_start(
+            self.services, self.tasks, seed=cfg.seed, n_tasks=cfg.cold_start_tasks,
+            groups=cfg.cold_start_groups, regradings=cfg.cold_start_regradings,
+            samples_per_task=cfg.samples_per_task, deterministic_floor=cfg.deterministic_floor,
+            band_floor=cfg.band_floor,
+        )  # fmt: skip
+
+    def _quarter(self, step: int) -> int:
+        return min(3, max(0, (int(step) - 1) * 4 // int(self.config.total_steps)))
+
+    def _recalibration_due(self, step: int) -> bool:
+        cal = self.calibrated or {}
+        return (
+            self.config.recalibrate == "quarter"
+            and self.config.critic  # the bands are the critic's
+            and cal.get("source") == "cold_start"
+            and self.services is not None
+            and self._quarter(step) > int(cal.get("quarter", 0))
+        )
+
+    def _recalibrate(self, step: int) -> None:
+        """The bands re-measured on the current policy (the cold start's procedure on the same
+        tasks); the sampling levels stay, so the tasks' levels keep their meaning."""
+        q = self._quarter(step)
+        out = self._measure_cold_start()
+        self.rollout_band = Band(*out["rollout_band"])
+        self.rubric_band = Band(*out["rubric_band"])
+        self.calibrated = {**out, "levels": list(self.levels), "quarter": q, "step": int(step)}
+        self._events.append({"event": "recalibrate", **self.calibrated})
 
     def _cold_start_cache(self) -> str | None:
         if self.cache_dir and self.cache_key:
@@ -397,6 +454,8 @@ class HarnessController(Controller):
             crit = {c.id: c for c in st.criteria}
             weights = [crit[i].weight if i in crit else 1.0 for i in ids]
             responses = tuple(t.response for t in group.trajectories)
+            reward_now = mean_points(rewards[g, :j].tolist())
+            records += self._outcomes(task.id, ids, weights, met, reward_now)
             t0 = time.perf_counter()
             ev = evidence.gather(
                 self.memory, task.id, ids, last_label=self.last_label, draws=st.draws,
@@ -410,7 +469,7 @@ class HarnessController(Controller):
             group_record = (task.id, "group", {
                 "criterion_ids": ids, "weights": weights,
                 "met": [[None if math.isnan(x) else float(x) for x in row] for row in met],
-                "responses": list(responses), "reward_points": mean_points(rewards[g, :j].tolist()),
+                "responses": list(responses), "reward_points": reward_now,
                 "fields": sorted(st.fields), "level": st.level,
             })  # fmt: skip
             seeded = {"seed": step} if self.llm is not None else {}
@@ -429,14 +488,19 @@ class HarnessController(Controller):
                 times["attributor_proposer"] += time.perf_counter() - t0
                 continue
             sat = satisfied(met, weights)
+            # The reversal guard reads what the critic accepted; with no critic there is none
+            # (so the no-critic arms can show the reversals the seed reports for them).
+            guard = self.config.memory != "none" and self.config.critic
+            replaced = self._replaced(task.id) if guard else {}
             ctx = ProposalContext(
                 task=task, criteria=st.criteria, fields=st.fields, level=st.level,
                 n_levels=len(self.levels), cap=guidance_cap(step, self.config.total_steps),
                 responses=responses,
                 satisfied={i: tuple(float(x) for x in sat[m]) for m, i in enumerate(ids)},
                 rejected=ev.rejected,
-                replaced=self._replaced(task.id) if self.config.memory != "none" else {},
-                donors=ev.donors, generic_pass=generic,
+                replaced=replaced,
+                donors=ev.donors, generic_pass=generic, min_points=self.rollout_band.lower,
+                fits=self._fits(task),
             )  # fmt: skip
             cands = self.proposer.propose(ctx, att, **seeded)
             if self.config.rubric_rule == evorubric.RULE and "rubric" in self.config.interfaces:
@@ -453,6 +517,8 @@ class HarnessController(Controller):
                 self.last_label[f"{task.id}/{c.criterion_id}"] = c.label
         # The fields this step's groups were rolled out with (before this step's updates).
         mounted = [len(st.fields) for _, st, *_ in work]
+        # Over the drawn tasks seen before (a first draw cannot carry a field yet).
+        repeat = [len(st.fields) > 0 for _, st, *_ in work if st.draws > 1]
         guidance_tokens = self._guidance_tokens(rollouts)
         t0 = time.perf_counter()
         verdicts = self._critic(step, work)
@@ -464,7 +530,39 @@ class HarnessController(Controller):
             self._index_criteria(step, [w[0] for w in work])
         times["memory"] += time.perf_counter() - t0
         metrics = self._metrics(work, verdicts, times, mounted, not_attributed)
+        if repeat:
+            metrics["guidance/repeat_draw_guided_share"] = float(np.mean(repeat))
+        metrics.update(self._reversal_window(step, update_rows))
         return {**metrics, **sec_metrics, **guidance_tokens}
+
+    def _reversal_window(self, step: int, update_rows) -> dict[str, float]:
+        """The reversal rate over the last ``REVERSAL_WINDOW`` steps' accepted rubric updates (the
+        seed's per-window rate; ``reversal_rate`` is the run's cumulative one)."""
+        for _, _, row in update_rows:
+            if row["status"] == "accepted" and row["candidate"]["interface"] == "rubric":
+                self.reversal_log.append([step, int(bool(row.get("reversal")))])
+        self.reversal_log = [x for x in self.reversal_log if x[0] > step - REVERSAL_WINDOW]
+        if not self.reversal_log:
+            return {}
+        return {"reversal_rate_window": float(np.mean([x[1] for x in self.reversal_log]))}
+
+    def _outcomes(self, task_id, ids, weights, met, reward_now) -> list[tuple[str, str, dict]]:
+        """The ``outcome`` records of the task's updates accepted at its previous draw: the
+        group's reward and the target's reach now, beside those at acceptance."""
+        rows = []
+        sat = satisfied(met, weights) if len(ids) else np.zeros((0, 0))
+        for p in self.pending_outcomes.pop(task_id, []):
+            reach = None
+            if p["target"] in ids:
+                row = sat[ids.index(p["target"])]
+                reach = _finite(float(np.nanmean(row))) if np.isfinite(row).any() else None
+            then = p["reward_points_then"]
+            change = None if then is None or reward_now is None else reward_now - then
+            rows.append((task_id, "outcome", {
+                **p, "reward_points_now": reward_now, "reward_change": change,
+                "target_reach_now": reach,
+            }))  # fmt: skip
+        return rows
 
     def _guidance_tokens(self, rollouts: Rollouts) -> dict[str, float]:
         """The guided rollouts' extra cost, bounded: the share of the step's prompt tokens that
@@ -539,16 +637,22 @@ class HarnessController(Controller):
     def _critic(self, step: int, work) -> dict[tuple[str, str], Verdict]:
         out: dict[tuple[str, str], Verdict] = {}
         rollout_todo = []
-        for task, st, _, cands, responses, baseline in work:
+        for task, st, att, cands, responses, baseline in work:
             c = cands.get("sampling")
             if c is not None:
                 out[(task.id, "sampling")] = Verdict(True, None, "accepted on its attribution")
             c = cands.get("rollout")
             if c is not None:
-                if not self.config.critic:
+                fields = {f: v["text"] for f, v in fields_after(st.fields, c).items()}
+                too_long = self._prompt_error(task, fields)
+                if too_long is not None:
+                    # Applied, it would break every later generation of the task: rejected
+                    # alone, with or without a critic.
+                    out[(task.id, "rollout")] = Verdict(False, None, f"invalid: {too_long}")
+                elif not self.config.critic:
                     out[(task.id, "rollout")] = Verdict(True, None, "no critic")
                 else:
-                    rollout_todo.append((task, st, c, baseline))
+                    rollout_todo.append((task, st, c, baseline, self._priority(st, att, c)))
             c = cands.get("rubric")
             if c is not None:
                 invalid = self._invalid_rubric(step, st, c)
@@ -564,27 +668,24 @@ class HarnessController(Controller):
                     out[(task.id, "rubric")] = self._measure_rubric(
                         step, task, st, c, responses, baseline
                     )
-        # Re-sampled groups, most confident first, up to the per-step budget; one engine call.
-        rollout_todo = rollout_todo[: self.config.max_rollout_measurements]
+        # Re-sampled groups, most confident first (then by expected gain), up to the per-step
+        # budget; one engine call, or one per candidate if it fails, so that a failure rejects
+        # only the candidate that caused it.
+        rollout_todo.sort(key=lambda x: x[-1])
+        rollout_todo = [x[:4] for x in rollout_todo[: self.config.max_rollout_measurements]]
+        results: list[Any] = []
         if rollout_todo:
-            prompts = []
-            for task, st, c, _ in rollout_todo:
-                fields = fields_after(st.fields, c)
-                prompts.append(self.style.mount(task, {f: v["text"] for f, v in fields.items()}))
             try:
-                _, trajs = self.services.generate(
-                    prompts, self.config.samples_per_task, stream=CRITIC_STREAM,
-                    names=[t.id for t, *_ in rollout_todo],
-                )  # fmt: skip
-                tasks = [self.harness_task(t) for t, *_ in rollout_todo]
-                vs = self.services.judge(tasks, [[x.response for x in ts] for ts in trajs])
+                results = self._resample(rollout_todo)
             except Exception as e:  # noqa: BLE001 - no measurement rejects (§3)
-                for task, *_ in rollout_todo:
-                    out[(task.id, "rollout")] = Verdict(False, None, f"no measurement: {e!r}")
-                return out
-            for (task, _, c, baseline), t, rows in zip(rollout_todo, tasks, vs, strict=True):
-                new = mean_points([row_reward(t.rubric.criteria, row) for row in rows])
-                delta = None if new is None or baseline is None else new - baseline
+                results = [e] if len(rollout_todo) == 1 else [
+                    self._resample_one(x) for x in rollout_todo
+                ]  # fmt: skip
+            for (task, _, c, baseline), res in zip(rollout_todo, results, strict=True):
+                if isinstance(res, Exception):
+                    out[(task.id, "rollout")] = Verdict(False, None, f"no measurement: {res!r}")
+                    continue
+                delta = None if res is None or baseline is None else res - baseline
                 out[(task.id, "rollout")] = rollout_verdict(
                     delta, self.rollout_band, drop_only=c.drop_only
                 )
@@ -593,15 +694,70 @@ class HarnessController(Controller):
                 out[(task.id, "rollout")] = Verdict(False, None, DEFERRED)
         return out
 
+    def _resample(self, todo) -> list[float | None]:
+        """The mean reward (points) of a group re-sampled with each candidate's fields, under the
+        task's current rubric; raises if generation or judging fails."""
+        prompts = []
+        for task, st, c, _ in todo:
+            fields = fields_after(st.fields, c)
+            prompts.append(self.style.mount(task, {f: v["text"] for f, v in fields.items()}))
+        _, trajs = self.services.generate(
+            prompts, self.config.samples_per_task, stream=CRITIC_STREAM,
+            names=[t.id for t, *_ in todo],
+        )  # fmt: skip
+        tasks = [self.harness_task(t) for t, *_ in todo]
+        vs = self.services.judge(tasks, [[x.response for x in ts] for ts in trajs])
+        return [
+            mean_points([row_reward(t.rubric.criteria, row) for row in rows])
+            for t, rows in zip(tasks, vs, strict=True)
+        ]
+
+    def _resample_one(self, item) -> float | None | Exception:
+        try:
+            return self._resample([item])[0]
+        except Exception as e:  # noqa: BLE001 - no measurement rejects this candidate only
+            return e
+
+    def _priority(self, st: TaskHarness, att: TaskAttribution | None, c: Candidate) -> tuple:
+        """The measurement budget's order: the target's label confidence, then its expected gain
+        (weight × (1 − reach)), highest first; drops (no blind target) last among equals."""
+        lab = None if att is None else next(
+            (x for x in att.labels if x.criterion_id == c.target), None
+        )  # fmt: skip
+        crit = next((x for x in st.criteria if x.id == c.target), None)
+        conf = 0.0 if lab is None else lab.confidence
+        gain = 0.0
+        if lab is not None and crit is not None:
+            gain = expected_gain(crit.weight, lab.satisfied_rate)
+        return (-conf, -gain)
+
+    def _fits(self, task: Task):
+        """Whether ``task``'s prompt with mounted fields fits ``model.max_prompt_len`` (None: no
+        services to encode with)."""
+        if self.services is None:
+            return None
+        return lambda fields: self._prompt_error(task, fields) is None
+
+    def _prompt_error(self, task: Task, fields: Mapping[str, str]) -> str | None:
+        if self.services is None or not fields:
+            return None
+        try:
+            self.services.encode_prompt(self.style.mount(task, dict(fields)), f"task {task.id}")
+        except ValueError as e:
+            return str(e)
+        return None
+
     def _invalid_rubric(self, step: int, st: TaskHarness, cand: Candidate) -> str | None:
         """Why ``cand``'s ops cannot apply to the task's rubric (None: they apply)."""
         try:
-            apply_ops(
+            new = apply_ops(
                 st.criteria, cand.rubric, step=step, total=self.config.total_weight,
                 anchor_share=st.anchor_share,
             )  # fmt: skip
         except (ValueError, KeyError) as e:
             return f"invalid: {e}"
+        if _checks(new) == _checks(st.criteria):
+            return "invalid: no change after the Λ rescale"
         return None
 
     def _measure_rubric(self, step, task, st, cand: Candidate, responses, baseline) -> Verdict:
@@ -624,7 +780,7 @@ class HarnessController(Controller):
 
     def _apply(self, step: int, work, verdicts) -> list[tuple[str, str, dict]]:
         rows = []
-        for task, st, _, cands, _, _ in work:
+        for task, st, att, cands, _, baseline in work:
             for iface in INTERFACES:
                 c = cands.get(iface)
                 if c is None:
@@ -639,6 +795,15 @@ class HarnessController(Controller):
                 }  # fmt: skip
                 if v.accepted:
                     row.update(self._accept(step, task, st, c))
+                    lab = None if att is None else next(
+                        (x for x in att.labels if x.criterion_id == c.target), None
+                    )  # fmt: skip
+                    self.pending_outcomes.setdefault(task.id, []).append({
+                        "update_step": step, "interface": iface, "kind": c.kind,
+                        "target": c.target, "measured_delta": v.delta,
+                        "reward_points_then": baseline,
+                        "target_reach_then": None if lab is None else _finite(lab.satisfied_rate),
+                    })  # fmt: skip
                 rows.append((task.id, "update", row))
                 self._events.append({"event": "update", "task_id": task.id, **row})
         return rows
@@ -744,6 +909,12 @@ class HarnessController(Controller):
         for lv in range(len(self.levels)):
             m[f"levels/{lv}"] = float(np.mean([self._level(t) == lv for t in self.tasks]))
         m["reversal_rate"] = self.totals["reversals"] / max(1, self.totals["accepted_rubric"])
+        m["critic/rollout_band_lower"] = self.rollout_band.lower
+        m["critic/rollout_band_upper"] = self.rollout_band.upper
+        power = (self.calibrated or {}).get("rollout_power") or {}
+        for k in ("at_lower", "at_zero"):
+            if k in power:
+                m[f"critic/rollout_power_{k}"] = float(power[k])
         m["task_saturated"] = (
             float(np.mean([att.task_saturated for _, _, att, *_ in work])) if work else 0.0
         )
@@ -782,6 +953,8 @@ class HarnessController(Controller):
             "generic": dict(sorted(self.generic.items())),
             "accepted_log": self.accepted_log,
             "totals": dict(self.totals),
+            "pending_outcomes": self.pending_outcomes,
+            "reversal_log": self.reversal_log,
             "sec": self.sec.state_dict() if self.sec is not None else None,
         }  # fmt: skip
 
@@ -804,6 +977,8 @@ class HarnessController(Controller):
         self.generic = {k: bool(v) for k, v in state["generic"].items()}
         self.accepted_log = {k: list(v) for k, v in state["accepted_log"].items()}
         self.totals = dict(state["totals"])
+        self.pending_outcomes = {k: list(v) for k, v in state.get("pending_outcomes", {}).items()}
+        self.reversal_log = [list(x) for x in state.get("reversal_log", [])]
         if self.sec is not None and state.get("sec"):
             self.sec.load_state_dict(state["sec"])
 

@@ -148,6 +148,8 @@ class _Caller(SchemaCaller):
 class LLMAttributor(_Caller):
     """``attribute`` as the programmatic attributor's, answered by a model."""
 
+    role = "HarnessRL LLM attributor"
+
     def __init__(
         self, client: LLMClient, *, temperature=0.0, max_tokens=2048, template=ATTRIBUTE_V1
     ):
@@ -182,7 +184,7 @@ class LLMAttributor(_Caller):
         except LLMEvolverError as e:
             self.reject(str(e))
             raise
-        self.counts["accepted"] += 1
+        self.accept()
         out = []
         for m, cid in enumerate(ids):
             lab = labels[cid]
@@ -289,6 +291,8 @@ class LLMProposer(_Caller):
     """``propose`` as the programmatic proposer's, answered by a model. New criteria are LLM
     criteria (judged by the LLM judge); the run's judge must grade them."""
 
+    role = "HarnessRL LLM proposer"
+
     def __init__(
         self,
         client: LLMClient,
@@ -318,7 +322,7 @@ class LLMProposer(_Caller):
         except LLMEvolverError as e:
             self.reject(str(e))
             return none
-        self.counts["accepted"] += 1
+        self.accept()
         return {**none, **out}
 
     def _prompt(self, ctx: ProposalContext, att: TaskAttribution) -> str:

@@ -6,9 +6,11 @@ silent, and the LLM proposer makes the same choices with a judge model):
 
 - **Sampling** (task diagnosed saturated): ``reweight(i, γ_{ℓ+1})``, one level down; noop at
   the lowest level.
-- **Rollout** (a blind criterion; the most confident first): ``add(f)`` of the first field in
+- **Rollout** (a blind criterion; by expected gain, ``blind_targets``; a target whose weight is
+  below the rollout band's lower bound is never proposed): ``add(f)`` of the first field in
   ``<criterion>``, ``<reference>``, ``<critique>`` order that is free, under the cap, and was
-  not rejected for this criterion within the task's last ``retry_after`` draws (rejected
+  not rejected for this criterion within the task's last ``retry_after`` draws and whose
+  prompt fits the model's prompt length (``ProposalContext.fits``) (rejected
   candidates return with their measurement: the next proposal tries the next field).
   ``<criterion>`` states the target criterion (``hint``); ``<reference>`` needs a donor — a
   response that satisfied the target in this task's history or, from the memory, a related
@@ -17,8 +19,9 @@ silent, and the LLM proposer makes the same choices with a judge model):
   ``drop(f)`` of every mounted field whose target criterion has left blind. With no blind
   criterion, the drops alone are the candidate.
 - **Rubric** (a spurious criterion; the most confident first): an anchor is only reweighted
-  (halved); another criterion is rewritten into a library criterion of the task that checks
-  something its rubric does not yet check (the checker library parameterised from the prompt),
+  (halved; never a task's only positive anchor, whose share the Λ rescale restores); another
+  criterion is rewritten into a library criterion of the task that checks something its rubric
+  does not yet check (the checker library parameterised from the prompt),
   weighted at least as the median positive criterion of the task,
   else turned into a pitfall (its cue penalised, λ → −|λ|), else deleted; an operation that
   was rejected for this criterion within ``retry_after`` draws, or (with memory) that would
@@ -123,11 +126,43 @@ class ProposalContext:
     # criterion id -> (response text, "task/criterion" donor or None) satisfying it
     donors: Mapping[str, tuple[str, str | None]] = dataclasses.field(default_factory=dict)
     generic_pass: Mapping[str, bool] = dataclasses.field(default_factory=dict)
+    # The rollout band's lower bound (points): a target whose weight is below it cannot move the
+    # group's reward measurably even if every rollout came to meet it, so it is never measured.
+    min_points: float = 0.0
+    # Whether the prompt with these mounted fields (field -> text) fits the model's prompt
+    # length; None: no check. A field that does not fit is skipped for the next.
+    fits: Callable[[Mapping[str, str]], bool] | None = None
 
 
 def criterion_state(c: Criterion) -> tuple[Any, bool]:
     """What a criterion checks, and its sign: equal states check the same thing."""
     return (c.verifier if c.verifier.checker else c.text.strip(), c.weight > 0)
+
+
+def expected_gain(weight: float, reach: float) -> float:
+    """Points a guidance field can add at most: the target's weight × the share of rollouts
+    that miss it (1 − reach; an undefined reach counts as 0)."""
+    r = 0.0 if reach != reach else float(reach)
+    return float(weight) * (1.0 - r)
+
+
+def blind_targets(
+    att: TaskAttribution, criteria: Sequence[Criterion], min_points: float = 0.0
+) -> list:
+    """The blind labels worth a guidance field, best first (ours): positive criteria whose weight
+    (points after the Λ rescale) reaches ``min_points``, ranked by expected gain (weight ×
+    (1 − reach)), ties by rarity — the label's confidence, which rises with the consecutive
+    groups that missed it — then by the criterion's place in the rubric, never by its id."""
+    pos = {c.id: (k, c) for k, c in enumerate(criteria)}
+    out = []
+    for lab in att.labels:
+        if lab.label != "blind" or lab.criterion_id not in pos:
+            continue
+        k, c = pos[lab.criterion_id]
+        if c.weight <= 0 or c.weight < min_points:
+            continue
+        out.append((-expected_gain(c.weight, lab.satisfied_rate), -lab.confidence, k, lab))
+    return [x[-1] for x in sorted(out, key=lambda x: x[:3])]
 
 
 class ProgrammaticProposer:
@@ -179,25 +214,23 @@ class ProgrammaticProposer:
         )
         free = ctx.cap - (len(ctx.fields) - len(drops))
         crit = {c.id: c for c in ctx.criteria}
-        blind = sorted(
-            (c for c in att.labels if c.label == "blind" and c.criterion_id in crit),
-            key=lambda c: (-c.confidence, c.criterion_id),
-        )
-        for lab in blind:
+        kept = {f: v["text"] for f, v in ctx.fields.items() if f not in {d.field for d in drops}}
+        for lab in blind_targets(att, ctx.criteria, ctx.min_points):
             if free <= 0:
                 break
             target = crit[lab.criterion_id]
             for field in GUIDANCE_FIELDS:
-                if field in ctx.fields and field not in {d.field for d in drops}:
+                if field in kept:
                     continue
                 if (field, target.id) in ctx.rejected:
                     continue
                 op = self._add(field, target, ctx)
-                if op is not None:
-                    grounded = op.donor is not None
-                    return Candidate(
-                        "rollout", ctx.task.id, "blind", target.id, (*drops, op), grounded=grounded
-                    )
+                if op is None or (ctx.fits is not None and not ctx.fits({**kept, field: op.text})):
+                    continue
+                grounded = op.donor is not None
+                return Candidate(
+                    "rollout", ctx.task.id, "blind", target.id, (*drops, op), grounded=grounded
+                )
         if drops:
             return Candidate("rollout", ctx.task.id, "agree", drops[0].target, drops)
         return None
@@ -271,6 +304,11 @@ class ProgrammaticProposer:
         if c.anchor:
             if ("reweight", c.id) in ctx.rejected:
                 return None
+            others = [x for x in ctx.criteria if x.anchor and x.weight > 0 and x.id != c.id]
+            if c.weight > 0 and not others:
+                # The anchors hold a fixed share of Λ: the rescale gives a task's only positive
+                # anchor its weight back, so halving it would change nothing.
+                return None
             return RubricOp("reweight", (c.id,), weight=c.weight / 2, reason="spurious anchor")
         new = self._missing_library(ctx)
         if (
@@ -317,5 +355,7 @@ __all__ = [
     "GuidanceOp",
     "ProgrammaticProposer",
     "ProposalContext",
+    "blind_targets",
     "criterion_state",
+    "expected_gain",
 ]

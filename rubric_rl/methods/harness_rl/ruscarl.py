@@ -147,7 +147,29 @@ class RuscaRLController(Controller):
         return out if any_shown else None
 
 
+def ruscarl_controllers(config, domain) -> list[Controller]:
+    """RuscaRL's rubric scaffold (``config.ruscarl``, when the config has that section): a GRPO
+    baseline and HarnessRL's g_t <- RuscaRL switching arm."""
+    if config.get("ruscarl") is None:
+        return []
+    from rubric_rl.methods.harness_rl.style import style_for
+    from rubric_rl.methods.method import from_section
+
+    if str(config.loss.rollout_correction) == "bypass":
+        raise ValueError(
+            "config.loss.rollout_correction='bypass' with config.ruscarl: the scaffolded "
+            "samples' engine log-probs are under another prompt; use 'off' (π_old recomputed "
+            "on the trained prompt, as RuscaRL's verl does)"
+        )
+    rc = from_section(
+        RuscaRLConfig, config, "ruscarl",
+        total_steps=int(config.train.steps), seed=int(config.train.seed),
+    )  # fmt: skip
+    return [RuscaRLController(rc, style_for(domain))]
+
+
 __all__ = [
+    "ruscarl_controllers",
     "RuscaRLConfig",
     "RuscaRLController",
     "group_ratio",

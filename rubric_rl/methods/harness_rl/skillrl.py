@@ -254,4 +254,22 @@ class SkillRLController(Controller):
         self.n_dynamic = int(state["n_dynamic"])
 
 
-__all__ = ["SkillRLConfig", "SkillRLController", "category_of", "failure_rates", "kind_of"]
+def skillrl_controllers(config, domain) -> list[Controller]:
+    """SkillRL's skill bank (``config.skillrl``, when the config has that section)."""
+    if config.get("skillrl") is None:
+        return []
+    from rubric_rl.methods.harness_rl.style import style_for
+    from rubric_rl.methods.method import from_section
+
+    sc = from_section(SkillRLConfig, config, "skillrl")
+    return [SkillRLController(sc, style_for(domain), domain.criteria_library)]
+
+
+__all__ = [
+    "skillrl_controllers",
+    "SkillRLConfig",
+    "SkillRLController",
+    "category_of",
+    "failure_rates",
+    "kind_of",
+]

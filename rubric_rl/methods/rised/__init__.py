@@ -1,0 +1,137 @@
+"""RISED (seed 003): rubric profiles for online group selection across environments,
+positive-rubric self-distillation and negative-rubric anti-patterns.
+
+Modules: ``rised`` (the controller and ``RisedConfig``, the ``config.rised`` section),
+``rised_tags`` (tags and profiles), ``rised_tagger`` / ``rised_tool_tagger`` /
+``rised_llm_tagger`` (the taggers), ``rised_selection`` (k-of-2k selection, pure numpy),
+``rised_selectors`` (the per-environment quota sampler and the reward-variance selector
+baselines), and the analyses of a run: ``rised_analysis`` (behaviour frequencies and half-lives)
+and ``rised_transfer`` / ``rised_transfer_stats`` (cross-environment transfer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rubric_rl.methods.method import Method, register_method
+
+
+def rised_controllers(config: Any, domain: Any) -> list[Any]:
+    """The per-environment quota sampler (over ``_rised_train``'s tasks) and the RISED
+    controller (tagger, selection, anti-patterns, per-rollout teacher contexts)."""
+    from rubric_rl.builders import tool_env_names
+    from rubric_rl.methods.grpo import task_sampler
+    from rubric_rl.methods.rised.rised import (
+        RisedConfig,
+        RisedController,
+        embedded_description,
+        embedded_renderer,
+        generic_renderer,
+        mixed_description,
+        mixed_renderer,
+    )
+    from rubric_rl.methods.rised.rised_tagger import (
+        LLMTagger,
+        ProgrammaticTagger,
+        embedded_vocabulary,
+    )
+    from rubric_rl.rubrics.vocabulary import Vocabulary
+
+    rc = RisedConfig.from_config(config)
+    embedded = domain.name == "constraints"
+    tools = tool_env_names(config.domain) if embedded else ()
+    if rc.vocabulary:
+        vocab = Vocabulary.load(rc.vocabulary)
+    elif embedded:
+        vocab = embedded_vocabulary(int(config.domain.seed), tool_envs=tools)
+    else:
+        raise ValueError(
+            f"config.rised.vocabulary: the {domain.name!r} domain has no built-in RISED "
+            "vocabulary; give a vocabulary file (rubric_rl/rubrics/vocabulary.py format)"
+        )
+    if rc.tagger == "programmatic":
+        if not embedded:
+            raise ValueError(
+                f"config.rised.tagger='programmatic' tags the embedded constraint domain only, "
+                f"not {domain.name!r}: use tagger='llm'"
+            )
+        conditioned = rc.tagging == "outcome"
+        tagger = ProgrammaticTagger(vocab, outcome_conditioned=conditioned)
+        if tools:  # the tool environments' episodes: their own tagger
+            from rubric_rl.methods.rised.rised_tool_tagger import MixedTagger, ToolTagger
+
+            tagger = MixedTagger(tagger, ToolTagger(vocab, outcome_conditioned=conditioned))
+    else:
+        from rubric_rl.rubrics.llm import client_from_settings
+
+        client = client_from_settings(config.rised.llm, config.judge.llm, where="judge.llm")
+        tagger = LLMTagger(
+            client, vocab, retry_candidates=rc.llm.retry_candidates,
+            refresh_every=rc.llm.refresh_every,
+            outcome_threshold=0.5 if rc.tagging == "outcome" else None,
+            max_failure_rate=float(config.judge.max_failure_rate),  # the judge's limit
+        )  # fmt: skip
+    ctl = RisedController(
+        rc, vocab, tagger,
+        render=(mixed_renderer if tools else embedded_renderer) if embedded else generic_renderer,
+        describe=(mixed_description if tools else embedded_description) if embedded else None,
+    )  # fmt: skip
+    return [*task_sampler(config, domain, _rised_train(rc, domain)), ctl]
+
+
+def _rised_train(rc: Any, domain: Any) -> list[Any]:
+    """The training tasks RISED samples: all, or one environment's (``rised.train_environment``,
+    the transfer analysis's single-environment runs; evaluation still covers every
+    environment)."""
+    from rubric_rl.evaluation import env_of
+
+    env = rc.train_environment.strip()
+    if not env:
+        return list(domain.train)
+    kept = [t for t in domain.train if env_of(t) == env]
+    if not kept:
+        envs = sorted({env_of(t) for t in domain.train})
+        raise ValueError(
+            f"config.rised.train_environment={env!r}: no training task of that environment; "
+            f"the training tasks' environments are {envs}"
+        )
+    return kept
+
+
+def rised_pipeline(config: Any, controllers: Sequence[Any]) -> Any:
+    """The default stages with a per-rollout teacher stage over the RISED controller (the last
+    of ``rised_controllers``'): the rollout's top positive rubrics ∪ its group's."""
+    from rubric_rl.methods.rised.rised import RisedController, teacher_stage
+    from rubric_rl.step import default_pipeline
+
+    controller = controllers[-1]
+    if not isinstance(controller, RisedController):
+        raise TypeError(
+            f"the rised pipeline is built over rised_controllers' own list, whose last is the "
+            f"RisedController; got {[type(c).__name__ for c in controllers]}"
+        )
+    return default_pipeline().replace("teacher", teacher_stage(controller))
+
+
+def validate_rised(config: Any) -> None:
+    """``config.rised`` builds a ``RisedConfig`` (unknown fields and refused values name it)."""
+    from rubric_rl.methods.rised.rised import RisedConfig
+
+    RisedConfig.from_config(config)
+
+
+METHOD = register_method(
+    Method(
+        "rised",
+        rised_controllers,
+        pipeline=rised_pipeline,
+        validate=validate_rised,
+        analyses={
+            "behaviours": "rubric_rl.methods.rised.rised_analysis:behaviour_frequencies",
+            "transfer": "rubric_rl.methods.rised.rised_transfer:transfer_analysis",
+        },
+    )
+)
+
+__all__ = ["METHOD", "rised_controllers", "rised_pipeline", "validate_rised"]

@@ -27,18 +27,18 @@ One controller, bound after the sampler (``EnvQuotaSampler``: fixed per-environm
   order), as descriptions; a group without a positive rubric (with outcome-conditioned tags: one
   without a success) gets no teacher prompt, so its SD term is exactly 0 (seed E.6).
   ``teacher="all"``: every polarity, ranked by count (the All-Rubric SD baseline and the
-  all-rubric conditioning ablation). The RISED step pipeline (``step.PIPELINES["rised"]``,
-  registered below) replaces the per-group teacher stage with a per-trajectory one that places
-  these contexts.
+  all-rubric conditioning ablation). The RISED step pipeline (the rised ``Method``'s,
+  ``rubric_rl/methods/rised/__init__.py``) replaces the per-group teacher stage with a
+  per-trajectory one (``teacher_stage``) that places these contexts.
 
 What the seed does not state and is ours (also in ``configs/rised.py`` and the README): β = 1;
 the max (not mean) overlap; environment order and quota rounding; an environment's anti-patterns
 are its ``anti_top`` = 3 most frequent negative rubrics of the step; "violations outnumber
-positive behaviours" counted as rubric occurrences (presence per rollout) over the
-environment's rollouts of the step; "w/o selection" is a uniformly random k of the same 2k
-candidates; the contrast ranking of the teacher's rubrics; presence counts, unit-norm profiles
-in the batch profile and untagged groups picked last. Every one of these has the previous
-behaviour as a flag (docs/rised_mechanism.md).
+positive behaviours" counted as rubric occurrences (presence per rollout, every behaviour shown
+whatever the outcome: ``anti_counts``) over the environment's rollouts of the step; "w/o
+selection" is a uniformly random k of the same 2k candidates; the contrast ranking of the
+teacher's rubrics; presence counts, unit-norm profiles in the batch profile and untagged groups
+picked last. Every one of these keeps the earlier rule as a flag (docs/rised_mechanism.md).
 """
 
 from __future__ import annotations
@@ -76,12 +76,54 @@ TEACHERS = ("positive", "all", "none")
 # "count": by tag count, ties by vocabulary order (the ranking before; with presence counts
 # or the programmatic tagger's counts of 1 it falls to vocabulary order).
 HINT_RANKS = ("contrast", "count")
+# What the anti-pattern trigger ("violations outnumber positive behaviours") counts. "detected"
+# (ours): every behaviour the rollouts showed, whatever their outcome (``Tags.withheld``
+# included): a failure that met four checks and broke one showed four positive behaviours.
+# "attributed": the tags as attributed; with outcome-conditioned tags that sets failures'
+# negatives against successes' positives, so the trigger fires whenever most rollouts fail (on
+# the scripted policy 0.94 of environment-steps, against 0.28 for "detected").
+ANTI_COUNTS = ("detected", "attributed")
+
+
+TAGGERS = ("programmatic", "llm")
+TAGGINGS = ("outcome", "unconditioned")
+# Set from other sections (rollout.train_groups, train.seed), never in ``config.rised``.
+FROM_OTHER_SECTIONS = ("k", "seed")
+# A key missing from a run's config (a config.json written before the key existed) means the
+# behaviour the code had then, so an archived config reruns as it ran. Not a second default: a
+# config file starts the section from every field's default (``section_defaults``).
+ABSENT_MEANS = {
+    "tagging": "unconditioned",
+    "variance_targeting": "pool_multiple",
+    "profile_counts": "raw",
+    "batch_profile": "sum",
+    "untagged": "score0",
+    "hint_rank": "count",
+    "retag_every": 0,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RisedLLM:
+    """``config.rised.llm``: the LLM tagger's client (empty fields: ``judge.llm``'s) and its
+    retry path."""
+
+    backend: str = ""
+    model: str = ""
+    base_url: str = ""
+    retry_candidates: int = 24  # vocabulary entries shown on the retry call
+    refresh_every: int = 10  # steps between refreshes of the tagger's vocabulary prompt
 
 
 @dataclasses.dataclass(frozen=True)
 class RisedConfig:
+    """The ``config.rised`` section (every field but ``k`` and ``seed``, which come from
+    ``rollout.train_groups`` and ``train.seed``): the one default of each field, checked here.
+    ``configs/rised.py`` starts the section from ``section_defaults(RisedConfig, ...)`` and the
+    method builds it back with ``RisedConfig.from_config``."""
+
     k: int = 0  # groups trained per step (rollout.train_groups); 0 with selection "none"
-    selection: str = "profile"
+    selection: str = "profile"  # SELECTIONS
     beta: float = 1.0  # overlap penalty (ours: the seed gives no value)
     overlap: str = "max"  # "max" | "mean" over the groups already selected (ours: max)
     teacher: str = "positive"  # positive rubrics (RISED) | all tagged rubrics | none (no SD)
@@ -94,15 +136,41 @@ class RisedConfig:
     batch_profile: str = "unit"  # rised_selection.BATCH_PROFILES
     untagged: str = "last"  # rised_selection.UNTAGGED
     hint_rank: str = "contrast"  # HINT_RANKS
+    anti_counts: str = "detected"  # ANTI_COUNTS
     solved_threshold: float = 0.5  # a rollout's reward at or above it is a success (ours)
     # The reliability probe (seed C.2): every ``retag_every`` steps (0 = never) ``retag_samples``
     # of the step's rollouts are tagged a second time under another seed and compared (ours: the
     # seed reports the figures, not the schedule).
-    retag_every: int = 0
+    retag_every: int = 10
     retag_samples: int = 16
+    # The programmatic taggers: "outcome" = positives from successes only, negatives from
+    # failures only (the seed's tagger); "unconditioned" = every detected rubric whatever the
+    # outcome.
+    tagging: str = "outcome"
+    # The tagger: "programmatic" (the embedded domain: checkers and fluff detectors) or "llm"
+    # (one call per rollout through judge.llm's endpoint unless ``llm`` overrides it).
+    tagger: str = "programmatic"
+    # A vocabulary file (rubric_rl/rubrics/vocabulary.py format); "" = the embedded domain's.
+    vocabulary: str = ""
+    # The transfer analysis's single-environment runs (``single_env=<env>``): only this
+    # environment's training tasks are sampled; "" = every environment. Not ``train_env``: a
+    # config key ending in ``_env`` names an environment variable (rubrics/llm.py).
+    train_environment: str = ""
+    llm: RisedLLM = RisedLLM()
     seed: int = 0
 
     def __post_init__(self):
+        if isinstance(self.llm, Mapping):  # from a config section
+            try:
+                object.__setattr__(self, "llm", RisedLLM(**self.llm))
+            except TypeError as e:
+                raise ValueError(f"rised.llm: {e}") from e
+        if self.tagger not in TAGGERS:
+            raise ValueError(f"rised.tagger={self.tagger!r}: expected 'programmatic' or 'llm'")
+        if self.tagging not in TAGGINGS:
+            raise ValueError(
+                f"rised.tagging={self.tagging!r}: expected 'outcome' or 'unconditioned'"
+            )
         if self.selection not in SELECTIONS:
             raise ValueError(f"rised.selection={self.selection!r}: expected one of {SELECTIONS}")
         if self.teacher not in TEACHERS:
@@ -124,9 +192,25 @@ class RisedConfig:
             ("batch_profile", sel.BATCH_PROFILES),
             ("untagged", sel.UNTAGGED),
             ("hint_rank", HINT_RANKS),
+            ("anti_counts", ANTI_COUNTS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"rised.{name}={getattr(self, name)!r}: expected one of {allowed}")
+
+    @classmethod
+    def from_config(cls, config: Any) -> RisedConfig:
+        """``config.rised`` with ``k`` = ``rollout.train_groups`` and ``seed`` = ``train.seed``
+        (a key absent from the section: ``ABSENT_MEANS``); an unknown field or a refused value
+        is an error naming ``config.rised``."""
+        section = config.rised.to_dict() if hasattr(config.rised, "to_dict") else config.rised
+        try:
+            return cls(
+                k=int(config.rollout.train_groups),
+                seed=int(config.train.seed),
+                **{**ABSENT_MEANS, **dict(section)},
+            )
+        except TypeError as e:
+            raise ValueError(f"config.rised: {e}") from e
 
 
 # A renderer writes RISED's blocks into a prompt: (task, positive descriptions, anti-pattern
@@ -298,7 +382,7 @@ class RisedController(Controller):
             for t, tg in zip(g.trajectories, tags, strict=True):
                 t.info["rised_tags"] = {
                     "counts": dict(tg.counts), "discovered": dict(tg.discovered),
-                    "failed": tg.failed,
+                    "withheld": dict(tg.withheld), "failed": tg.failed,
                 }  # fmt: skip
         m = self._tag_metrics(flat)
         m.update(self._reliability_probe(tasks, responses, rewards, flat))
@@ -395,10 +479,12 @@ class RisedController(Controller):
         """Per environment: when its rollouts' negative behaviour-rubric occurrences outnumber
         positive ones this step (outcome rubrics not counted; occurrences as ``profile_counts``
         scales them: presence by default), its top negatives become the next step's
-        anti-patterns; else none."""
+        anti-patterns; else none. ``anti_counts``: the attributed tags, or every detected one."""
         pos_mask, neg_mask = self.vocab.positive_mask, self.vocab.negative_mask
         per_env: dict[str, np.ndarray] = {}
         for g, tags in zip(groups, self._tags, strict=True):
+            if self.config.anti_counts == "detected":
+                tags = [t if t.failed else Tags({**t.counts, **t.withheld}) for t in tags]
             p = group_profile(tags, self.vocab, self.config.profile_counts)
             per_env[g.task.env_name] = per_env.get(g.task.env_name, 0) + p
         anti: dict[str, list[str]] = {}
@@ -558,33 +644,32 @@ class RisedController(Controller):
             self.tagger.load_state_dict(state["tagger"])
 
 
-def rised_teacher(rollouts: Rollouts, ctx: Any) -> Rollouts:
-    """The RISED pipeline's teacher stage (``step.PIPELINES["rised"]``): each trained rollout's
-    own teacher prompt from ``RisedController.teacher_contexts`` (None: no SD term)."""
-    if not ctx.needs_teacher:
+def teacher_stage(controller: RisedController):
+    """The RISED pipeline's teacher stage over its controller: each trained rollout's own
+    teacher prompt from ``controller.teacher_contexts`` (None: no SD term)."""
+
+    def rised_teacher(rollouts: Rollouts, ctx: Any) -> Rollouts:
+        if not ctx.needs_teacher:
+            return rollouts
+        prompts = controller.teacher_contexts(rollouts)
+        for g, row in zip(rollouts.groups, prompts, strict=True):
+            for t, p in zip(g.trajectories, row, strict=True):
+                t.teacher_prompt = p
         return rollouts
-    ctl = [c for c in ctx.controllers.controllers if isinstance(c, RisedController)]
-    if len(ctl) != 1:
-        raise ValueError(
-            f"the rised pipeline needs exactly one RisedController, got {len(ctl)} "
-            f"({[c.name for c in ctx.controllers.controllers]})"
-        )
-    prompts = ctl[0].teacher_contexts(rollouts)
-    for g, row in zip(rollouts.groups, prompts, strict=True):
-        for t, p in zip(g.trajectories, row, strict=True):
-            t.teacher_prompt = p
-    return rollouts
+
+    return rised_teacher
 
 
 __all__ = [
     "SELECTIONS",
     "TEACHERS",
     "RisedConfig",
+    "RisedLLM",
     "RisedController",
     "embedded_description",
     "embedded_renderer",
     "generic_renderer",
     "mixed_description",
     "mixed_renderer",
-    "rised_teacher",
+    "teacher_stage",
 ]

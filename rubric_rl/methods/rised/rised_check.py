@@ -20,6 +20,7 @@ Figures (``rised_figures``), over the trained groups of ``steps`` steps:
   could name a separating requirement does); ``hint_top1_precision``: groups whose first hint
   separates; ``hint_contrast``: the script's success/failure gap of the hints, averaged;
   ``hint_saturated``: hints whose requirement every rollout of the group met;
+- ``anti_env_share``: share of environment-steps whose next prompts get an anti-patterns block;
 - ``selected/*`` and ``random/*``: zero-variance share and mean within-group variance (task
   verifier) of the trained groups and of a uniformly random choice of as many candidates.
 
@@ -85,7 +86,8 @@ def rised_figures(config: Any, steps: int, workdir: str, *, seed: int = 0) -> di
     rng = np.random.default_rng(seed)
     matches = []
     for step in range(1, steps + 1):
-        r, _ = run.step(step)
+        r, ctx = run.step(step)
+        stats["anti_env_share"].append(ctx.metrics["rised/anti/env_share"])
         contexts = ctl.teacher_contexts(r)
         rewards = np.array(
             [[t.signals.get(VERIFIER_SIGNAL, np.nan) for t in g.trajectories] for g in r.groups]

@@ -10,6 +10,11 @@ call fails (client error) or its reply is invalid, one retry shows a SHORTER can
 failed tagging (``Tags.failed``), never an empty one. OURS (not in the seed): the prompt wording,
 ``retry_candidates=20``, the candidate list before the first refresh (the first ids of the
 vocabulary), and a reply being invalid as a whole when any tag in it is malformed.
+
+``outcome_threshold`` (default 0.5, ours): the prompt asks for positives from successes and
+negatives from failures; tags the judge gives against that (a failure's positive, a success's
+negative) are kept aside (``Tags.withheld``: in no profile) rather than attributed, so SD and
+selection see outcome-conditioned tags whatever the judge does. None: the judge's tags as given.
 """
 
 from __future__ import annotations
@@ -24,8 +29,14 @@ from typing import Any
 import numpy as np
 
 from rubric_rl.methods.arise.reflection_llm import ReflectionTemplate
-from rubric_rl.methods.rised.rised_tags import RolloutTagger, Tags, profile
+from rubric_rl.methods.rised.rised_tags import (
+    RolloutTagger,
+    Tags,
+    condition_on_outcome,
+    profile,
+)
 from rubric_rl.rubrics.llm import (
+    FailureRateStop,
     LLMClient,
     LLMError,
     LLMRequest,
@@ -149,6 +160,8 @@ class LLMTagger(RolloutTagger):
         temperature: float = 0.0,
         max_tokens: int = 512,
         max_chars: int = 4000,
+        max_failure_rate: float = 0.5,
+        outcome_threshold: float | None = 0.5,
     ):
         if retry_candidates < 1 or refresh_every < 1:
             raise ValueError(
@@ -162,6 +175,7 @@ class LLMTagger(RolloutTagger):
         self.temperature = float(temperature)
         self.max_tokens = int(max_tokens)
         self.max_chars = int(max_chars)
+        self.outcome_threshold = None if outcome_threshold is None else float(outcome_threshold)
         self.running = np.zeros(len(vocab), dtype=np.float64)  # counts of the tags so far
         self.candidates: tuple[str, ...] = vocab.ids[: self.retry_candidates]
         self.refreshed_at: int | None = None
@@ -169,6 +183,9 @@ class LLMTagger(RolloutTagger):
             "calls": 0, "retries": 0, "failed": 0, "tagged": 0, "names": 0, "discovered_names": 0
         }  # fmt: skip
         self.last_error: str | None = None
+        # Tagging that fails (both attempts) past this share of the recent rollouts stops the
+        # run: RISED would go on with empty profiles and no SD context.
+        self.failure_stop = FailureRateStop("RISED LLM tagger", max_failure_rate)
 
     # --- the retry list ----------------------------------------------------------------------
 
@@ -230,6 +247,12 @@ class LLMTagger(RolloutTagger):
     ) -> Tags:
         """One rollout's tags (a retry on the shorter list if needed); ``record=False`` (the
         reliability probe) leaves the counts, the running profile and ``last_error`` alone."""
+        tags = await self._judged(task, response, reward, seed, record)
+        return condition_on_outcome(tags, reward, self.outcome_threshold, self.vocab)
+
+    async def _judged(
+        self, task: Task, response: str, reward: float | None, seed: int, record: bool
+    ) -> Tags:
         user = self._user(task, response, reward, self.vocab.ids)
         tags, error = await self._attempt(user, seed, record)
         if tags is None:
@@ -243,10 +266,12 @@ class LLMTagger(RolloutTagger):
                     return Tags.failure(why)
                 self.counts["failed"] += 1
                 self.last_error = why
+                self.failure_stop.record(False, why)
                 logger.warning("RISED tagging failed for task %r: %s", task.id, self.last_error)
                 return Tags.failure(self.last_error)
         if not record:
             return tags
+        self.failure_stop.record(True)
         self.counts["tagged"] += 1
         self.counts["names"] += len(tags.counts) + len(tags.discovered)
         self.counts["discovered_names"] += len(tags.discovered)
@@ -270,7 +295,9 @@ class LLMTagger(RolloutTagger):
             finally:
                 await self.client.aclose()
 
-        return list(run_sync(run)) if tasks else []
+        tags = list(run_sync(run)) if tasks else []
+        self.failure_stop.check()  # once the batch is tagged: its outcomes all count
+        return tags
 
     def _retag_rollouts(self, tasks, responses, rewards, seed: int) -> list[Tags]:
         async def run() -> list[Tags]:

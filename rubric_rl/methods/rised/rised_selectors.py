@@ -10,7 +10,7 @@ tasks come environment by environment in name order; importance weights u = 1 (t
 its quota batches uncorrected). Stateless: the draw is a function of the step's generator
 (``default_rng([seed, step])`` when none is given), so a resumed run draws the same tasks.
 
-``VarianceSelector`` (from ``config.variance_select``: ``builders.variance_select_controllers``)
+``VarianceSelector`` (from ``config.variance_select``: ``variance_select_controllers`` below)
 keeps exactly k = ``rollout.train_groups`` of the step's candidate groups by within-group reward
 variance: ``mode="top"`` (Top-Var) or ``"targeted"`` (Var-Target: ``targeting``, sampling
 ∝ variance in configs/grpo.py; or the k closest to a fixed ``target``). ``per_env``: inside
@@ -182,3 +182,22 @@ class VarianceSelector(Controller):
 
     def select(self, rollouts: Rollouts) -> np.ndarray:
         return self.keep_mask(rollouts)
+
+
+def variance_select_controllers(config) -> list[Controller]:
+    """RISED's reward-variance selector baselines (``config.variance_select``, when the config
+    has that section): keep ``rollout.train_groups`` of the step's groups."""
+    if config.get("variance_select") is None:
+        return []
+    from rubric_rl.methods.method import from_section
+
+    k = int(config.rollout.train_groups)
+    if k < 1:
+        raise ValueError(
+            "config.rollout.train_groups: config.variance_select keeps k groups of "
+            f"tasks_per_step={config.rollout.tasks_per_step}; set k >= 1, got {k}"
+        )
+    vc = from_section(
+        VarianceSelectConfig, config, "variance_select", k=k, seed=int(config.train.seed)
+    )
+    return [VarianceSelector(vc)]

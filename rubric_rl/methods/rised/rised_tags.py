@@ -24,6 +24,7 @@ __all__ = [
     "RolloutTagger",
     "Tags",
     "batch_rewards",
+    "condition_on_outcome",
     "group_profile",
     "profile",
     "reliability",
@@ -169,12 +170,10 @@ class DetectingTagger(RolloutTagger):
         for name, count in names.items():
             rid = self.vocab.lookup(name)
             (counts if rid is not None else discovered)[rid or name] += count
-        if not self.outcome_conditioned or reward is None or self.solved_threshold is None:
-            return Tags(dict(counts), dict(discovered))
-        keep = "positive" if float(reward) >= self.solved_threshold else "negative"
-        kept = {r: n for r, n in counts.items() if self.vocab.entry(r).polarity == keep}
-        withheld = {r: n for r, n in counts.items() if r not in kept}
-        return Tags(kept, dict(discovered), withheld=withheld)
+        tags = Tags(dict(counts), dict(discovered))
+        if not self.outcome_conditioned:
+            return tags
+        return condition_on_outcome(tags, reward, self.solved_threshold, self.vocab)
 
     def _tag_rollouts(self, tasks, responses, rewards, step) -> list[Tags]:
         del step  # no state that changes with the step
@@ -197,6 +196,22 @@ def _scaled(count: int, counts: str) -> float:
     if counts == "log":
         return 1.0 + float(np.log(count))
     raise ValueError(f"profile: counts must be one of {PROFILE_COUNTS}, got {counts!r}")
+
+
+def condition_on_outcome(
+    tags: Tags, reward: float | None, threshold: float | None, vocab: Vocabulary
+) -> Tags:
+    """``tags`` attributed by outcome (RISED §2.2, A.4): a rollout whose reward reaches
+    ``threshold`` keeps its positive rubrics, one below it its negative ones; the rest move to
+    ``withheld``. Unchanged without a reward or a threshold (nothing to condition on), or for a
+    failed tagging."""
+    if tags.failed or reward is None or threshold is None:
+        return tags
+    keep = "positive" if float(reward) >= threshold else "negative"
+    both = {**tags.counts, **tags.withheld}
+    kept = {r: n for r, n in both.items() if vocab.entry(r).polarity == keep}
+    withheld = {r: n for r, n in both.items() if r not in kept}
+    return Tags(kept, dict(tags.discovered), withheld=withheld)
 
 
 def profile(tags: Tags, vocab: Vocabulary, counts: str = "raw") -> np.ndarray:

@@ -158,3 +158,26 @@ def test_discriminative_mass_and_wording_reference_cases():
         "says that all requirements are met"
     )
     assert wording_phrase("the items are in alphabetical order") is None
+
+
+def test_an_unmet_positive_surface_cue_is_never_blind():
+    # Unmet by every rollout and never before: a requirement is blind, a surface cue (a length
+    # floor, praise, a compliance claim) agrees, so no guidance steers the policy to the cue.
+    texts = [
+        "the items are in alphabetical order",
+        "the response says that all requirements are met",
+        "the response opens by praising the question , like great question",
+        "the response is detailed , with at least 9 words",
+        "the response meets every rule of the task at once",
+    ]
+    ids = ["order", "claim", "praise", "min_words", "all_rules"]
+    r = run(ids, [1, 1, 1, 1, 1], [[0, 0, 0, 0]] * 5, [GOOD] * 4, texts=texts)
+    got = {c.criterion_id: c.label for c in r.labels}
+    assert got == {
+        "order": "blind", "claim": "agree", "praise": "agree", "min_words": "agree",
+        "all_rules": "blind",
+    }  # fmt: skip
+    assert "surface cue" in label(r, "praise").reason
+    # A penalised cue (negative weight) keeps its reading: never met = its behaviour absent.
+    r = run(["praise"], [-1], [[0, 0, 0, 0]], [GOOD] * 4, texts=[texts[2]])
+    assert label(r, "praise").label != "blind"

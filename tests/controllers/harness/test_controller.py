@@ -228,3 +228,228 @@ def test_an_invalid_rubric_candidate_is_rejected_not_raised(tmp_path, variant):
     assert not v.accepted and v.reason.startswith("invalid:") and dup.id in v.reason
     (row,) = ctl._apply(2, work, verdicts)
     assert row[2]["status"] == "rejected" and st.criteria == before
+
+
+def _after_step_1(tmp_path, variant="smoke", **set_):
+    """A scripted run of ``small_config(variant)`` with ``set_`` ("section.field": value) after
+    its first step, and its harness controller."""
+    c = small_config(variant)
+    c.unlock()
+    for k, v in set_.items():
+        section, field = k.split(".")
+        c[section][field] = v
+    c.lock()
+    run = scripted_run(c, ScriptedPolicy(seed=0), str(tmp_path))
+    run.step(1)
+    return run, run.controllers.sampler
+
+
+def _two_rollout_candidates(run, ctl, long_words: int = 0, confidences=(0.5, 0.5)):
+    """Two drawn tasks, each with an ``add(criterion)`` candidate for a positive criterion; the
+    first's text padded with ``long_words`` words."""
+    from rubric_rl.methods.harness_rl.attributor import CriterionLabel, TaskAttribution
+    from rubric_rl.methods.harness_rl.proposer import Candidate, GuidanceOp
+
+    by_id = {t.id: t for t in run.domain.train}
+    work = []
+    for k, (tid, st) in enumerate(list(ctl.state.items())[:2]):
+        task = by_id[tid]
+        target = max((c for c in st.criteria if c.weight > 0), key=lambda c: c.weight)
+        text = "guidance " + " ".join(["extra"] * (long_words if k == 0 else 0))
+        op = GuidanceOp("add", "criterion", text.strip(), target.id)
+        cand = Candidate("rollout", tid, "blind", target.id, (op,))
+        att = TaskAttribution(
+            tid, (CriterionLabel(target.id, "blind", confidences[k], 0.0, ""),), 0.3, False
+        )
+        work.append((task, st, att, {"rollout": cand}, ("a", "b"), 0.0))
+    return work
+
+
+def _prompt_tokens(ctl, task, text):
+    messages = ctl.style.mount(task, {"criterion": text})
+    return len(ctl.services.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+
+@pytest.mark.parametrize("variant", ["smoke", "smoke,no_critic"])
+def test_a_140_token_candidate_rejects_only_itself(tmp_path, variant):
+    run, ctl = _after_step_1(tmp_path, variant, **{"model.max_prompt_len": 128})
+    n = 0
+    while True:  # pad the first candidate to a 140-token prompt
+        work = _two_rollout_candidates(run, ctl, long_words=n)
+        got = _prompt_tokens(ctl, work[0][0], work[0][3]["rollout"].guidance[0].text)
+        if got >= 140:
+            break
+        n += 1
+    assert got == 140
+    verdicts = ctl._critic(2, work)
+    long_v = verdicts[(work[0][0].id, "rollout")]
+    ok_v = verdicts[(work[1][0].id, "rollout")]
+    assert (
+        not long_v.accepted
+        and long_v.reason.startswith("invalid:")
+        and "140 tokens" in long_v.reason
+    )
+    if "no_critic" in variant:
+        assert ok_v.accepted and ok_v.reason == "no critic"
+    else:
+        assert ok_v.delta is not None  # measured: the step's other candidate is unaffected
+    before = dict(work[0][1].fields)
+    ctl._apply(2, work, verdicts)
+    assert work[0][1].fields == before  # the long field is never mounted
+    run.step(2)  # and generation goes on
+
+
+def test_a_generation_failure_rejects_only_its_candidate(tmp_path):
+    run, ctl = _after_step_1(tmp_path)
+    work = _two_rollout_candidates(run, ctl)
+    bad = work[0][0].id
+    real = ctl.services.generate
+
+    def failing(prompts, n, **kw):
+        if bad in kw.get("names", ()):
+            raise RuntimeError(f"engine failed on {bad}")
+        return real(prompts, n, **kw)
+
+    ctl.services.generate = failing
+    verdicts = ctl._critic(2, work)
+    v_bad, v_ok = verdicts[(bad, "rollout")], verdicts[(work[1][0].id, "rollout")]
+    assert v_bad.delta is None and "engine failed" in v_bad.reason
+    assert v_ok.delta is not None
+
+
+def test_the_measurement_budget_goes_to_the_most_confident_first(tmp_path):
+    run, ctl = _after_step_1(tmp_path, **{"harness.max_rollout_measurements": 1})
+    for conf in ((0.5, 0.875), (0.875, 0.5)):
+        work = _two_rollout_candidates(run, ctl, confidences=conf)
+        verdicts = ctl._critic(2, work)
+        first = 0 if conf[0] > conf[1] else 1
+        assert verdicts[(work[first][0].id, "rollout")].delta is not None
+        assert verdicts[(work[1 - first][0].id, "rollout")].reason.startswith("deferred")
+
+
+def test_outcome_records_follow_accepted_updates(tmp_path):
+    run = scripted_run(small_config(), ScriptedPolicy(seed=0), str(tmp_path))
+    ctl = run.controllers.sampler
+    for s in range(1, 9):
+        run.step(s)
+    ctl.memory.flush()
+    n = 0
+    for t in ctl.tasks:
+        hist = ctl.memory.history(t.id)
+        groups = {r.step: r.data for r in hist if r.kind == "group"}
+        accepted = {(r.step, r.data["candidate"]["interface"]) for r in hist
+                    if r.kind == "update" and r.data["status"] == "accepted"}  # fmt: skip
+        for r in hist:
+            if r.kind != "outcome":
+                continue
+            n += 1
+            d = r.data
+            # Written at the task's next draw after the update's, with that draw's reward.
+            assert (d["update_step"], d["interface"]) in accepted and r.step > d["update_step"]
+            assert d["reward_points_now"] == groups[r.step]["reward_points"]
+            assert d["reward_points_then"] == groups[d["update_step"]]["reward_points"]
+            assert d["reward_change"] == pytest.approx(
+                d["reward_points_now"] - d["reward_points_then"]
+            )
+            later = [s for s in groups if d["update_step"] < s < r.step]
+            assert not later
+    assert n > 0
+    pending = sum(len(v) for v in ctl.pending_outcomes.values())
+    accepted_total = sum(
+        1 for t in ctl.tasks for r in ctl.memory.history(t.id, kinds=["update"])
+        if r.data["status"] == "accepted"
+    )  # fmt: skip
+    assert n + pending == accepted_total
+
+
+def test_recalibration_tracks_a_scripted_entropy_drop(tmp_path):
+    """Every reachable requirement goes from a coin flip to near-certain over the run: the null
+    variation between independent groups shrinks, and the bands re-measured each quarter on the
+    current policy follow it down to the floor; frozen bands ("never") stay where they began."""
+    from rubric_rl.controller_check import DEFAULT_SCRIPT, CriterionScript
+
+    script = {
+        k: v if v.end == 0 else CriterionScript(0.5, 1.0, tau=1.5, skill_gain=0.0)
+        for k, v in DEFAULT_SCRIPT.items()
+    }
+    lows = {}
+    for mode in ("quarter", "never"):
+        c = small_config()
+        c.unlock()
+        c.train.steps = 8  # quarters start at steps 1, 3, 5, 7
+        c.harness.cold_start.update(tasks=16, groups=3)
+        c.harness.recalibrate = mode
+        c.lock()
+        run = scripted_run(c, ScriptedPolicy(script, seed=0), str(tmp_path / mode))
+        ctl = run.controllers.sampler
+        rng = np.random.default_rng(0)
+        seen = []
+        for step in (1, 3, 5, 7):
+            run.services.begin_step(step)
+            ctl.sample_tasks(step, rng)
+            seen.append((ctl.rollout_band.lower, (ctl.calibrated or {}).get("rollout_null_p95")))
+        events = run.controllers.pop_events()["harness"]
+        lows[mode] = seen
+        if mode == "quarter":
+            recal = [e for e in events if e["event"] == "recalibrate"]
+            assert [e["quarter"] for e in recal] == [1, 2, 3]
+            # Each band is the floored 95th percentile of its own quarter's null variation.
+            for lo, p95 in seen:
+                assert lo == pytest.approx(max(p95, c.harness.cold_start.band_floor))
+            assert all(e["levels"] == list(ctl.levels) for e in recal)  # the levels stay
+    q = [p95 for _, p95 in lows["quarter"]]
+    assert q[0] > 2 * q[-1] and q[0] >= q[1] >= q[2] >= q[3]
+    assert lows["quarter"][-1][0] < lows["quarter"][0][0]
+    assert len({lo for lo, _ in lows["never"]}) == 1  # frozen at the cold start
+
+
+def test_reversal_rate_per_100_step_window():
+    from rubric_rl.methods.harness_rl.controller import REVERSAL_WINDOW, HarnessController
+
+    ctl = HarnessController.__new__(HarnessController)
+    ctl.reversal_log = []
+
+    def rows(*flags, iface="rubric", status="accepted"):
+        return [
+            ("t", "update", {"status": status, "candidate": {"interface": iface}, "reversal": f})
+            for f in flags
+        ]
+
+    assert ctl._reversal_window(1, rows(status="rejected")) == {}
+    assert ctl._reversal_window(1, rows(True, False)) == {"reversal_rate_window": 0.5}
+    assert ctl._reversal_window(50, rows(False, False, iface="rollout")) == {
+        "reversal_rate_window": 0.5
+    }  # guidance updates are not rubric reversals
+    assert ctl._reversal_window(60, rows(False, False)) == {"reversal_rate_window": 0.25}
+    # Step 1's updates leave the window at step 1 + REVERSAL_WINDOW.
+    got = ctl._reversal_window(1 + REVERSAL_WINDOW, rows())
+    assert got == {"reversal_rate_window": 0.0}
+
+
+def test_no_reversal_guard_without_a_critic(tmp_path):
+    run = scripted_run(small_config("smoke,no_critic"), ScriptedPolicy(seed=0), str(tmp_path))
+    ctl = run.controllers.sampler
+    seen = []
+    real = ctl.proposer.propose
+
+    def spy(ctx, att, **kw):
+        seen.append((bool(ctl.accepted_log.get(ctx.task.id)), dict(ctx.replaced)))
+        return real(ctx, att, **kw)
+
+    ctl.proposer.propose = spy
+    for s in range(1, 7):
+        run.step(s)
+    assert any(had for had, _ in seen)  # some redrawn task had accepted rubric updates
+    assert all(rep == {} for _, rep in seen)
+
+
+def test_guided_share_over_repeat_draws(report):
+    # Only tasks drawn before can carry a field; the share over them has no first-draw floor.
+    rows = [r for r in report.per_step if "harness/guidance/repeat_draw_guided_share" in r]
+    assert rows and "harness/guidance/repeat_draw_guided_share" not in report.per_step[0]
+    shares = [r["harness/guidance/repeat_draw_guided_share"] for r in rows]
+    assert all(0 <= x <= 1 for x in shares) and max(shares) > 0
+    # Each is at least the share over every drawn task (first draws carry no field).
+    for r in rows:
+        drawn_guided = 1 - r["harness/guidance/drawn_unguided_share"]
+        assert r["harness/guidance/repeat_draw_guided_share"] >= drawn_guided - 1e-12

@@ -11,7 +11,9 @@ from rubric_rl.methods.harness_rl.attributor import CriterionLabel, TaskAttribut
 from rubric_rl.methods.harness_rl.proposer import (
     ProgrammaticProposer,
     ProposalContext,
+    blind_targets,
     criterion_state,
+    expected_gain,
 )
 from rubric_rl.methods.harness_rl.rubric_ops import apply_ops, checks_the_same
 
@@ -68,10 +70,32 @@ def test_a_spurious_criterion_is_rewritten_into_a_missing_library_check():
 
 
 def test_a_spurious_anchor_is_only_reweighted():
-    c = crits(anchor_ids={"praise"})
+    other = next(x.id for x in TASK.rubric.criteria if x.weight > 0 and x.id != "praise")
+    c = crits(anchor_ids={"praise", other})
     cand = PROP.propose(ctx(c), att({"praise": "spurious"}))["rubric"]
     (op,) = cand.rubric
     assert op.op == "reweight" and op.weight == c[[x.id for x in c].index("praise")].weight / 2
+    # Beside another anchor, the halving survives the Λ rescale (the anchors' share is fixed,
+    # their proportions are not): praise's weight falls in the rescaled rubric.
+    share = sum(x.weight for x in c if x.anchor) / sum(x.weight for x in c if x.weight > 0)
+    before = apply_ops(c, (), step=1, total=100.0, anchor_share=share)
+    after = apply_ops(c, cand.rubric, step=1, total=100.0, anchor_share=share)
+    w = {x.id: x.weight for x in before}
+    w2 = {x.id: x.weight for x in after}
+    assert w2["praise"] < 0.6 * w["praise"]
+
+
+def test_a_tasks_only_positive_anchor_is_not_halved_into_a_noop():
+    # The rescale would give a lone positive anchor its share of Λ back: halving it is a no-op
+    # (numpy: its weight after the op equals its weight before), so no rubric op is proposed.
+    c = crits(anchor_ids={"praise"})
+    share = next(x.weight for x in c if x.id == "praise") / sum(x.weight for x in c if x.weight > 0)
+    half = tuple(x.replace(weight=x.weight / 2) if x.id == "praise" else x for x in c)
+    from rubric_rl.methods.harness_rl.rubric_ops import rescale
+
+    np_w = [x.weight for x in rescale(c, total=100.0, anchor_share=share)]
+    assert [x.weight for x in rescale(half, total=100.0, anchor_share=share)] == np_w
+    assert PROP.propose(ctx(c), att({"praise": "spurious"}))["rubric"] is None
 
 
 def test_rejected_ops_are_not_retried_and_reversals_are_avoided():
@@ -155,3 +179,62 @@ def test_a_library_id_already_in_the_rubric_is_not_created_again():
     assert all(n.id != made for op in ops for n in op.new)
     # Whatever it proposes now applies.
     apply_ops(penalised, ops, step=2, total=100.0, anchor_share=0.0)
+
+
+def blind_att(rates):
+    """Blind labels with the given (satisfied rate, confidence) per criterion id."""
+    return TaskAttribution(
+        TASK.id,
+        tuple(CriterionLabel(cid, "blind", conf, rate, "") for cid, (rate, conf) in rates.items()),
+        0.3,
+        False,
+    )
+
+
+def test_blind_targets_by_expected_gain_then_rarity_never_by_id():
+    c = crits()
+    w = {x.id: x.weight for x in c}
+    # count (2.0) and all_rules (2.0) tie on weight; order (1.0) is lighter; category (3.0) the
+    # heaviest but half its group already meets it: gain 1.5.
+    rates = {"order": (0.0, 0.5), "count": (0.0, 0.5), "all_rules": (0.0, 0.75),
+             "category": (0.5, 0.5)}  # fmt: skip
+    got = [lab.criterion_id for lab in blind_targets(blind_att(rates), c)]
+    gains = {k: expected_gain(w[k], r) for k, (r, _) in rates.items()}
+    assert gains == {"order": 1.0, "count": 2.0, "all_rules": 2.0, "category": 1.5}
+    # The tie at 2.0 goes to the rarer (longer blind: higher confidence), not to the id order.
+    assert got == ["all_rules", "count", "category", "order"]
+    cand = PROP.propose(ctx(c), blind_att(rates))["rollout"]
+    assert cand.target == "all_rules"
+
+
+def test_no_measurement_is_spent_on_a_target_below_the_band():
+    c = crits()
+    rates = {x.id: (0.0, 0.5) for x in c if x.weight > 0}
+    # After the Λ rescale (total 100) a criterion's weight is its points; the band's lower bound
+    # 20 leaves only the targets that could move the group by 20 points.
+    scaled = apply_ops(c, (), step=1, total=100.0, anchor_share=0.0)
+    ok = {x.id for x in scaled if x.weight >= 20.0}
+    assert ok and len(ok) < len(rates)
+    seen = set()
+    rejected: set = set()
+    for _ in range(30):  # the proposer's successive proposals as each is rejected
+        cand = PROP.propose(
+            ctx(scaled, min_points=20.0, rejected=frozenset(rejected)), blind_att(rates)
+        )["rollout"]
+        if cand is None:
+            break
+        seen.add(cand.target)
+        rejected |= {(g.field, cand.target) for g in cand.guidance}
+    assert seen == ok
+
+
+def test_a_field_that_overflows_the_prompt_is_skipped_for_the_next():
+    c = crits()
+    target = next(x for x in c if x.id == "count")
+    # The <criterion> hint does not fit; the next field (<critique>, no donor for <reference>)
+    # is proposed instead; when nothing fits, no candidate.
+    fits_short = lambda fields: len(fields.get("criterion", "")) == 0  # noqa: E731
+    cand = PROP.propose(ctx(c, fits=fits_short), att({target.id: "blind"}))["rollout"]
+    assert [g.field for g in cand.guidance] == ["critique"]
+    cand = PROP.propose(ctx(c, fits=lambda f: False), att({target.id: "blind"}))["rollout"]
+    assert cand is None
