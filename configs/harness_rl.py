@@ -82,12 +82,23 @@ def get_harness_section() -> common.ConfigDict:
     # Rollout candidates the critic re-samples per step (J rollouts each; ours, a cost bound):
     # the rest wait for their task's next draw, unrecorded.
     h.max_rollout_measurements = 32
+    # The training tasks the harness draws from: 0 = the whole split (the protocol's choice);
+    # N = a seeded sample of N, so that each recurs ~steps × tasks_per_step / N times (e.g. 512:
+    # ~9 draws per task over 150 steps of 32).
+    h.task_bank = 0
     # The memory cold start (§3): the warm-started policy on `tasks` training tasks, `groups`
     # independent groups each, `regradings` fresh gradings of one group per task. The rubric
     # band's lower bound with a deterministic judge (every regrading identical) is
-    # deterministic_floor (ours: the seed's 3.1). cache_dir: reuse across runs (keyed by the
-    # warm start's key and this section).
-    h.cold_start = dict(tasks=32, groups=3, regradings=2, deterministic_floor=3.1, cache_dir="")
+    # deterministic_floor (ours: the seed's 3.1); band_floor (ours): every band's least lower
+    # bound and least width, so none collapses to a point. cache_dir: reuse across runs (keyed
+    # by the warm start's key and this section).
+    h.cold_start = dict(
+        tasks=32, groups=3, regradings=2, deterministic_floor=3.1, band_floor=3.1, cache_dir=""
+    )
+    # The bands re-measured on the current policy at the start of each training quarter
+    # ("quarter", ours: the policy sharpens and its null variation shrinks) or frozen at the
+    # cold start ("never", the seed's).
+    h.recalibrate = "quarter"
     h.attributor = dict(
         saturated_window=2, fluff_gap=0.5, length_gap=0.3, coverage_gap=0.2, quality_margin=0.05
     )

@@ -16,6 +16,11 @@ A complete step can still be damaged afterwards (a full disk, a bad copy): ``res
 here first, so a truncated one is named), ``restore_intact`` falls back to the newest step that
 restores, and ``set_aside(step)`` moves a damaged step to ``<workdir>/checkpoints_corrupt/`` so the
 resumed run saves that step afresh (nothing is deleted).
+
+A save that fails (a full disk while writing, synchronously or in orbax's background writer) is
+one ``CheckpointSaveError`` naming the step, the cause and the last complete step to resume
+from; ``check()`` surfaces a background failure without waiting, so the trainer stops before
+training past its last checkpoint, and the error is not raised anew by ``wait`` / ``close``.
 """
 
 from __future__ import annotations
@@ -50,6 +55,24 @@ class CorruptCheckpointError(RuntimeError):
     def __init__(self, step: int, path: str, reason: str):
         self.step, self.path, self.reason = step, path, reason
         super().__init__(f"checkpoint step {step} is unreadable: {path}: {reason}")
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint step that could not be written (a full disk, a write error): the run stops
+    at once with this one error, naming the step, the cause and the step to resume from."""
+
+    def __init__(self, step: int | None, previous: int | None, cause: BaseException):
+        self.step, self.previous = step, previous
+        what = f"checkpoint step {step}" if step is not None else "a checkpoint"
+        where = (
+            f"resume from step {previous}, the last complete checkpoint, with --resume"
+            if previous is not None
+            else "no complete checkpoint exists yet: rerun without --resume"
+        )
+        super().__init__(
+            f"{what} could not be saved ({type(cause).__name__}: {_first_line(cause)}); the run "
+            f"stops here. Fix the cause (free disk space?), then {where}"
+        )
 
 
 class NoIntactCheckpointError(RuntimeError):
@@ -112,6 +135,43 @@ class RunCheckpointer:
         self.manager = checkpointing.make_checkpoint_manager(
             self.directory, max_to_keep=keep, async_save=async_save
         )
+        self._saving: int | None = None  # the step of the last save started
+        self._failed: CheckpointSaveError | None = None  # raised once; close() does not again
+
+    def _save_error(self, cause: BaseException) -> CheckpointSaveError:
+        done = sorted(
+            int(n)
+            for n in os.listdir(self.directory)
+            if n.isdigit() and os.path.isdir(os.path.join(self.directory, n))
+        )
+        previous = max((s for s in done if s != self._saving), default=None)
+        self._failed = CheckpointSaveError(self._saving, previous, cause)
+        return self._failed
+
+    def _finish_saves(self) -> None:
+        """Waits for the save in flight; its failure is a ``CheckpointSaveError``."""
+        if self._failed is not None:
+            raise self._failed
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:  # orbax re-raises the background writer's error here
+            raise self._save_error(e) from e
+
+    @property
+    def failed(self) -> bool:
+        """Whether a save has failed (its ``CheckpointSaveError`` already raised)."""
+        return self._failed is not None
+
+    def check(self) -> None:
+        """Raises ``CheckpointSaveError`` when an asynchronous save has failed (without waiting
+        for one in flight): the trainer calls it before each step, so a failed save stops the
+        run before it trains on past its last checkpoint."""
+        if self._failed is not None:
+            raise self._failed
+        try:
+            self.manager.check_for_errors()
+        except Exception as e:
+            raise self._save_error(e) from e
 
     def step_dir(self, step: int) -> str:
         return os.path.join(self.directory, str(int(step)))
@@ -144,16 +204,20 @@ class RunCheckpointer:
         """Saves both items as step ``step``; a step that already exists is left untouched
         (returns False) — on resume the first save may hit the restored step."""
         _check_jsonable(run_state)
-        self.manager.wait_until_finished()
+        self._finish_saves()
         if step in self.manager.all_steps():
             return False
-        saved = checkpointing.save_train_state(
-            self.manager,
-            step,
-            train_state,
-            extra={RUN_STATE: ocp.args.JsonSave(run_state)},
-            wait=wait,
-        )
+        self._saving = int(step)
+        try:
+            saved = checkpointing.save_train_state(
+                self.manager,
+                step,
+                train_state,
+                extra={RUN_STATE: ocp.args.JsonSave(run_state)},
+                wait=wait,
+            )
+        except Exception as e:  # a write error of this step (synchronous part or wait=True)
+            raise self._save_error(e) from e
         return bool(saved)
 
     def restore(self, train_state_target: Any, step: int | None = None) -> tuple[Any, dict]:
@@ -235,8 +299,17 @@ class RunCheckpointer:
         return dst
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        self._finish_saves()
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        """Waits for the save in flight and closes; a save failure already raised is not
+        raised again (the run has stopped on it), a new one is."""
+        try:
+            if self._failed is None:
+                self._finish_saves()
+        finally:
+            try:
+                self.manager.close()
+            except Exception:  # noqa: BLE001 - the failed save was reported; closing is best effort
+                if self._failed is None:
+                    raise

@@ -144,17 +144,23 @@ class ScriptedPolicy:
             return True
         return bool(criterion_text) and criterion_text in prompt_text
 
-    def respond(self, task: Any, messages: Sequence[Mapping[str, str]], step: int, j: int) -> str:
+    def respond(
+        self, task: Any, messages: Sequence[Mapping[str, str]], step: int, j: int, salt: int = 0
+    ) -> str:
+        """Rollout ``j`` at ``step``; ``salt`` > 0 draws a probe rollout (a controller's own
+        sampling) from its own random stream, at the same step's script, unrecorded in ``kept``."""
         from rubric_rl.envs.constraint_domain import render_response, task_requirements
 
-        rng = np.random.default_rng([self.seed, step, j, _stable_hash(task.id)])
+        key = [self.seed, step, j, _stable_hash(task.id)] + ([int(salt)] if salt else [])
+        rng = np.random.default_rng(key)
         text = " ".join(m["content"] for m in messages)
         keep = set()
         for c in task_requirements(task):  # stated constraints and implicit requirements
             p = self.script_for(c.kind, c.rare).p(step, self.guided(text, c.capability, c.text))
             if rng.random() < p:
                 keep.add(c.kind)
-        self.kept[(task.id, int(step), int(j))] = frozenset(keep)
+        if not salt:
+            self.kept[(task.id, int(step), int(j))] = frozenset(keep)
         fluff = {} if "plain" in keep else {_FLUFF[int(rng.integers(len(_FLUFF)))]: True}
         return render_response(task, keep, rng, **fluff)
 
@@ -196,7 +202,9 @@ def scripted_generate(policy: ScriptedPolicy):
 
 def scripted_services_generate(policy: ScriptedPolicy, services: Services, tasks):
     """``Services.generate`` answered by the policy: probe rollouts a controller samples itself
-    (HarnessRL's critic and cold start) go through the same script. ``names`` must be task ids."""
+    (HarnessRL's critic and cold start) go through the same script, at the current step's
+    probabilities, each from its own random stream (per stream, and per repeat of a task within
+    one call: the engine seeds every prompt of a call apart). ``names`` must be task ids."""
     by_id = {t.id: t for t in tasks}
 
     def generate(prompts, n, *, stream="probe", params=None, names=None):
@@ -204,10 +212,14 @@ def scripted_services_generate(policy: ScriptedPolicy, services: Services, tasks
             raise ValueError("scripted generate: the caller must pass names= (task ids)")
         ids, out = [], []
         salt = _stable_hash(stream) % 1000 + 1
+        repeats: collections.Counter = collections.Counter()
         for m, name in zip(prompts, names, strict=True):
             task = by_id[name]
+            k, repeats[name] = repeats[name], repeats[name] + 1
             ids.append(services.encode_prompt(m, f"task {name} at step {services.step}"))
-            texts = [policy.respond(task, m, services.step * 1000 + salt, j) for j in range(n)]
+            texts = [
+                policy.respond(task, m, services.step, j, salt=salt + 7919 * k) for j in range(n)
+            ]
             out.append([Trajectory((), (), "stop", services.step - 1, x) for x in texts])
         return ids, out
 

@@ -167,7 +167,7 @@ def main(argv):
     validate_config(config, num_devices=jax.device_count())
     workdir = claim_workdir(config)
     logging.info("workdir %s", os.path.abspath(workdir))
-    from rubric_rl.checkpoint import NoIntactCheckpointError
+    from rubric_rl.checkpoint import CheckpointSaveError, NoIntactCheckpointError
     from rubric_rl.run_dir import unlock
     from rubric_rl.run_files import ControllerFilesError
     from rubric_rl.trainer import Trainer
@@ -184,7 +184,7 @@ def main(argv):
             print(summarize_run(workdir), flush=True)
     except NoIntactCheckpointError as e:  # the message names each step's file and cause
         sys.exit(f"rubric_rl.launch: --resume: {e}")
-    except ControllerFilesError as e:  # names each file or store and how to continue
+    except (ControllerFilesError, CheckpointSaveError) as e:  # names the cause and what to do
         sys.exit(f"rubric_rl.launch: {e}")
     finally:
         unlock(workdir)  # exit releases it too, a kill included

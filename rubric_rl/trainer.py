@@ -653,6 +653,7 @@ class Trainer:
         try:
             with logs_above(bar):
                 while self.step < total:
+                    self.ckpt.check()  # a failed asynchronous save stops the run here
                     m = self.train_one_step()
                     m.update(self._evaluate_due(final=self.step == total))
                     # Row first, then the checkpoint: a kill in between replays this step on resume
@@ -668,7 +669,8 @@ class Trainer:
         finally:
             bar.close()
             self._prefetch.drain()
-            self.ckpt.wait()
+            if not self.ckpt.failed:  # else its error is the one already on its way out
+                self.ckpt.wait()
         return rows
 
     def close(self) -> None:

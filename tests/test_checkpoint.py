@@ -169,3 +169,42 @@ def test_no_intact_step_is_an_error_naming_each_file(tmp_path):
     assert f"  step 2: {data[2]}: " in msg and f"  step 1: {data[1]}: " in msg
     assert "tensorstore_spec" not in msg  # the cause, not tensorstore's multi-KB spec
     ckpt.close()
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_a_failed_save_is_one_error_naming_the_step_the_cause_and_the_resume_point(
+    tmp_path, state, wait
+):
+    """A real write failure: the process's file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored) makes
+    every write past 4 KiB fail with EFBIG while step 2 is saved, as a full disk fails a write.
+    The save (wait=True) or the next wait / check (asynchronous) raises one CheckpointSaveError
+    naming step 2, the cause and step 1 to resume from; it is raised again, never a second
+    different error, and close() does not raise it anew. (A full disk used to print 26
+    tracebacks and train two more steps.)"""
+    import resource
+    import signal
+
+    from rubric_rl.checkpoint import CheckpointSaveError
+
+    ckpt = RunCheckpointer(str(tmp_path / "ckpt"), keep=3)
+    assert ckpt.save(1, state, {"step": 1}, wait=True)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+    try:
+        with pytest.raises(CheckpointSaveError) as e:
+            ckpt.save(2, state, {"step": 2}, wait=wait)
+            ckpt.wait()  # the asynchronous save's error surfaces here (or in check())
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+    msg = str(e.value)
+    assert msg.startswith("checkpoint step 2 could not be saved (")
+    assert "Error writing local file" in msg and "/ckpt/2.orbax-checkpoint-tmp/" in msg, msg
+    assert msg.endswith("resume from step 1, the last complete checkpoint, with --resume")
+    assert (e.value.step, e.value.previous, ckpt.failed) == (2, 1, True)
+    with pytest.raises(CheckpointSaveError) as again:
+        ckpt.check()
+    assert again.value is e.value
+    ckpt.close()  # the failure was reported: closing does not raise it again
+    assert RunCheckpointer(str(tmp_path / "ckpt")).latest_step() == 1

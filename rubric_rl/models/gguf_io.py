@@ -259,7 +259,7 @@ def load_gguf(
     placed by `rubric_rl.core.sharding`'s rules. A tensor whose shape does not match the
     metadata's config is a ValueError naming it."""
     from rubric_rl.core.sharding import param_shardings
-    from rubric_rl.models.hf_io import hf_name, param_keys, stacked_layer_param
+    from rubric_rl.models.hf_names import hf_name, param_keys, stacked_layer_param
     from rubric_rl.models.qwen3 import Qwen3ForCausalLM
 
     path = gguf_path(name)

@@ -14,6 +14,14 @@ are pure; the run that produces their inputs goes through ``Services``.
   calibrated 3.1 points, an LLM judge's noise, by default).
 - **Upper bounds** (both bands): the median within-group reward range (max − min over the
   group's rollouts) (§3).
+- **Band floor** (ours): a lower bound is at least ``band_floor`` and an upper bound at least
+  its lower + ``band_floor``, so a band never collapses to a point (a policy whose groups all
+  agree, or a median range of 0, would otherwise accept nothing, or any Δ ≥ 0).
+- **Power at calibration** (ours): the rollout band's acceptance of a candidate whose true
+  effect is d, under the null variation the cold start measured (Δ = d + δ, δ over the signed
+  pair differences): reported for d = the band's lower bound (power) and d = 0 (false
+  acceptance). The paper's unpaired rule puts the lower bound at the null's 95th percentile of
+  |δ|, so its power at d = lower is about one half by construction.
 All in points (Λ·r, Λ = 100).
 """
 
@@ -44,6 +52,30 @@ def _pair_diffs(groups_of_groups: Mapping[str, Sequence[Sequence[float]]]) -> li
         means = [x for x in (_mean_points(g) for g in groups) if np.isfinite(x)]
         diffs += [abs(a - b) for a, b in itertools.combinations(means, 2)]
     return diffs
+
+
+def signed_pair_diffs(groups_by_task: Mapping[str, Sequence[Sequence[float]]]) -> list[float]:
+    """r̄_a − r̄_b and r̄_b − r̄_a (points) over the pairs within each task's groups."""
+    out = []
+    for groups in groups_by_task.values():
+        means = [x for x in (_mean_points(g) for g in groups) if np.isfinite(x)]
+        for a, b in itertools.combinations(means, 2):
+            out += [a - b, b - a]
+    return out
+
+
+def acceptance_at(null_diffs: Sequence[float], band: tuple[float, float], effect: float) -> float:
+    """The share of Δ = effect + δ (δ over ``null_diffs``) within [lower, upper]."""
+    d = float(effect) + np.asarray(null_diffs, np.float64)
+    if not len(d):
+        return float("nan")
+    return float(np.mean((d >= band[0]) & (d <= band[1])))
+
+
+def floored_band(lower: float, upper: float, floor: float) -> tuple[float, float]:
+    """(max(lower, floor), max(upper, that + floor)): never a point, never below the floor."""
+    lo = max(float(lower), float(floor))
+    return lo, max(float(upper), lo + float(floor))
 
 
 def tertile_levels(mass_by_task: Mapping[str, float]) -> tuple[float, float, float, float]:
@@ -105,6 +137,7 @@ def run_cold_start(
     regradings: int,
     samples_per_task: int,
     deterministic_floor: float,
+    band_floor: float = 0.0,
 ) -> dict[str, Any]:
     """The cold start through ``Services``: ``groups`` independent groups of the current
     (warm-started) policy on ``n_tasks`` training tasks under their seed rubrics, and
@@ -148,22 +181,34 @@ def run_cold_start(
     roll_lo = null_variation_bound(by_task)
     rub_lo, floored = regrade_bound(gradings, deterministic_floor)
     upper = range_upper_bound(all_groups)
-    # An upper bound below its lower bound would accept nothing: it is raised to the lower.
+    # An upper bound below its lower bound would accept nothing: it is raised (band_floor).
+    roll = floored_band(roll_lo, upper, band_floor)
+    null = signed_pair_diffs(by_task)
     return {
         "source": "cold_start",
         "tasks": n,
         "groups": int(groups),
         "levels": list(levels),
-        "rollout_band": [roll_lo, max(upper, roll_lo)],
-        "rubric_band": [rub_lo, max(upper, rub_lo)],
+        "rollout_band": list(roll),
+        "rubric_band": list(floored_band(rub_lo, upper, band_floor)),
         "rubric_lower_floored": floored,
+        "rollout_null_p95": roll_lo,
         "median_range": upper,
+        "rollout_power": {
+            "at_lower": acceptance_at(null, roll, roll[0]),
+            "at_zero": acceptance_at(null, roll, 0.0),
+            "null_sd": float(np.std(null)) if null else float("nan"),
+            "pairs": len(null) // 2,
+        },
         "seconds": time.perf_counter() - t0,
     }
 
 
 __all__ = [
     "COLD_START_STREAM",
+    "acceptance_at",
+    "floored_band",
+    "signed_pair_diffs",
     "run_cold_start",
     "MIN_LEVEL",
     "null_variation_bound",

@@ -100,6 +100,8 @@ SAMPLING_RULES = ("harness", "sec")
 ROLLOUT_RULES = ("harness", "ruscarl")
 RUBRIC_RULES = ("harness", evorubric.RULE)
 EVOLVERS = ("programmatic", "llm")
+RECALIBRATE = ("quarter", "never")
+REVERSAL_WINDOW = 100  # steps (the seed's reversal rate is per 100-step window)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +124,10 @@ class HarnessConfig:
     cold_start_groups: int = 3
     cold_start_regradings: int = 2
     deterministic_floor: float = 3.1
+    band_floor: float = 3.1  # points: a band's least lower bound and least width (ours)
+    # "quarter" (ours): the bands are re-measured on the current policy at the start of each
+    # training quarter (the levels stay); "never": the seed's bands, frozen at the cold start.
+    recalibrate: str = "quarter"
     attributor: AttributorConfig = dataclasses.field(default_factory=AttributorConfig)
     sampling_rule: str = "harness"  # harness | sec (the p_t <- SEC switching arm)
     rollout_rule: str = "harness"  # harness | ruscarl (the g_t <- RuscaRL switching arm)
@@ -140,6 +146,12 @@ class HarnessConfig:
                 raise ValueError(
                     f"harness.{field}={getattr(self, field)!r}: expected one of {allowed}"
                 )
+        if self.recalibrate not in RECALIBRATE:
+            raise ValueError(
+                f"harness.recalibrate={self.recalibrate!r}: expected one of {RECALIBRATE}"
+            )
+        if not (self.band_floor >= 0 and math.isfinite(self.band_floor)):
+            raise ValueError(f"harness.cold_start.band_floor={self.band_floor}: must be >= 0")
         if self.memory not in MEMORY_MODES:
             raise ValueError(f"harness.memory={self.memory!r}: expected one of {MEMORY_MODES}")
         if self.anchors not in ("library", "none", "seed"):
@@ -235,6 +247,7 @@ class HarnessController(Controller):
         # task -> accepted updates awaiting the task's next draw, when their ``outcome`` (the
         # reward and the target's reach then) goes to the time index.
         self.pending_outcomes: dict[str, list[dict[str, Any]]] = {}
+        self.reversal_log: list[list[int]] = []  # [step, reversal] of recent accepted rubric ones
         self._events: list[dict[str, Any]] = []
         # The step's attributions (analysis: the scripted-policy check scores them).
         self.last_attributions: list[TaskAttribution] = []
@@ -297,6 +310,8 @@ class HarnessController(Controller):
     def sample_tasks(self, step: int, rng: np.random.Generator) -> TaskBatch:
         if self.calibrated is None:
             self._cold_start()
+        elif self._recalibration_due(step):
+            self._recalibrate(step)
         cap = guidance_cap(step, self.config.total_steps)
         for tid, st in self.state.items():
             if st.fields:
@@ -345,11 +360,7 @@ class HarnessController(Controller):
             with open(cached, encoding="utf-8") as f:
                 self._apply_cold_start(json.load(f))
             return
-        out = cs.run_cold_start(
-            self.services, self.tasks, seed=cfg.seed, n_tasks=cfg.cold_start_tasks,
-            groups=cfg.cold_start_groups, regradings=cfg.cold_start_regradings,
-            samples_per_task=cfg.samples_per_task, deterministic_floor=cfg.deterministic_floor,
-        )  # fmt: skip
+        out = self._measure_cold_start()
         if cached is not None:
             os.makedirs(os.path.dirname(cached), exist_ok=True)
             tmp = cached + ".tmp"
@@ -357,6 +368,38 @@ class HarnessController(Controller):
                 json.dump(out, f, sort_keys=True)
             os.replace(tmp, cached)
         self._apply_cold_start(out)
+
+    def _measure_cold_start(self) -> dict[str, Any]:
+        cfg = self.config
+        return cs.run_cold_start(
+            self.services, self.tasks, seed=cfg.seed, n_tasks=cfg.cold_start_tasks,
+            groups=cfg.cold_start_groups, regradings=cfg.cold_start_regradings,
+            samples_per_task=cfg.samples_per_task, deterministic_floor=cfg.deterministic_floor,
+            band_floor=cfg.band_floor,
+        )  # fmt: skip
+
+    def _quarter(self, step: int) -> int:
+        return min(3, max(0, (int(step) - 1) * 4 // int(self.config.total_steps)))
+
+    def _recalibration_due(self, step: int) -> bool:
+        cal = self.calibrated or {}
+        return (
+            self.config.recalibrate == "quarter"
+            and self.config.critic  # the bands are the critic's
+            and cal.get("source") == "cold_start"
+            and self.services is not None
+            and self._quarter(step) > int(cal.get("quarter", 0))
+        )
+
+    def _recalibrate(self, step: int) -> None:
+        """The bands re-measured on the current policy (the cold start's procedure on the same
+        tasks); the sampling levels stay, so the tasks' levels keep their meaning."""
+        q = self._quarter(step)
+        out = self._measure_cold_start()
+        self.rollout_band = Band(*out["rollout_band"])
+        self.rubric_band = Band(*out["rubric_band"])
+        self.calibrated = {**out, "levels": list(self.levels), "quarter": q, "step": int(step)}
+        self._events.append({"event": "recalibrate", **self.calibrated})
 
     def _cold_start_cache(self) -> str | None:
         if self.cache_dir and self.cache_key:
@@ -445,13 +488,17 @@ class HarnessController(Controller):
                 times["attributor_proposer"] += time.perf_counter() - t0
                 continue
             sat = satisfied(met, weights)
+            # The reversal guard reads what the critic accepted; with no critic there is none
+            # (so the no-critic arms can show the reversals the seed reports for them).
+            guard = self.config.memory != "none" and self.config.critic
+            replaced = self._replaced(task.id) if guard else {}
             ctx = ProposalContext(
                 task=task, criteria=st.criteria, fields=st.fields, level=st.level,
                 n_levels=len(self.levels), cap=guidance_cap(step, self.config.total_steps),
                 responses=responses,
                 satisfied={i: tuple(float(x) for x in sat[m]) for m, i in enumerate(ids)},
                 rejected=ev.rejected,
-                replaced=self._replaced(task.id) if self.config.memory != "none" else {},
+                replaced=replaced,
                 donors=ev.donors, generic_pass=generic, min_points=self.rollout_band.lower,
                 fits=self._fits(task),
             )  # fmt: skip
@@ -470,6 +517,8 @@ class HarnessController(Controller):
                 self.last_label[f"{task.id}/{c.criterion_id}"] = c.label
         # The fields this step's groups were rolled out with (before this step's updates).
         mounted = [len(st.fields) for _, st, *_ in work]
+        # Over the drawn tasks seen before (a first draw cannot carry a field yet).
+        repeat = [len(st.fields) > 0 for _, st, *_ in work if st.draws > 1]
         guidance_tokens = self._guidance_tokens(rollouts)
         t0 = time.perf_counter()
         verdicts = self._critic(step, work)
@@ -481,7 +530,21 @@ class HarnessController(Controller):
             self._index_criteria(step, [w[0] for w in work])
         times["memory"] += time.perf_counter() - t0
         metrics = self._metrics(work, verdicts, times, mounted, not_attributed)
+        if repeat:
+            metrics["guidance/repeat_draw_guided_share"] = float(np.mean(repeat))
+        metrics.update(self._reversal_window(step, update_rows))
         return {**metrics, **sec_metrics, **guidance_tokens}
+
+    def _reversal_window(self, step: int, update_rows) -> dict[str, float]:
+        """The reversal rate over the last ``REVERSAL_WINDOW`` steps' accepted rubric updates (the
+        seed's per-window rate; ``reversal_rate`` is the run's cumulative one)."""
+        for _, _, row in update_rows:
+            if row["status"] == "accepted" and row["candidate"]["interface"] == "rubric":
+                self.reversal_log.append([step, int(bool(row.get("reversal")))])
+        self.reversal_log = [x for x in self.reversal_log if x[0] > step - REVERSAL_WINDOW]
+        if not self.reversal_log:
+            return {}
+        return {"reversal_rate_window": float(np.mean([x[1] for x in self.reversal_log]))}
 
     def _outcomes(self, task_id, ids, weights, met, reward_now) -> list[tuple[str, str, dict]]:
         """The ``outcome`` records of the task's updates accepted at its previous draw: the
@@ -846,6 +909,12 @@ class HarnessController(Controller):
         for lv in range(len(self.levels)):
             m[f"levels/{lv}"] = float(np.mean([self._level(t) == lv for t in self.tasks]))
         m["reversal_rate"] = self.totals["reversals"] / max(1, self.totals["accepted_rubric"])
+        m["critic/rollout_band_lower"] = self.rollout_band.lower
+        m["critic/rollout_band_upper"] = self.rollout_band.upper
+        power = (self.calibrated or {}).get("rollout_power") or {}
+        for k in ("at_lower", "at_zero"):
+            if k in power:
+                m[f"critic/rollout_power_{k}"] = float(power[k])
         m["task_saturated"] = (
             float(np.mean([att.task_saturated for _, _, att, *_ in work])) if work else 0.0
         )
@@ -885,6 +954,7 @@ class HarnessController(Controller):
             "accepted_log": self.accepted_log,
             "totals": dict(self.totals),
             "pending_outcomes": self.pending_outcomes,
+            "reversal_log": self.reversal_log,
             "sec": self.sec.state_dict() if self.sec is not None else None,
         }  # fmt: skip
 
@@ -908,6 +978,7 @@ class HarnessController(Controller):
         self.accepted_log = {k: list(v) for k, v in state["accepted_log"].items()}
         self.totals = dict(state["totals"])
         self.pending_outcomes = {k: list(v) for k, v in state.get("pending_outcomes", {}).items()}
+        self.reversal_log = [list(x) for x in state.get("reversal_log", [])]
         if self.sec is not None and state.get("sec"):
             self.sec.load_state_dict(state["sec"])
 

@@ -360,3 +360,126 @@ def test_outcome_records_follow_accepted_updates(tmp_path):
         if r.data["status"] == "accepted"
     )  # fmt: skip
     assert n + pending == accepted_total
+
+
+def test_recalibration_tracks_a_scripted_entropy_drop(tmp_path):
+    """Every reachable requirement goes from a coin flip to near-certain over the run: the null
+    variation between independent groups shrinks, and the bands re-measured each quarter on the
+    current policy follow it down to the floor; frozen bands ("never") stay where they began."""
+    from rubric_rl.controller_check import DEFAULT_SCRIPT, CriterionScript
+
+    script = {
+        k: v if v.end == 0 else CriterionScript(0.5, 1.0, tau=1.5, skill_gain=0.0)
+        for k, v in DEFAULT_SCRIPT.items()
+    }
+    lows = {}
+    for mode in ("quarter", "never"):
+        c = small_config()
+        c.unlock()
+        c.train.steps = 8  # quarters start at steps 1, 3, 5, 7
+        c.harness.cold_start.update(tasks=16, groups=3)
+        c.harness.recalibrate = mode
+        c.lock()
+        run = scripted_run(c, ScriptedPolicy(script, seed=0), str(tmp_path / mode))
+        ctl = run.controllers.sampler
+        rng = np.random.default_rng(0)
+        seen = []
+        for step in (1, 3, 5, 7):
+            run.services.begin_step(step)
+            ctl.sample_tasks(step, rng)
+            seen.append((ctl.rollout_band.lower, (ctl.calibrated or {}).get("rollout_null_p95")))
+        events = run.controllers.pop_events()["harness"]
+        lows[mode] = seen
+        if mode == "quarter":
+            recal = [e for e in events if e["event"] == "recalibrate"]
+            assert [e["quarter"] for e in recal] == [1, 2, 3]
+            # Each band is the floored 95th percentile of its own quarter's null variation.
+            for lo, p95 in seen:
+                assert lo == pytest.approx(max(p95, c.harness.cold_start.band_floor))
+            assert all(e["levels"] == list(ctl.levels) for e in recal)  # the levels stay
+    q = [p95 for _, p95 in lows["quarter"]]
+    assert q[0] > 2 * q[-1] and q[0] >= q[1] >= q[2] >= q[3]
+    assert lows["quarter"][-1][0] < lows["quarter"][0][0]
+    assert len({lo for lo, _ in lows["never"]}) == 1  # frozen at the cold start
+
+
+def test_reversal_rate_per_100_step_window():
+    from rubric_rl.methods.harness_rl.controller import REVERSAL_WINDOW, HarnessController
+
+    ctl = HarnessController.__new__(HarnessController)
+    ctl.reversal_log = []
+
+    def rows(*flags, iface="rubric", status="accepted"):
+        return [
+            ("t", "update", {"status": status, "candidate": {"interface": iface}, "reversal": f})
+            for f in flags
+        ]
+
+    assert ctl._reversal_window(1, rows(status="rejected")) == {}
+    assert ctl._reversal_window(1, rows(True, False)) == {"reversal_rate_window": 0.5}
+    assert ctl._reversal_window(50, rows(False, False, iface="rollout")) == {
+        "reversal_rate_window": 0.5
+    }  # guidance updates are not rubric reversals
+    assert ctl._reversal_window(60, rows(False, False)) == {"reversal_rate_window": 0.25}
+    # Step 1's updates leave the window at step 1 + REVERSAL_WINDOW.
+    got = ctl._reversal_window(1 + REVERSAL_WINDOW, rows())
+    assert got == {"reversal_rate_window": 0.0}
+
+
+def test_no_reversal_guard_without_a_critic(tmp_path):
+    run = scripted_run(small_config("smoke,no_critic"), ScriptedPolicy(seed=0), str(tmp_path))
+    ctl = run.controllers.sampler
+    seen = []
+    real = ctl.proposer.propose
+
+    def spy(ctx, att, **kw):
+        seen.append((bool(ctl.accepted_log.get(ctx.task.id)), dict(ctx.replaced)))
+        return real(ctx, att, **kw)
+
+    ctl.proposer.propose = spy
+    for s in range(1, 7):
+        run.step(s)
+    assert any(had for had, _ in seen)  # some redrawn task had accepted rubric updates
+    assert all(rep == {} for _, rep in seen)
+
+
+def test_guided_share_over_repeat_draws(report):
+    # Only tasks drawn before can carry a field; the share over them has no first-draw floor.
+    rows = [r for r in report.per_step if "harness/guidance/repeat_draw_guided_share" in r]
+    assert rows and "harness/guidance/repeat_draw_guided_share" not in report.per_step[0]
+    shares = [r["harness/guidance/repeat_draw_guided_share"] for r in rows]
+    assert all(0 <= x <= 1 for x in shares) and max(shares) > 0
+    # Each is at least the share over every drawn task (first draws carry no field).
+    for r in rows:
+        drawn_guided = 1 - r["harness/guidance/drawn_unguided_share"]
+        assert r["harness/guidance/repeat_draw_guided_share"] >= drawn_guided - 1e-12
+
+
+def test_a_task_bank_makes_tasks_recur(tmp_path):
+    from rubric_rl.methods.harness_rl.builder import task_bank
+
+    c = small_config()
+    c.unlock()
+    c.harness.task_bank = 8
+    c.lock()
+    run = scripted_run(c, ScriptedPolicy(seed=0), str(tmp_path))
+    ctl = run.controllers.sampler
+    bank = {t.id for t in ctl.tasks}
+    assert len(bank) == 8 and bank < {t.id for t in run.domain.train}
+    # Seeded and in the split's order; 0 is the whole split; a negative size is an error.
+    again = task_bank(run.domain.train, 8, int(c.train.seed))
+    assert [t.id for t in again] == [t.id for t in ctl.tasks]
+    order = [t.id for t in run.domain.train]
+    assert [order.index(t.id) for t in again] == sorted(order.index(t.id) for t in again)
+    assert len(task_bank(run.domain.train, 0, 0)) == len(run.domain.train)
+    with pytest.raises(ValueError, match="harness.task_bank=-1"):
+        task_bank(run.domain.train, -1, 0)
+    distinct = 0
+    for s in range(1, 4):
+        r, _ = run.step(s)
+        drawn = {g.task.id for g in r.groups}
+        assert drawn <= bank
+        distinct += len(drawn)
+    # 3 steps x 8 draws over a bank of 8: tasks recur (a task's draws count once per step).
+    draws = [st.draws for st in ctl.state.values()]
+    assert sum(draws) == distinct and max(draws) >= 2

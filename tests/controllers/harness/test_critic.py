@@ -92,3 +92,34 @@ def test_null_variation_regrade_and_range_against_references():
     assert range_upper_bound(all_groups) == pytest.approx(want)
     with pytest.raises(ValueError, match="two groups"):
         null_variation_bound({"t": [[0.5]]})
+
+
+def test_band_floor_and_power_at_calibration_against_references():
+    from rubric_rl.methods.harness_rl.cold_start import (
+        acceptance_at,
+        floored_band,
+        signed_pair_diffs,
+    )
+
+    # Never a point, never below the floor; a wide band is kept.
+    assert floored_band(0.0, 0.0, 3.1) == (3.1, 6.2)
+    assert floored_band(0.34, 0.34, 3.1) == (3.1, 6.2)
+    assert floored_band(12.0, 30.0, 3.1) == (12.0, 30.0)
+    assert floored_band(12.0, 13.0, 3.1) == (12.0, 15.1)
+    rng = np.random.default_rng(2)
+    groups = {f"t{i}": [rng.random(8).tolist() for _ in range(3)] for i in range(20)}
+    null = signed_pair_diffs(groups)
+    ref = []
+    for gs in groups.values():
+        for a, b in itertools.combinations(gs, 2):
+            ref += [100 * np.mean(a) - 100 * np.mean(b), 100 * np.mean(b) - 100 * np.mean(a)]
+    assert sorted(null) == pytest.approx(sorted(ref))
+    band = (null_variation_bound(groups), 60.0)
+    ref = np.asarray(ref)
+    for d in (0.0, band[0], 2 * band[0]):
+        want = np.mean((d + ref >= band[0]) & (d + ref <= band[1]))
+        assert acceptance_at(null, band, d) == pytest.approx(want)
+    # The paper's unpaired rule: lower = the 95th percentile of |δ|, so about half of the
+    # candidates whose true effect equals it are accepted, and ~2.5 % of null candidates.
+    assert 0.4 <= acceptance_at(null, band, band[0]) <= 0.6
+    assert acceptance_at(null, band, 0.0) <= 0.05
