@@ -82,6 +82,10 @@ def get_harness_section() -> common.ConfigDict:
     # Rollout candidates the critic re-samples per step (J rollouts each; ours, a cost bound):
     # the rest wait for their task's next draw, unrecorded.
     h.max_rollout_measurements = 32
+    # The training tasks the harness draws from: 0 = the whole split (the protocol's choice);
+    # N = a seeded sample of N, so that each recurs ~steps × tasks_per_step / N times (e.g. 512:
+    # ~9 draws per task over 150 steps of 32).
+    h.task_bank = 0
     # The memory cold start (§3): the warm-started policy on `tasks` training tasks, `groups`
     # independent groups each, `regradings` fresh gradings of one group per task. The rubric
     # band's lower bound with a deterministic judge (every regrading identical) is

@@ -6,6 +6,8 @@ import hashlib
 import json
 from typing import Any
 
+import numpy as np
+
 from rubric_rl.methods.harness_rl.attributor import AttributorConfig
 from rubric_rl.methods.harness_rl.controller import HarnessConfig, HarnessController
 from rubric_rl.methods.harness_rl.sec import SECConfig
@@ -68,6 +70,7 @@ def cold_start_key(config: Any) -> str:
             "cold_start": {k: v for k, v in config.harness.cold_start.to_dict().items()
                            if k != "cache_dir"},
             "seed": int(config.train.seed),
+            "task_bank": int(config.harness.get("task_bank", 0)),
         },
         sort_keys=True,
         default=str,
@@ -92,11 +95,25 @@ def evolver_client(config: Any):
     return client_from_settings(llm, judge)
 
 
+def task_bank(tasks, size: int, seed: int) -> tuple:
+    """The training tasks the harness draws from: all of them (``size`` 0), else a seeded
+    sample of ``size``, in the split's order. A smaller bank makes tasks recur (each is drawn
+    about steps × tasks per step / size times), which the memory, saturation, persistence and
+    reversal logic need; the protocol's choice is the whole split."""
+    size = int(size)
+    if size < 0:
+        raise ValueError(f"harness.task_bank={size}: must be >= 0 (0 = the whole split)")
+    if size == 0 or size >= len(tasks):
+        return tuple(tasks)
+    rng = np.random.default_rng([int(seed), 11])
+    return tuple(tasks[i] for i in sorted(rng.choice(len(tasks), size, replace=False)))
+
+
 def make_harness_controller(config: Any, domain: Any, llm_client=None) -> HarnessController:
     h = config.harness
     floor = float(h.floor)
     return HarnessController(
-        domain.train,
+        task_bank(domain.train, int(h.get("task_bank", 0)), int(config.train.seed)),
         harness_config(config),
         style_for(domain),
         embedder_spec=str(h.embedder),
@@ -108,4 +125,10 @@ def make_harness_controller(config: Any, domain: Any, llm_client=None) -> Harnes
     )
 
 
-__all__ = ["cold_start_key", "evolver_client", "harness_config", "make_harness_controller"]
+__all__ = [
+    "cold_start_key",
+    "evolver_client",
+    "harness_config",
+    "make_harness_controller",
+    "task_bank",
+]

@@ -453,3 +453,33 @@ def test_guided_share_over_repeat_draws(report):
     for r in rows:
         drawn_guided = 1 - r["harness/guidance/drawn_unguided_share"]
         assert r["harness/guidance/repeat_draw_guided_share"] >= drawn_guided - 1e-12
+
+
+def test_a_task_bank_makes_tasks_recur(tmp_path):
+    from rubric_rl.methods.harness_rl.builder import task_bank
+
+    c = small_config()
+    c.unlock()
+    c.harness.task_bank = 8
+    c.lock()
+    run = scripted_run(c, ScriptedPolicy(seed=0), str(tmp_path))
+    ctl = run.controllers.sampler
+    bank = {t.id for t in ctl.tasks}
+    assert len(bank) == 8 and bank < {t.id for t in run.domain.train}
+    # Seeded and in the split's order; 0 is the whole split; a negative size is an error.
+    again = task_bank(run.domain.train, 8, int(c.train.seed))
+    assert [t.id for t in again] == [t.id for t in ctl.tasks]
+    order = [t.id for t in run.domain.train]
+    assert [order.index(t.id) for t in again] == sorted(order.index(t.id) for t in again)
+    assert len(task_bank(run.domain.train, 0, 0)) == len(run.domain.train)
+    with pytest.raises(ValueError, match="harness.task_bank=-1"):
+        task_bank(run.domain.train, -1, 0)
+    distinct = 0
+    for s in range(1, 4):
+        r, _ = run.step(s)
+        drawn = {g.task.id for g in r.groups}
+        assert drawn <= bank
+        distinct += len(drawn)
+    # 3 steps x 8 draws over a bank of 8: tasks recur (a task's draws count once per step).
+    draws = [st.draws for st in ctl.state.values()]
+    assert sum(draws) == distinct and max(draws) >= 2
