@@ -36,7 +36,7 @@ def test_hf_dict_round_trip_and_rope_layouts():
     with pytest.raises(KeyError, match="intermediate_size"):
         Qwen3Config.from_hf_dict({k: v for k, v in d.items() if k != "intermediate_size"})
     with pytest.raises(ValueError, match="model_type"):
-        Qwen3Config.from_hf_dict({**d, "model_type": "llama"})
+        Qwen3Config.from_hf_dict({**d, "model_type": "mistral"})
     with pytest.raises(ValueError, match="num_key_value_heads"):
         Qwen3Config(64, 32, 64, 1, 4, 3, 8)
 
