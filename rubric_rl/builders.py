@@ -70,6 +70,7 @@ TOOL_DOMAINS = tool_domain.TOOL_DOMAINS
 @DOMAINS.register("constraints")
 def constraints_domain(cfg: ConfigDict) -> Domain:
     from rubric_rl.envs import constraints
+    from rubric_rl.envs.constraint_checkers import surface_features
     from rubric_rl.envs.constraint_library import library_criteria
 
     gen = constraints.ConstraintDomain(int(cfg.seed))
@@ -94,6 +95,7 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
         criteria_library=library_criteria,
         copy_corpus=constraints.copy_corpus,
         validation=tasks("validation", int(cfg.n_validation)),
+        surface_features=surface_features,
     )
     demos = float(cfg.get("generator_demos", 0.0))
     if demos > 0:

@@ -206,7 +206,6 @@ PENDING_CROSSINGS: frozenset[tuple[str, str]] = frozenset(
         "methods.arise_rl.sql_generator": (
             "sql", "sql_data", "tool_calls", "tool_domain", "trajectory",
         ),
-        "methods.harness_rl.attributor": ("constraint_checkers",),
         "methods.harness_rl.style": ("constraint_corpus", "constraint_spec", "instruct_guidance"),
         "methods.rised.rised": (
             "constraint_corpus", "constraint_lexicon", "constraint_library", "constraint_spec",

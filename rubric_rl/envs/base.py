@@ -343,6 +343,18 @@ class Env(abc.ABC):
 
 
 @dataclasses.dataclass(frozen=True)
+class SurfaceFeatures:
+    """What a response shows on its surface, whatever it does for the task: a compliance or
+    praise form (``fluff``), its length in the domain's words, a refusal or hedge (``stance``).
+    Reward-hacking checks compare these between responses that meet a criterion and those
+    that miss it."""
+
+    fluff: bool
+    length: int
+    stance: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class Domain:
     """The Domain contract: what the loop, the evaluation and every method know of a domain.
 
@@ -387,6 +399,10 @@ class Domain:
     # Which tasks are rolled out as agent episodes in agent mode (None: every task). The embedded
     # domain with tool environments mixed in (``domain.tool_envs``): their tasks only.
     episodic: Callable[[Task], bool] | None = None
+    # A response's surface features in the domain's own terms (the embedded domain: its praise
+    # openers and compliance closers, its word units). None: a method reads common English
+    # praise / compliance / refusal phrases and whitespace words.
+    surface_features: Callable[[str], SurfaceFeatures] | None = None
 
 
 def tool_error(message: str, **details: Any) -> ToolCallError:
