@@ -210,11 +210,6 @@ PENDING_CROSSINGS: frozenset[tuple[str, str]] = frozenset(
         "methods.rised.rised": (
             "constraint_corpus", "constraint_lexicon", "constraint_library", "constraint_spec",
         ),
-        "methods.rised.rised_tagger": (
-            "constraint_checkers", "constraint_domain", "constraint_lexicon",
-            "constraint_library", "constraint_spec",
-        ),
-        "methods.rised.rised_tool_tagger": ("tool_domain", "tool_envs", "trajectory"),
     }.items()
     for b in bs
 )  # fmt: skip
