@@ -23,6 +23,7 @@ from rubric_rl.methods.arise import (
 from rubric_rl.methods.arise.arise import FROZEN_MODES, FROZEN_POOL_ENTRIES
 from rubric_rl.methods.arise.arise_pool import AriseConfig
 from rubric_rl.methods.arise.reflection import RANKINGS, REFLECTIONS
+from rubric_rl.rubrics.llm import role_max_failure_rate
 
 # The options that LLMReflection takes from ``arise.llm`` (the rest of that section selects the
 # reflection model's client, which builders.py makes).
@@ -171,4 +172,5 @@ def arise_controller_kwargs(config: ConfigDict) -> dict[str, Any]:
     else:
         llm = a.llm.to_dict()
         kw["reflection_options"] = {k: llm[k] for k in _LLM_REFLECTION_OPTIONS}
+        kw["reflection_options"]["max_failure_rate"] = role_max_failure_rate(config)
     return kw
