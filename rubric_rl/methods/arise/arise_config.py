@@ -42,7 +42,7 @@ _LLM_REFLECTION_OPTIONS = (
 # sampler's draws, the separation ranking, no exit for a pair that never improves, candidates
 # from the seed rubric only, and a pool of 8 filled at up to 2 pairs a step, retired after 4
 # steps of mastery. benchmarks/arise_controller_check.py and its test compare the defaults to these.
-PRE_ISSUE13: dict[str, Any] = {
+EARLIER_DEFAULTS: dict[str, Any] = {
     "capability.importance_weights": True,
     "programmatic.rank": "separation",
     "retire_unlearnable": False,
