@@ -231,6 +231,12 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
             _fail("judge.llm.model", "is empty; the LLM judge needs a model name")
     if not 0 <= float(config.judge.max_failure_rate) <= 1:
         _fail("judge.max_failure_rate", f"must be in [0, 1], got {config.judge.max_failure_rate}")
+    roles_rate = float(config.llm_roles.max_failure_rate)
+    if roles_rate != -1 and not 0 <= roles_rate <= 1:
+        _fail(
+            "llm_roles.max_failure_rate",
+            f"must be in [0, 1], or -1 for judge.max_failure_rate; got {roles_rate}",
+        )
     for f in ("every", "n"):
         if int(config.eval[f]) < 0:
             _fail(f"eval.{f}", f"must be >= 0, got {config.eval[f]}")

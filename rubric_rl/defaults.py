@@ -247,6 +247,13 @@ def get_base_config() -> ConfigDict:
         ),
     )
 
+    # --- the LLM roles besides the judge -----------------------------------------------------
+    # RISED's LLM tagger, HarnessRL's LLM attributor and proposer, ARISE's LLM reflection: a
+    # role whose failed share of its last 20 calls (once 4 were made) is above
+    # ``max_failure_rate`` stops the run with ``LLMRoleError`` naming it. -1 = the judge's
+    # ``judge.max_failure_rate`` (ours: one limit for every LLM call unless set here).
+    c.llm_roles = dict(max_failure_rate=-1.0)
+
     # --- task domain --------------------------------------------------------------------------
     # ``name``: "constraints" (the embedded synthetic domain; n_* tasks generated per split),
     # "dataset" (rubric datasets on disk, the papers' setting: see ``dataset`` below), or a
