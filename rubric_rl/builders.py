@@ -679,6 +679,7 @@ def build_engine(
             eos_token_ids=eos,
             pad_id=int(tokenizer.pad_id or 0),
             scan_decode=bool(r.get("scan_decode", True)),
+            group_prefill=bool(r.get("group_prefill", True)),
         )
         return JaxEngine(model, ecfg, mesh=mesh)
     import jax

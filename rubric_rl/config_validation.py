@@ -174,6 +174,8 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
     _check_async(r, num_devices)
     if not isinstance(r.get("scan_decode", True), bool):
         _fail("rollout.scan_decode", f"must be True or False, got {r.scan_decode!r}")
+    if not isinstance(r.get("group_prefill", True), bool):
+        _fail("rollout.group_prefill", f"must be True or False, got {r.group_prefill!r}")
     pb = [int(x) for x in config.model.prompt_buckets]
     if pb != sorted(set(pb)) or (pb and pb[0] < 1):
         _fail("model.prompt_buckets", f"must be strictly increasing positive ints, got {pb}")

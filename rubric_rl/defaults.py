@@ -130,6 +130,10 @@ def get_base_config() -> ConfigDict:
         # program stays flat in depth) or unscanned over per-layer caches (False: faster per
         # step on XLA:CPU, measured; see JaxEngineConfig.scan_decode). Same tokens.
         scan_decode=True,
+        # JAX engine: the rows of a call with identical prompt tokens (a group's rollouts)
+        # prefill their prompt once and copy its KV cache (JaxEngineConfig.group_prefill).
+        # Same tokens, log-probs to float32 rounding; False prefills every row.
+        group_prefill=True,
         # Agent episodes (rollout/agent.py): each model turn samples up to max_new_tokens; an
         # episode ends on a final answer, after max_turns model turns, or at max_total_tokens
         # (prompt, turns and tool outputs). With the embedded tokenizer the longest reference
