@@ -685,46 +685,53 @@ def build_engine(
             eos_token_ids=eos,
             pad_id=int(tokenizer.pad_id or 0),
             scan_decode=bool(r.get("scan_decode", True)),
+            group_prefill=bool(r.get("group_prefill", True)),
         )
         return JaxEngine(model, ecfg, mesh=mesh)
+    import jax
+
+    from rubric_rl.rollout import placement
     from rubric_rl.rollout.sglang_client import SGLangEngine
 
     s = r.sglang
-    if s.url:
-        target: Any = s.url
-    else:
-        from rubric_rl.rollout.sglang_server import SGLangServer, SGLangServerConfig
+    urls = placement.split_list(s.url, "rollout.sglang.url")
+    model_path = s.model_path
+    if not urls and not model_path:
+        # No checkpoint to serve (a preset or shape built here, e.g. the embedded default):
+        # the server starts from the model as built, exported like every later version (by
+        # every process: the gathers are collective).
+        from rubric_rl.rollout.weight_sync import export_checkpoint
 
-        model_path = s.model_path
-        if not model_path:
-            # No checkpoint to serve (a preset or shape built here, e.g. the embedded default):
-            # the server starts from the model as built, exported like every later version.
-            from rubric_rl.rollout.weight_sync import export_checkpoint
+        root = weight_sync_root(config, workdir)
+        dtype = str(s.get("export_dtype", ""))
+        model_path = str(export_checkpoint(model, os.path.join(root, "init"), dtype))
+    if jax.process_index() > 0:
+        # Several processes: process 0 alone samples and updates the servers; the others get its
+        # results (rollout/multihost.py), so every process trains on the same rollouts.
+        from rubric_rl.rollout.multihost import BroadcastEngine
 
-            model_path = str(
-                export_checkpoint(model, os.path.join(weight_sync_root(config, workdir), "init"))
-            )
+        return BroadcastEngine(None)
+    targets: list[Any] = list(urls)
+    if not urls:
+        from rubric_rl.rollout.sglang_server import SGLangServer
+
         log = os.path.join(workdir, "sglang_server.log") if workdir else None
-        target = SGLangServer(
-            SGLangServerConfig(
-                model_path=model_path,
-                host=s.host,
-                port=int(s.port),
-                device=str(s.get("device", "cuda")),
-                dtype=str(s.get("dtype", "auto")),
-                mem_fraction_static=float(s.mem_fraction),
-                max_total_tokens=int(s.get("max_total_tokens", 0)) or None,
-                sleep_on_idle=bool(s.get("sleep_on_idle", True)),
-                log_path=log,
-            )
-        ).start()
-    return SGLangEngine(
-        [target],
+        targets = [SGLangServer(placement.server_config(config, model_path, log_path=log)).start()]
+    engine = SGLangEngine(
+        targets,
         request_timeout_s=float(s.timeout_s),
         eos_token_ids=eos,
-        owns_servers=not s.url,
+        owns_servers=not urls,
+        weight_update_urls=placement.split_list(
+            s.get("weight_update_urls", ""), "rollout.sglang.weight_update_urls"
+        ),
         vocab_size=getattr(getattr(model, "config", None), "vocab_size", None),
     )
+    if jax.process_count() > 1:
+        from rubric_rl.rollout.multihost import BroadcastEngine
+
+        return BroadcastEngine(engine)
+    return engine
 
 
 def build_judge(config: ConfigDict, workdir: str):

@@ -62,14 +62,14 @@ def rised_controllers(config: Any, domain: Any) -> list[Any]:
         conditioned = rc.tagging == "outcome"
         tagger = ProgrammaticTagger(behaviours, vocab, outcome_conditioned=conditioned)
     else:
-        from rubric_rl.rubrics.llm import client_from_settings
+        from rubric_rl.rubrics.llm import client_from_settings, role_max_failure_rate
 
         client = client_from_settings(config.rised.llm, config.judge.llm, where="judge.llm")
         tagger = LLMTagger(
             client, vocab, retry_candidates=rc.llm.retry_candidates,
             refresh_every=rc.llm.refresh_every,
             outcome_threshold=0.5 if rc.tagging == "outcome" else None,
-            max_failure_rate=float(config.judge.max_failure_rate),  # the judge's limit
+            max_failure_rate=role_max_failure_rate(config),
         )  # fmt: skip
     describe = embedded_description if embedded else None
     if tools:  # a tool environment's task in the domain's own words, any other the corpus's
