@@ -71,6 +71,8 @@ TOOL_DOMAINS = tool_domain.TOOL_DOMAINS
 @DOMAINS.register("constraints")
 def constraints_domain(cfg: ConfigDict) -> Domain:
     from rubric_rl.envs import constraints
+    from rubric_rl.envs.constraint_behaviours import constraint_behaviours
+    from rubric_rl.envs.constraint_checkers import surface_features
     from rubric_rl.envs.constraint_library import library_criteria
 
     gen = constraints.ConstraintDomain(int(cfg.seed))
@@ -95,6 +97,8 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
         criteria_library=library_criteria,
         copy_corpus=constraints.copy_corpus,
         validation=tasks("validation", int(cfg.n_validation)),
+        surface_features=surface_features,
+        behaviours=constraint_behaviours(),
     )
     demos = float(cfg.get("generator_demos", 0.0))
     if demos > 0:
@@ -297,6 +301,7 @@ def _tool_domain(name: str, cfg: ConfigDict) -> Domain:
     warm-start corpus). The OOD split is the env's held-out task type (``OOD_TASK_TYPES``: SQL's
     ``group``, inventory's ``budget_max``), never seen in training. No hidden oracle: the envs
     have no quality beyond what the verifier and the rubric check."""
+    from rubric_rl.envs.tool_behaviours import tool_behaviours
     from rubric_rl.envs.tool_envs import ENVS
 
     env_cls = ENVS.get(name)
@@ -317,6 +322,7 @@ def _tool_domain(name: str, cfg: ConfigDict) -> Domain:
         vocabulary=vocabulary,
         make_env=lambda task: env_cls(),
         embedded_tokenizer="spaced",
+        behaviours=tool_behaviours((name,)),
     )
 
 
