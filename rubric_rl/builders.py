@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -683,6 +684,32 @@ def weight_sync_root(config: ConfigDict, workdir: str | None) -> str:
     return str(root)
 
 
+def served_checkpoint(model_path: str, model: Any) -> str:
+    """The checkpoint a started SGLang server loads first: ``rollout.sglang.model_path``, or ""
+    (the trainer's own export) when updates would not map onto it. Ours, for Qwen3.5: the
+    trainer exports the text-only ``Qwen3_5ForCausalLM`` (``qwen3_5_text``), whose tensor names
+    are not a multimodal ``qwen3_5`` checkpoint's (its text tower sits under
+    ``model.language_model``), so a server started from the published multimodal checkpoint
+    would get updates whose names its model does not have; started from the export, every
+    update has the names it loaded with."""
+    if not model_path or not isinstance(model, Qwen3_5ForCausalLM):
+        return model_path
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            model_type = json.load(f).get("model_type")
+    except (OSError, ValueError):
+        return model_path  # not a HF directory: the server's start names the problem
+    if model_type == "qwen3_5_text":
+        return model_path
+    logging.info(
+        "rollout.sglang.model_path %s is a %r checkpoint: the server starts from the trainer's "
+        "text-only Qwen3_5ForCausalLM export instead (the names of every weight update)",
+        model_path,
+        model_type,
+    )
+    return ""
+
+
 def build_engine(
     config: ConfigDict,
     model: Qwen3ForCausalLM,
@@ -710,7 +737,7 @@ def build_engine(
 
     s = r.sglang
     urls = placement.split_list(s.url, "rollout.sglang.url")
-    model_path = s.model_path
+    model_path = served_checkpoint(s.model_path, model) if not urls else s.model_path
     if not urls and not model_path:
         # No checkpoint to serve (a preset or shape built here, e.g. the embedded default):
         # the server starts from the model as built, exported like every later version (by

@@ -157,9 +157,11 @@ def get_base_config() -> ConfigDict:
             max_total_tokens=0,  # KV-cache tokens; 0 = SGLang's choice from mem_fraction
             host="127.0.0.1",
             port=30000,
-            # The started server's GPUs: indices among the GPUs this process sees, e.g. "6,7";
-            # the launcher gives jax the others (rollout/placement.py). "" = every visible GPU,
-            # shared with jax (then lower XLA_PYTHON_CLIENT_MEM_FRACTION and mem_fraction).
+            # Each node's GPUs for SGLang (indices among the GPUs a process sees, e.g. "4,5,6,7"):
+            # the started server runs on them (process 0's node), or servers started beside the
+            # run (`url`); the launcher gives jax the others (rollout/placement.py). "" = none:
+            # a started server would share jax's GPUs, which the launcher refuses unless
+            # XLA_PYTHON_CLIENT_MEM_FRACTION + mem_fraction <= 0.95 (docs/gpu.md).
             gpus="",
             tp_size=1,  # GPUs per model replica (--tp-size); len(gpus) / tp_size replicas
             mem_fraction=0.8,  # --mem-fraction-static: of each server GPU, weights + KV cache

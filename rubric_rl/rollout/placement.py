@@ -68,11 +68,13 @@ def visible_gpus(environ: Mapping[str, str], proc_dir: Path = NVIDIA_PROC) -> li
 
 
 def trainer_gpus(config: Any, environ: Mapping[str, str], proc_dir: Path = NVIDIA_PROC):
-    """The local GPU indices jax gets (every visible one but the server's), or None when the run
-    starts no server on GPUs of its own (``rollout.sglang.gpus`` empty, or an external ``url``):
-    then jax's default applies."""
+    """The local GPU indices jax gets (every visible one but the servers'), or None when no GPU
+    of this node is the servers' (``rollout.sglang.gpus`` empty): then jax's default applies.
+    ``gpus`` are reserved on every node of the run, for the server the run starts (no ``url``:
+    on process 0's node) or for servers started beside it (``url`` lists them), so every
+    process keeps the same number of devices."""
     s = config.rollout.sglang
-    if config.rollout.engine != "sglang" or str(s.get("url", "")) or s.get("device") == "cpu":
+    if config.rollout.engine != "sglang" or s.get("device") == "cpu":
         return None
     server = parse_gpus(s.get("gpus", ""))
     if not server:

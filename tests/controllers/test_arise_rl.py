@@ -13,6 +13,7 @@ import pytest
 
 from configs import arise_rl as arise_rl_config
 from rubric_rl import builders
+from rubric_rl.controller_check import scripted_run
 from rubric_rl.envs.constraint_lexicon import units
 from rubric_rl.envs.constraint_writer import COACH_HINTS as GENERATOR_HINTS
 from rubric_rl.envs.constraint_writer import (
@@ -38,7 +39,6 @@ from rubric_rl.methods.arise_rl.arise_rl import (
 from rubric_rl.rollout.scripted import ScriptedEngine
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verdict
 from rubric_rl.services import Services
-from rubric_rl.step import StepContext
 from rubric_rl.trainer_batch import rollouts_to_batch
 
 # --- the schedule --------------------------------------------------------------------------------
@@ -257,24 +257,14 @@ def _config():
 def scripted_steps(workdir: str, config, engine_cls, steps):
     """Runs the real pipeline for ``steps`` on a ``engine_cls(tokenizer)`` scripted engine;
     returns (services, controllers, domain, {step: (rollouts, ctx, engine requests)}, engine)."""
-    domain = builders.build_domain(config)
-    tok = builders.build_tokenizer(config, domain, workdir)
-    engine = engine_cls(tok)
-    services = Services(
-        config, engine, tok, builders.build_judge(config, workdir), domain, workdir,
-        functools.partial(builders.prompt_buckets, config),
-    )  # fmt: skip
-    controllers, pipeline = builders.build_method(config, domain)
-    controllers.bind(services, f"{workdir}/controllers")
+    run = scripted_run(config, None, workdir, engine=engine_cls)
+    engine = run.services.engine
     out = {}
     for step in steps:
         engine.requests.clear()
-        services.begin_step(step)
-        ctx = StepContext(
-            step, config, np.random.default_rng([0, step]), services, controllers, domain
-        )
-        out[step] = (pipeline(ctx), ctx, list(engine.requests))
-    return services, controllers, domain, out, engine
+        rollouts, ctx = run.step(step)
+        out[step] = (rollouts, ctx, list(engine.requests))
+    return run.services, run.controllers, run.domain, out, engine
 
 
 @pytest.fixture(scope="module")

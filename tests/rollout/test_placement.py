@@ -69,7 +69,15 @@ def test_trainer_gets_every_gpu_but_the_servers(tmp_path):
     assert placement.trainer_gpus(c, {}, proc) == [0, 1, 2, 3, 4, 5]
     # No started server on GPUs of its own: jax's default (every GPU).
     assert placement.trainer_gpus(_config(), {}, proc) is None
-    assert placement.trainer_gpus(_config(gpus="6,7", url="http://h:1"), {}, proc) is None
+    # External servers on this node's GPUs 6 and 7 (url lists them): still not jax's.
+    assert placement.trainer_gpus(_config(gpus="6,7", url="http://h:1"), {}, proc) == [
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
     with pytest.raises(ValueError, match=r"rollout\.sglang\.gpus='8'.* sees 8 GPUs"):
         placement.trainer_gpus(_config(gpus="8"), {}, proc)
     with pytest.raises(ValueError, match="takes every visible GPU; the trainer needs one"):
@@ -130,3 +138,25 @@ def test_server_on_the_trainers_gpus_needs_both_memory_shares(tmp_path):
     assert placement.local_device_ids(_config(url="http://h:30000"), gpus) is None
     assert placement.local_device_ids(_config(device="cpu"), gpus) is None
     assert placement.local_device_ids(_config(), {}, tmp_path / "no_driver") is None
+
+
+def test_qwen3_5_server_starts_from_the_trainers_text_only_export(tmp_path):
+    """Weight updates carry the text-only Qwen3_5ForCausalLM names: a server started from a
+    multimodal qwen3_5 checkpoint would not have them, so it starts from the export."""
+    import json
+
+    from flax import nnx
+
+    from rubric_rl.builders import served_checkpoint
+    from rubric_rl.models import PRESETS, QWEN3_5_PRESETS, Qwen3_5ForCausalLM, Qwen3ForCausalLM
+
+    hybrid = Qwen3_5ForCausalLM(QWEN3_5_PRESETS["qwen3_5_tiny"], rngs=nnx.Rngs(0))
+    dense = Qwen3ForCausalLM(PRESETS["tiny"], rngs=nnx.Rngs(0))
+    for model_type in ("qwen3_5", "qwen3_5_text"):
+        (tmp_path / model_type).mkdir()
+        (tmp_path / model_type / "config.json").write_text(json.dumps({"model_type": model_type}))
+    multimodal, text = str(tmp_path / "qwen3_5"), str(tmp_path / "qwen3_5_text")
+    assert served_checkpoint(multimodal, hybrid) == ""  # "" = export the model as built
+    assert served_checkpoint(text, hybrid) == text
+    assert served_checkpoint(multimodal, dense) == multimodal  # a Qwen3 exports its own names
+    assert served_checkpoint("", hybrid) == ""
