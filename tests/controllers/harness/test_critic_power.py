@@ -1,6 +1,6 @@
-"""The critic's stated power on the scripted policy (``critic_check.critic_power``): the real
-controller's cold start calibrates the paired rule on 256 tasks, and candidates whose true
-effect is the band's lower bound, or 0, go through the real critic."""
+"""The critic's stated power on the scripted policy (``harness_critic_check.critic_power``):
+the real controller's cold start calibrates the paired rule on 256 tasks, and candidates whose
+true effect is the band's lower bound, or 0, go through the real critic."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def power_config(measurement: str = "paired"):
 
 
 def test_paired_critic_accepts_the_lower_bound_and_rejects_no_effect():
-    from rubric_rl.methods.harness_rl.critic_check import critic_power
+    from rubric_rl.harness_critic_check import critic_power
 
     r = critic_power(power_config(), coupling=0.5, n_tasks=48, repeats=4)
     cal = r.calibrated
@@ -44,11 +44,10 @@ def test_paired_critic_accepts_the_lower_bound_and_rejects_no_effect():
 
 def test_seed_shared_sampling_pairs_the_stand_in(tmp_path):
     """Prompts on one seed index draw the same requirements; with coupling 1 a placebo field
-    changes nothing, with coupling 0 it redraws everything, and guidance moves only its own
-    requirement."""
+    changes nothing, with coupling 0 it redraws most of them."""
     from rubric_rl.controller_check import scripted_services_generate
+    from rubric_rl.harness_critic_check import NamedGainPolicy
     from rubric_rl.methods.harness_rl.cold_start import PLACEBO_TEXT
-    from rubric_rl.methods.harness_rl.critic_check import NamedGainPolicy
 
     c = power_config()
     run = scripted_run(c, ScriptedPolicy(seed=0), str(tmp_path))
