@@ -195,7 +195,7 @@ PENDING_CROSSINGS: frozenset[tuple[str, str]] = frozenset(
         "methods.arise.arise": ("constraint_corpus", "constraint_spec", "constraints"),
         "methods.arise.reflection": ("constraint_lexicon",),
         "methods.arise_rl.arise_rl": ("constraint_corpus",),
-        "methods.arise_rl.rgsed_check": ("constraint_lexicon", "constraint_spec"),
+        "methods.arise_rl.rgsed_check": ("constraint_spec",),
         "methods.arise_rl.rgsed_coach": ("constraint_corpus", "constraint_spec"),
         "methods.harness_rl.style": ("constraint_corpus", "constraint_spec", "instruct_guidance"),
         "methods.rised.rised": (
