@@ -70,7 +70,9 @@ TOOL_DOMAINS = tool_domain.TOOL_DOMAINS
 @DOMAINS.register("constraints")
 def constraints_domain(cfg: ConfigDict) -> Domain:
     from rubric_rl.envs import constraints
+    from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
     from rubric_rl.envs.constraint_library import library_criteria
+    from rubric_rl.envs.constraint_style import ConstraintStyle
 
     gen = constraints.ConstraintDomain(int(cfg.seed))
     hard = int(cfg.get("hard_min_constraints", 0))
@@ -94,6 +96,8 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
         criteria_library=library_criteria,
         copy_corpus=constraints.copy_corpus,
         validation=tasks("validation", int(cfg.n_validation)),
+        style=ConstraintStyle(),
+        skill_texts=dict(SKILL_TEXTS),
     )
     demos = float(cfg.get("generator_demos", 0.0))
     if demos > 0:
@@ -116,6 +120,7 @@ def instruct_domain(cfg: ConfigDict) -> Domain:
     policy: no warm-start corpus (``warmstart.steps=0``); the embedded "spaced" tokenizer over
     its vocabulary serves tiny test models, a real model brings its own tokenizer."""
     from rubric_rl.envs import instruct
+    from rubric_rl.envs.instruct_guidance import InstructStyle, skill_texts
     from rubric_rl.envs.instruct_library import library_criteria
 
     gen = instruct.InstructDomain(int(cfg.seed))
@@ -131,6 +136,8 @@ def instruct_domain(cfg: ConfigDict) -> Domain:
         guidance=instruct.skill_guidance,
         criteria_library=library_criteria,
         validation=tuple(gen.tasks("validation", int(cfg.n_validation))),
+        style=InstructStyle(),
+        skill_texts=skill_texts(),
     )
 
 

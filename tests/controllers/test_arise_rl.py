@@ -463,7 +463,7 @@ def test_generator_sd_waits_for_a_positive_mean_delta_r(run):
     ):
         other = AriseRLController(
             dataclasses.replace(ctl.cfg, generator_sd=mode, warmup_steps=0),
-            fallback_tasks=ctl.fallback_tasks, tasks_per_step=2,
+            fallback_tasks=ctl.fallback_tasks, tasks_per_step=2, style=ctl.style,
         )  # fmt: skip
         other._memory = {0: "m", 1: "m"}
         other._dr = np.array(dr)
@@ -488,7 +488,7 @@ def test_baseline_proposer_rewards_on_the_scripted_episodes(run):
     for name, rewards in want.items():
         other = AriseRLController(
             dataclasses.replace(ctl.cfg, proposer_reward=name, solver_policy="current"),
-            fallback_tasks=ctl.fallback_tasks, tasks_per_step=2,
+            fallback_tasks=ctl.fallback_tasks, tasks_per_step=2, style=ctl.style,
         )  # fmt: skip
         other.bind(services, None)
         scores = other.score_generator(responses)
@@ -526,7 +526,7 @@ def test_hrpo_shapes_generator_groups_only(run):
     for mode in ("hrpo", "trr++"):
         other = AriseRLController(
             dataclasses.replace(ctl.cfg, advantage_grouping=mode),
-            fallback_tasks=ctl.fallback_tasks, tasks_per_step=2,
+            fallback_tasks=ctl.fallback_tasks, tasks_per_step=2, style=ctl.style,
         )  # fmt: skip
         got = other.shape_advantages(rollouts, given)
         r = rollouts.signal(SIGNAL)
@@ -535,9 +535,9 @@ def test_hrpo_shapes_generator_groups_only(run):
         np.testing.assert_allclose(got[0], want[0])
         np.testing.assert_allclose(got[1], 7.0 if mode == "hrpo" else want[1])
     assert (
-        AriseRLController(ctl.cfg, fallback_tasks=ctl.fallback_tasks).shape_advantages(
-            rollouts, given
-        )
+        AriseRLController(
+            ctl.cfg, fallback_tasks=ctl.fallback_tasks, style=ctl.style
+        ).shape_advantages(rollouts, given)
         is None
     )
 
@@ -546,7 +546,11 @@ def test_state_round_trip(run):
     config, _, controllers, _ = run
     ctl = _ctl(controllers)
     fresh = AriseRLController(
-        ctl.cfg, fallback_tasks=ctl.fallback_tasks, forbidden=ctl.forbidden, tasks_per_step=2
+        ctl.cfg,
+        fallback_tasks=ctl.fallback_tasks,
+        forbidden=ctl.forbidden,
+        tasks_per_step=2,
+        style=ctl.style,
     )
     fresh.load_state_dict(ctl.state_dict())
     assert [t.id for t in fresh.pool] == [t.id for t in ctl.pool]
@@ -563,7 +567,9 @@ def test_held_policies_must_survive_a_resume(run, tmp_path):
         config, services.engine, services.tokenizer, services.judge_impl, services.domain,
         str(tmp_path), functools.partial(builders.prompt_buckets, config),
     )  # fmt: skip
-    fresh = AriseRLController(ctl.cfg, fallback_tasks=ctl.fallback_tasks, tasks_per_step=2)
+    fresh = AriseRLController(
+        ctl.cfg, fallback_tasks=ctl.fallback_tasks, tasks_per_step=2, style=ctl.style
+    )
     fresh.bind(other, None)
     other.begin_step(3)
     with pytest.raises(RuntimeError, match="frozen base policy"):
@@ -589,7 +595,7 @@ def test_external_teacher_modes(run):
                 t.teacher_prompt = None
         other = AriseRLController(
             dataclasses.replace(ctl.cfg, teacher=mode), fallback_tasks=ctl.fallback_tasks,
-            tasks_per_step=2,
+            tasks_per_step=2, style=ctl.style,
         )  # fmt: skip
         other.bind(services, None)
         before = len(services.engine.requests)

@@ -6,9 +6,10 @@ import dataclasses
 import pytest
 
 from rubric_rl.envs.constraint_domain import task_bank as constraint_tasks
+from rubric_rl.envs.constraint_style import MixedStyle
 from rubric_rl.envs.inventory import InventoryEnv
 from rubric_rl.envs.sql import SqlEnv
-from rubric_rl.methods.rised.rised import mixed_description, mixed_renderer
+from rubric_rl.methods.rised.rised import tool_aware
 from rubric_rl.methods.rised.rised_tagger import ProgrammaticTagger, embedded_vocabulary
 from rubric_rl.methods.rised.rised_tool_tagger import (
     _MALFORMED_CALL,
@@ -128,6 +129,9 @@ def test_descriptions_and_renderer(sql_task):
     assert tool_description("no_tool_call", sql_task) == "Answering without calling any tool."
     assert tool_description("order_correct", sql_task) is None  # an inventory criterion
     constraint = constraint_tasks("train", 1, seed=0)[0]
+    style = MixedStyle()  # the constraint domain's with tool environments mixed in
+    mixed_description = tool_aware(lambda rid, task: style.describe(rid, task, "unused"))
+    mixed_renderer = style.behaviours
     assert mixed_description("read_required_tables", sql_task).startswith("Successfully")
     assert mixed_description("task_solved", constraint) != mixed_description(
         "task_solved", sql_task

@@ -89,8 +89,6 @@ class GeneratorDomain(Protocol):
 
     def task_record(self, task: Task) -> dict[str, Any]: ...
 
-    def render_memory(self, memory: str) -> str: ...  # the <coach> block placed in a prompt
-
     def task_from_record(
         self, rec: Mapping[str, Any], forbidden: frozenset[str]
     ) -> Task | None: ...  # None: a domain task's record ({"id": …}), resolved by the controller
@@ -153,11 +151,6 @@ class ConstraintGeneratorDomain:
         from rubric_rl.methods.arise_rl.generator_domain import forbidden_signatures
 
         return forbidden_signatures(tasks)
-
-    def render_memory(self, memory: str) -> str:
-        from rubric_rl.envs.constraint_corpus import render_guidance
-
-        return render_guidance("coach", memory)
 
     def task_record(self, task: Task) -> dict[str, Any]:
         """A generated task by its answer text (re-parsed on load), a domain task by id."""

@@ -22,15 +22,7 @@ def rised_controllers(config: Any, domain: Any) -> list[Any]:
     controller (tagger, selection, anti-patterns, per-rollout teacher contexts)."""
     from rubric_rl.builders import tool_env_names
     from rubric_rl.methods.grpo import task_sampler
-    from rubric_rl.methods.rised.rised import (
-        RisedConfig,
-        RisedController,
-        embedded_description,
-        embedded_renderer,
-        generic_renderer,
-        mixed_description,
-        mixed_renderer,
-    )
+    from rubric_rl.methods.rised.rised import RisedConfig, RisedController, tool_aware
     from rubric_rl.methods.rised.rised_tagger import (
         LLMTagger,
         ProgrammaticTagger,
@@ -72,11 +64,9 @@ def rised_controllers(config: Any, domain: Any) -> list[Any]:
             outcome_threshold=0.5 if rc.tagging == "outcome" else None,
             max_failure_rate=float(config.judge.max_failure_rate),  # the judge's limit
         )  # fmt: skip
-    ctl = RisedController(
-        rc, vocab, tagger,
-        render=(mixed_renderer if tools else embedded_renderer) if embedded else generic_renderer,
-        describe=(mixed_description if tools else embedded_description) if embedded else None,
-    )  # fmt: skip
+    ctl = RisedController(rc, vocab, tagger, style=domain.style)
+    if tools:  # a tool environment's rubrics are stated by its own tagger's descriptions
+        ctl.describe = tool_aware(ctl.describe)
     return [*task_sampler(config, domain, _rised_train(rc, domain)), ctl]
 
 
