@@ -200,12 +200,6 @@ PENDING_CROSSINGS: frozenset[tuple[str, str]] = frozenset(
         "methods.arise_rl.sql_generator": (
             "sql", "sql_data", "tool_calls", "tool_domain", "trajectory",
         ),
-        "methods.harness_rl.attributor": ("constraint_checkers",),
-        "methods.rised.rised_tagger": (
-            "constraint_checkers", "constraint_domain", "constraint_lexicon",
-            "constraint_library", "constraint_spec",
-        ),
-        "methods.rised.rised_tool_tagger": ("tool_domain", "tool_envs", "trajectory"),
     }.items()
     for b in bs
 )  # fmt: skip

@@ -9,14 +9,15 @@ as ``guidance_hint`` ("avoid : text" for a pitfall); references, critiques and c
 rubrics are stated with the task's own values (``embedded_description``).
 
 ``MixedStyle``: the domain with tool environments mixed in (``domain.tool_envs``): a tool
-environment's task gets the generic style's prompts (its episodes start from that prompt), any
-other task this one's.
+environment's task gets the generic style's prompts (its episodes start from that prompt) and its
+environment's behaviour descriptions (``tool_behaviours.describe``), any other task this one's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from rubric_rl.envs import tool_behaviours
 from rubric_rl.envs.base import Style, is_tool_env
 from rubric_rl.envs.constraint_corpus import (
     FLUFF_ANTI_PATTERNS,
@@ -69,7 +70,8 @@ class ConstraintStyle(Style):
 
 class MixedStyle(ConstraintStyle):
     """The constraint domain with tool environments mixed in: a tool environment's task gets
-    the generic style's prompts and descriptions, any other the constraint domain's."""
+    the generic style's prompts and its environment's behaviour descriptions, any other the
+    constraint domain's."""
 
     _generic = Style()
 
@@ -86,12 +88,16 @@ class MixedStyle(ConstraintStyle):
         return self._for(task).behaviours(task, positives, negatives)
 
     def describe(self, rubric_id, task, description):
-        return self._for(task).describe(rubric_id, task, description)
+        # a tool environment's behaviour stated in its own words (``tool_behaviours.describe``)
+        if is_tool_env(task.env_name):
+            return tool_behaviours.describe(rubric_id, task)
+        return super().describe(rubric_id, task, description)
 
 
 def embedded_description(rubric_id: str, task: Task) -> str | None:
-    """A rubric of the embedded RISED vocabulary stated for ``task`` in the domain's own words
-    (the wording the warm-start corpus teaches, every word in the policy's vocabulary): a
+    """A rubric of the embedded vocabulary (``constraint_behaviours.catalogue``) stated for
+    ``task`` in the domain's own words (the wording the warm-start corpus teaches, every word in
+    the policy's vocabulary): a
     followed check as its guidance hint with the task's values ("the response lists exactly 3
     items"), a violated one as an anti-pattern item ("breaking the rule : …"), fluff as the
     corpus's anti-pattern phrases. None: a stated check the task does not have (an environment's

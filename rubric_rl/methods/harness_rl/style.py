@@ -17,8 +17,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 
-from rubric_rl.envs.base import GENERIC_STYLE, Style
-from rubric_rl.methods.harness_rl.attributor import SurfaceFeatures, embedded_surface_features
+from rubric_rl.envs.base import GENERIC_STYLE, Style, SurfaceFeatures
 from rubric_rl.rubrics.types import Criterion, Task
 
 
@@ -71,10 +70,11 @@ def generic_style() -> GuidanceStyle:
 
 
 def style_for(domain) -> GuidanceStyle:
-    """The domain's own style and checker library; the embedded domain's surface features for
-    ``constraints``, the generic ones for any other."""
-    features = embedded_surface_features if domain.name == "constraints" else generic_features
-    return guidance_style(domain.style, features, domain.criteria_library)
+    """The domain's own style, checker library and surface features (``Domain.surface_features``;
+    a domain without its own: common English praise / compliance / refusal phrases)."""
+    return guidance_style(
+        domain.style, domain.surface_features or generic_features, domain.criteria_library
+    )
 
 
 __all__ = ["GuidanceStyle", "generic_features", "generic_style", "guidance_style", "style_for"]

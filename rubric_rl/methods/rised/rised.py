@@ -52,7 +52,7 @@ import numpy as np
 
 from rubric_rl import run_files
 from rubric_rl.controllers.base import Controller
-from rubric_rl.envs.base import GENERIC_STYLE, Style, is_tool_env
+from rubric_rl.envs.base import GENERIC_STYLE, Style
 from rubric_rl.methods.rised import rised_selection as sel
 from rubric_rl.methods.rised.rised_tags import (
     PROFILE_COUNTS,
@@ -218,19 +218,6 @@ class RisedConfig:
 # descriptions) -> messages: the domain's ``Style.behaviours`` (the embedded domain's are its
 # corpus's own <criterion> and <anti_patterns> blocks, the wording the warm start teaches).
 Renderer = Callable[[Task, Sequence[str], Sequence[str]], Messages]
-
-
-def tool_aware(describe: Callable[[str, Task], str | None]) -> Callable[[str, Task], str | None]:
-    """``describe`` for a domain with tool environments mixed in: a tool environment's task has
-    its rubric stated by ``rised_tool_tagger.tool_description``, any other by ``describe``."""
-    from rubric_rl.methods.rised.rised_tool_tagger import tool_description
-
-    def out(rubric_id: str, task: Task) -> str | None:
-        if is_tool_env(task.env_name):
-            return tool_description(rubric_id, task)
-        return describe(rubric_id, task)
-
-    return out
 
 
 # Rubrics of this skill describe the outcome, not a behaviour: they count in the profiles (the
@@ -605,5 +592,4 @@ __all__ = [
     "RisedLLM",
     "RisedController",
     "teacher_stage",
-    "tool_aware",
 ]
