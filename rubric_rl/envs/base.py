@@ -38,7 +38,7 @@ import logging
 import random
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from rubric_rl.envs.tool_calls import (
     ToolCall,
@@ -514,6 +514,55 @@ class Behaviours:
     describe: Callable[[str, Task], str | None] | None = None
 
 
+# A method's tool event over an episode's tool records: whether they hold an observation that
+# counts, given the final answer's turn (``final_turn=``; None: any turn). ARISE-RL's R_tool event
+# (``arise_rl_rewards.tool_observed``) is one; a task writer is given it, never imports it.
+ToolEvent = Callable[..., bool]
+
+
+class TaskWriter(Protocol):
+    """A domain's side of a policy writing new tasks of it (ARISE-RL's generator role): what a
+    written task is and how it is checked, in the domain's terms. A method supplies its own
+    parts (its tool event, its rewards) and reads these.
+
+    ``name``: the writer's name (``config.arise_rl.generator_domain``); ``env_name``:
+    ``Task.env_name`` of its writer-role tasks; ``solver_agent``: solver attempts at a written
+    task are agent episodes; ``hints``: the coach's hints in the domain's words (keys
+    ``format``, ``tool``, ``too_easy``, ``too_hard``, optional ``keep`` with ``{question}``).
+    ``generator_tasks``: writer-role tasks (the role prompt with the ``recent`` questions as
+    in-context negatives); ``make_env``: the tool environment of a writer-role episode;
+    ``episode_outcome``: (the parsed task, whether its tool observation counts) of an episode's
+    transcript — the parsed record has ``task`` (None when it states none), ``question``,
+    ``num_criteria``, ``num_unknown`` and ``reason`` (why it states none); ``signature`` /
+    ``forbidden_signatures``: a task's identity for deduplication and those of tasks that must
+    never be written (the evaluation splits'); ``task_record`` / ``task_from_record``: a pool
+    task as JSON and back (None: a domain task's record, ``{"id": …}``). The coach's memory is
+    placed in a prompt by the domain's ``Style`` (``add_block`` with kind "coach")."""
+
+    name: str
+    env_name: str
+    solver_agent: bool
+    hints: Mapping[str, str]
+
+    def generator_tasks(
+        self, rng: Any, n: int, recent: Sequence[str], *, first_index: int, n_negatives: int
+    ) -> list[Task]: ...
+
+    def make_env(self, task: Task) -> Env: ...
+
+    def episode_outcome(self, response: str, *, forbidden: frozenset[str]) -> tuple[Any, bool]: ...
+
+    def signature(self, task: Task) -> str: ...
+
+    def forbidden_signatures(self, tasks: Iterable[Task]) -> frozenset[str]: ...
+
+    def task_record(self, task: Task) -> dict[str, Any]: ...
+
+    def task_from_record(
+        self, rec: Mapping[str, Any], forbidden: frozenset[str]
+    ) -> Task | None: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class Domain:
     """The Domain contract: what the loop, the evaluation and every method know of a domain.
@@ -524,8 +573,9 @@ class Domain:
     (``criteria_library``: the rule-checked criteria a rubric-writing method may propose for a
     task), the warm-start corpora, the tool environment of an episodic task, what a method may
     read of a response without a judge: its surface features (``surface_features``) and the
-    behaviours it shows (``behaviours``, a ``Behaviours`` record), and how method text reaches
-    its prompts (``style``, a ``Style``; ``skill_texts``, its skills). Each domain
+    behaviours it shows (``behaviours``, a ``Behaviours`` record), its side of a policy writing
+    tasks of it (``task_writer``, a ``TaskWriter``), and how method text reaches its prompts
+    (``style``, a ``Style``; ``skill_texts``, its skills). Each domain
     (``builders.DOMAINS``) builds one; method code takes it as an argument and imports no
     domain module (``tools/import_cycles.py`` LAYER_RULES)."""
 
@@ -569,6 +619,11 @@ class Domain:
     # The behaviours its rollouts can be seen to show, read by code (``Behaviours``), for a
     # method that tags rollouts (RISED's programmatic tagger). None: no programmatic tagging.
     behaviours: Behaviours | None = None
+    # A policy writing new tasks of the domain (ARISE-RL's generator role): ``task_writer(
+    # observed=<the method's ToolEvent>, complete=<bool>)`` -> a ``TaskWriter``. ``complete``: a
+    # written task's rubric also gets the criteria its question implies (where the domain has a
+    # library to complete from). None: the domain cannot be written for.
+    task_writer: Callable[..., TaskWriter] | None = None
     # How method text (skills, guidance fields, coach memory, anti-patterns, teacher contexts)
     # reaches this domain's prompts: ``Style`` (the generic one) or the domain's own.
     style: Style = GENERIC_STYLE
