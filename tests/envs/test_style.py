@@ -4,6 +4,8 @@ with only the generic style works with every method's renderer (ARISE's skills, 
 fields, RISED's behaviours and descriptions, ARISE-RL's coach memory); and the method modules that
 render text import nothing from envs/ but the contract (tools/import_cycles.py)."""
 
+import types
+
 import numpy as np
 import pytest
 
@@ -195,7 +197,13 @@ def test_a_new_domain_works_with_every_methods_renderer():
     # ARISE-RL: the solver's coach memory, written and mounted
     memory = coach_memory(task, ["a", "b"], [{"brief": False}, {"brief": True}], style=domain.style)
     assert memory == "remember : Answers in one sentence."
-    arise_rl = AriseRLController(AriseRLConfig(), fallback_tasks=domain.train, style=domain.style)
+    # (the toy domain writes no tasks: a stand-in generator role, never used by the solver's coach)
+    arise_rl = AriseRLController(
+        AriseRLConfig(),
+        fallback_tasks=domain.train,
+        generator_domain=types.SimpleNamespace(),
+        style=domain.style,
+    )
     group = Group(task=task)
     got = arise_rl.memory_prompt(group, memory)
     assert got[0] == {"role": "system", "content": f"<coach> {memory} </coach>"}
