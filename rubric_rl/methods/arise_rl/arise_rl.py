@@ -87,8 +87,6 @@ from rubric_rl.envs.base import GENERIC_STYLE, Style
 from rubric_rl.methods.arise_rl import arise_rl_rewards as rw
 from rubric_rl.methods.arise_rl import rgsed
 from rubric_rl.methods.arise_rl.arise_rl_domain import (
-    GENERATOR_DOMAINS,
-    GENERATOR_ENVS,
     RUBRIC_COMPLETIONS,
     GeneratorDomain,
 )
@@ -212,7 +210,6 @@ class AriseRLConfig:
             ("memory_placement", self.memory_placement, PLACEMENTS),
             ("solver_policy", self.solver_policy, SOLVER_POLICIES),
             ("teacher", self.teacher, TEACHERS),
-            ("generator_domain", self.generator_domain, GENERATOR_DOMAINS),
             ("shape", self.shape, tuple(rw.DIFFICULTY_SHAPES.names())),
             ("coach_rule", self.coach_rule, COACH_RULES),
             ("paired_seeds", self.paired_seeds, PAIRINGS),
@@ -227,6 +224,11 @@ class AriseRLConfig:
         for name, v, allowed in checks:
             if v not in allowed:
                 raise ValueError(f"config.arise_rl.{name} must be one of {allowed}, got {v!r}")
+        if not (isinstance(self.generator_domain, str) and self.generator_domain.strip()):
+            raise ValueError(
+                "config.arise_rl.generator_domain must name the solver domain's task writer "
+                f"(e.g. 'constraint', 'sql'), got {self.generator_domain!r}"
+            )
         bad = sorted(set(self.rgsed_roles) - set(ROLES))
         if bad:
             raise ValueError(f"config.arise_rl.rgsed_roles: unknown roles {bad}; known {ROLES}")
@@ -1164,12 +1166,11 @@ def generator_metrics(infos: Sequence[Mapping[str, Any]], k: int) -> dict[str, f
 # --- the pipeline (the arise_rl Method's) --------------------------------------------------------
 
 
-def assign_roles(rollouts: Rollouts) -> Rollouts:
-    """After the default ``sample``: a generator task's group has the generator role (the task
-    of any generator domain: ``arise_rl_domain.GENERATOR_ENVS``)."""
-    envs = frozenset(GENERATOR_ENVS.values())
+def assign_roles(rollouts: Rollouts, env_name: str) -> Rollouts:
+    """After the default ``sample``: a generator task's group (its task's ``env_name`` is the
+    generator domain's, ``GeneratorDomain.env_name``) has the generator role."""
     for g in rollouts.groups:
-        if g.task.env_name in envs:
+        if g.task.env_name == env_name:
             g.role = "generator"
     return rollouts
 
@@ -1183,7 +1184,7 @@ def pipeline(controller: AriseRLController) -> Any:
     from rubric_rl.services import TRAIN_STREAM
 
     def sample_roles(rollouts: Rollouts | None, ctx: Any) -> Rollouts:
-        return assign_roles(step.sample(rollouts, ctx))
+        return assign_roles(step.sample(rollouts, ctx), controller.generator_domain.env_name)
 
     def generate_roles(rollouts: Rollouts, ctx: Any) -> Rollouts:
         """Generator groups get trained agent episodes over the generator's tool environment
