@@ -143,9 +143,6 @@ class ToyWriter:
     def task_from_record(self, rec, forbidden) -> Task | None:
         return None
 
-    def render_memory(self, memory: str) -> str:
-        return f"<coach> {memory} </coach>"
-
 
 @dataclasses.dataclass(frozen=True)
 class ToyDomain:

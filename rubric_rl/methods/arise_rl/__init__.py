@@ -64,6 +64,7 @@ def arise_rl_controllers(config: Any, domain: Any) -> list[Any]:
             tasks_per_step=int(config.rollout.tasks_per_step),
             seed=int(config.train.seed),
             generator_domain=generator_domain,
+            style=domain.style,
         )  # fmt: skip
     ]
 

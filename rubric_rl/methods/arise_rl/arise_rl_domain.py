@@ -70,8 +70,6 @@ class GeneratorDomain(Protocol):
 
     def task_record(self, task: Task) -> dict[str, Any]: ...
 
-    def render_memory(self, memory: str) -> str: ...  # the <coach> block placed in a prompt
-
     def task_from_record(
         self, rec: Mapping[str, Any], forbidden: frozenset[str]
     ) -> Task | None: ...  # None: a domain task's record ({"id": …}), resolved by the controller
@@ -116,9 +114,6 @@ class GeneratorRole:
 
     def task_record(self, task: Task) -> dict[str, Any]:
         return self.writer.task_record(task)
-
-    def render_memory(self, memory: str) -> str:
-        return self.writer.render_memory(memory)
 
     def task_from_record(self, rec: Mapping[str, Any], forbidden: frozenset[str]) -> Task | None:
         return self.writer.task_from_record(rec, forbidden)
