@@ -47,7 +47,7 @@ import hashlib
 import math
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -56,6 +56,7 @@ from rubric_rl import builders
 from rubric_rl.methods.arise.reflection_base import satisfied
 from rubric_rl.methods.method import get_method
 from rubric_rl.rollout.batch import Rollouts, Trajectory
+from rubric_rl.rollout.engine import RolloutEngine
 from rubric_rl.services import Services
 from rubric_rl.step import (
     RUBRIC_SIGNAL,
@@ -63,6 +64,7 @@ from rubric_rl.step import (
     StepContext,
     mark_behaviour,
 )
+from rubric_rl.step_metrics import step_metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,12 +279,32 @@ class ScriptedRun:
         ctx = StepContext(step, self.config, rng, self.services, self.controllers, self.domain)
         return self.pipeline(ctx), ctx
 
+    def metrics(self, rollouts: Rollouts, ctx: StepContext) -> dict[str, Any]:
+        """What the trainer logs for the step, less what the update measures (``loss/*``,
+        ``train/*``, timings, the oracle): ``step_metrics`` of the rollouts, then the stages'."""
+        seconds = dict(ctx.seconds, step=sum(ctx.seconds.values()))
+        m = step_metrics(rollouts, {}, seconds, measured=False)
+        m.update(ctx.metrics)
+        return m
 
-def scripted_run(config, policy: ScriptedPolicy, workdir: str, controllers=None) -> ScriptedRun:
-    """Builds the domain, the judge, ``Services`` (generation answered by ``policy``) and the
-    method's controllers (or ``controllers``), bound to ``<workdir>/controllers``."""
-    if config.get("calibration") is not None and bool(config.calibration.enabled):
-        # Calibration samples the policy through the engine; the check has neither.
+
+def scripted_run(
+    config,
+    policy: ScriptedPolicy | None,
+    workdir: str,
+    controllers=None,
+    *,
+    engine: Callable[[Any], RolloutEngine] | None = None,
+) -> ScriptedRun:
+    """Builds the domain, the judge, ``Services`` and the method's controllers (or
+    ``controllers``), bound to ``<workdir>/controllers``. Generation is answered by ``policy``
+    (the ``generate`` stage and ``Services.generate`` replaced), or, with ``policy=None``, by
+    the real ``generate`` stage and ``Services`` on ``engine(tokenizer)`` (a model-free engine:
+    ``rollout.scripted.ScriptedEngine``; ``ScriptedRun.services.engine``)."""
+    if (policy is None) == (engine is None):
+        raise ValueError("scripted_run: give a ScriptedPolicy or an engine, not both or neither")
+    if policy is not None and config.get("calibration") is not None and config.calibration.enabled:
+        # Calibration samples the policy through the engine; the policy check has none.
         config = config.copy_and_resolve_references()
         config.unlock()
         config.calibration.enabled = False
@@ -291,15 +313,18 @@ def scripted_run(config, policy: ScriptedPolicy, workdir: str, controllers=None)
     judge = builders.build_judge(config, workdir)
     tokenizer = builders.build_tokenizer(config, domain, workdir)
     buckets = functools.partial(builders.prompt_buckets, config)
-    services = Services(config, None, tokenizer, judge, domain, workdir, buckets)
-    services.generate = scripted_services_generate(policy, services, domain.train)
+    live = None if engine is None else engine(tokenizer)
+    services = Services(config, live, tokenizer, judge, domain, workdir, buckets)
+    if policy is not None:
+        services.generate = scripted_services_generate(policy, services, domain.train)
     if controllers is None:
         controllers, pipeline = builders.build_method(config, domain)
     else:  # given controllers: the method's pipeline over them
         method = get_method(str(config.get("method", "grpo")))
         pipeline = method.pipeline(config, controllers.controllers)
     controllers.bind(services, os.path.join(workdir, "controllers"))
-    pipeline = pipeline.replace("generate", scripted_generate(policy))
+    if policy is not None:
+        pipeline = pipeline.replace("generate", scripted_generate(policy))
     return ScriptedRun(config, domain, services, controllers, pipeline)
 
 

@@ -36,8 +36,8 @@ import dataclasses
 import hashlib
 import logging
 import random
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Protocol
 
 from rubric_rl.envs.tool_calls import (
     ToolCall,
@@ -343,6 +343,97 @@ class Env(abc.ABC):
 
 
 @dataclasses.dataclass(frozen=True)
+class SurfaceFeatures:
+    """What a response shows on its surface, whatever it does for the task: a compliance or
+    praise form (``fluff``), its length in the domain's words, a refusal or hedge (``stance``).
+    Reward-hacking checks compare these between responses that meet a criterion and those
+    that miss it."""
+
+    fluff: bool
+    length: int
+    stance: bool = False
+
+
+# One warm-up rollout: (environment, task, response, the task verifier's reward).
+WarmupRollout = tuple[str, Task, str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Behaviours:
+    """The behaviours a domain's rollouts can be seen to show, read by code: what a rollout
+    tagger needs to know of a domain (RISED's programmatic tagger and vocabulary warm-up).
+
+    ``detect(task, response)``: every behaviour the response shows, as name -> count, from what
+    a judge of the domain sees (the prompt, the response, the task's rule checkers; never a
+    hidden field); ValueError for a rollout it cannot read. ``catalogue()``: every name
+    ``detect`` can give, by id, with its skill, polarity and description (a
+    ``rubrics.vocabulary.RubricEntry``); ``aliases``: other names a judge may use for them.
+    ``warmup(seed, n, weak_per_task)``: (weak, strong) rollouts over the first ``n`` training
+    tasks of the domain generated from ``seed``: ``weak_per_task`` weak-policy stand-ins per
+    task, and its reference solution. ``describe(name, task)``: a behaviour stated for one task
+    in the domain's own words (None: the task does not have it); None: the catalogue's text.
+    ``name`` identifies the record in a cached vocabulary's provenance."""
+
+    name: str
+    detect: Callable[[Task, str], dict[str, int]]
+    catalogue: Callable[[], Mapping[str, Any]]
+    aliases: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    warmup: Callable[[int, int, int], tuple[list[WarmupRollout], list[WarmupRollout]]] | None = None
+    describe: Callable[[str, Task], str | None] | None = None
+
+
+# A method's tool event over an episode's tool records: whether they hold an observation that
+# counts, given the final answer's turn (``final_turn=``; None: any turn). ARISE-RL's R_tool event
+# (``arise_rl_rewards.tool_observed``) is one; a task writer is given it, never imports it.
+ToolEvent = Callable[..., bool]
+
+
+class TaskWriter(Protocol):
+    """A domain's side of a policy writing new tasks of it (ARISE-RL's generator role): what a
+    written task is and how it is checked, in the domain's terms. A method supplies its own
+    parts (its tool event, its rewards) and reads these.
+
+    ``name``: the writer's name (``config.arise_rl.generator_domain``); ``env_name``:
+    ``Task.env_name`` of its writer-role tasks; ``solver_agent``: solver attempts at a written
+    task are agent episodes; ``hints``: the coach's hints in the domain's words (keys
+    ``format``, ``tool``, ``too_easy``, ``too_hard``, optional ``keep`` with ``{question}``).
+    ``generator_tasks``: writer-role tasks (the role prompt with the ``recent`` questions as
+    in-context negatives); ``make_env``: the tool environment of a writer-role episode;
+    ``episode_outcome``: (the parsed task, whether its tool observation counts) of an episode's
+    transcript — the parsed record has ``task`` (None when it states none), ``question``,
+    ``num_criteria``, ``num_unknown`` and ``reason`` (why it states none); ``signature`` /
+    ``forbidden_signatures``: a task's identity for deduplication and those of tasks that must
+    never be written (the evaluation splits'); ``task_record`` / ``task_from_record``: a pool
+    task as JSON and back (None: a domain task's record, ``{"id": …}``); ``render_memory``: the
+    coach's memory as the block placed in a prompt."""
+
+    name: str
+    env_name: str
+    solver_agent: bool
+    hints: Mapping[str, str]
+
+    def generator_tasks(
+        self, rng: Any, n: int, recent: Sequence[str], *, first_index: int, n_negatives: int
+    ) -> list[Task]: ...
+
+    def make_env(self, task: Task) -> Env: ...
+
+    def episode_outcome(self, response: str, *, forbidden: frozenset[str]) -> tuple[Any, bool]: ...
+
+    def signature(self, task: Task) -> str: ...
+
+    def forbidden_signatures(self, tasks: Iterable[Task]) -> frozenset[str]: ...
+
+    def task_record(self, task: Task) -> dict[str, Any]: ...
+
+    def task_from_record(
+        self, rec: Mapping[str, Any], forbidden: frozenset[str]
+    ) -> Task | None: ...
+
+    def render_memory(self, memory: str) -> str: ...
+
+
+@dataclasses.dataclass(frozen=True)
 class Domain:
     """The Domain contract: what the loop, the evaluation and every method know of a domain.
 
@@ -350,7 +441,10 @@ class Domain:
     a task passes when every stated constraint holds), the hidden oracle (``oracle``: quality in
     [0, 1], analysis only, never shown to controllers), the criteria library
     (``criteria_library``: the rule-checked criteria a rubric-writing method may propose for a
-    task), the warm-start corpora and the tool environment of an episodic task. Each domain
+    task), the warm-start corpora, the tool environment of an episodic task, and what a method
+    may read of a response without a judge: its surface features (``surface_features``) and the
+    behaviours it shows (``behaviours``, a ``Behaviours`` record), and its side of a policy
+    writing tasks of it (``task_writer``, a ``TaskWriter``). Each domain
     (``builders.DOMAINS``) builds one; method code takes it as an argument and imports no
     domain module (``tools/import_cycles.py`` LAYER_RULES)."""
 
@@ -387,6 +481,18 @@ class Domain:
     # Which tasks are rolled out as agent episodes in agent mode (None: every task). The embedded
     # domain with tool environments mixed in (``domain.tool_envs``): their tasks only.
     episodic: Callable[[Task], bool] | None = None
+    # A response's surface features in the domain's own terms (the embedded domain: its praise
+    # openers and compliance closers, its word units). None: a method reads common English
+    # praise / compliance / refusal phrases and whitespace words.
+    surface_features: Callable[[str], SurfaceFeatures] | None = None
+    # The behaviours its rollouts can be seen to show, read by code (``Behaviours``), for a
+    # method that tags rollouts (RISED's programmatic tagger). None: no programmatic tagging.
+    behaviours: Behaviours | None = None
+    # A policy writing new tasks of the domain (ARISE-RL's generator role): ``task_writer(
+    # observed=<the method's ToolEvent>, complete=<bool>)`` -> a ``TaskWriter``. ``complete``: a
+    # written task's rubric also gets the criteria its question implies (where the domain has a
+    # library to complete from). None: the domain cannot be written for.
+    task_writer: Callable[..., TaskWriter] | None = None
 
 
 def tool_error(message: str, **details: Any) -> ToolCallError:

@@ -3,9 +3,10 @@
 Modules: ``arise_rl`` (the controller, ``AriseRLConfig`` — the ``config.arise_rl`` section — and
 the step pipeline), ``arise_rl_rewards`` (R_G, the solver reward, the baselines' proposer
 rewards), ``rgsed`` / ``rgsed_coach`` (RG-SED's gate, schedules and programmatic coach),
-``arise_rl_domain`` (the generator-domain interface), ``generator_domain`` /
-``generator_corpus`` (the generator role on the embedded constraint domain, its warm-start
-demonstrations) and ``sql_generator`` (the generator role over the SQL environment).
+``arise_rl_domain`` (the generator-domain interface over a domain's task writer,
+``Domain.task_writer``: the embedded constraint domain's ``envs/constraint_writer.py`` with its
+warm-start demonstrations ``envs/constraint_writer_corpus.py``, the SQL environment's
+``envs/sql_writer.py``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def arise_rl_controllers(config: Any, domain: Any) -> list[Any]:
             f"episodes; config.rollout.mode must be 'agent', got {mode!r}"
         )
     generator_domain = build_generator_domain(
-        cfg.generator_domain, domain.train, rubric_completion=cfg.rubric_completion
+        cfg.generator_domain, domain, rubric_completion=cfg.rubric_completion
     )
     external = bool(config.get("teacher") is not None and config.teacher.model)
     if (cfg.teacher != "self") != external:

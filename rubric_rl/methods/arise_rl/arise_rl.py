@@ -8,7 +8,7 @@ The run is a sequence of co-evolution cycles (seed App. D.5). Cycle ``i`` holds
       offset < generator_steps → a generator step, else a solver step
       the first solver step of a cycle refreshes the pool first (RL paused: nothing trained)
 
-A **generator step** rolls out generator-role episodes (``envs/generator_domain.py``: role prompt
+A **generator step** rolls out generator-role episodes (``envs/constraint_writer.py``: role prompt
 with the 10 most recent generated questions as in-context negatives, a ``lookup`` tool through
 the agent loop, a final ``<question> … <rubric> …`` answer). Each episode is parsed into a
 checkable task (R_fmt, its reason counted when 0) and checked for a tool observation (R_tool);
@@ -58,8 +58,8 @@ seed's Fig. 4, whose generator makes the frozen base policy's pass rate fall cyc
 
 **The generator domain** (``arise_rl.generator_domain``, ``arise_rl_domain.py``): the role
 prompt, tool env, parse, signature, pool records and coach hints the controller calls through
-one interface — ``"constraint"`` (the default: ``envs/generator_domain.py``, single-turn solver
-samples) or ``"sql"`` (``envs/sql_generator.py``: the generator explores a training database
+one interface — ``"constraint"`` (the default: ``envs/constraint_writer.py``, single-turn solver
+samples) or ``"sql"`` (``envs/sql_writer.py``: the generator explores a training database
 with the SQL env's read-only tools; the K attempts, memory rollouts and base probe are agent
 episodes in the SQL env, ``Services.run_agent``, frozen solver included, and a teacher's prompt
 is the agent's first messages with m in the system message before the tools block, as its memory
@@ -69,7 +69,7 @@ What is ours (the seed does not state it): ``generator_steps`` per cycle (20), t
 filter of the refresh, ``pool_fill`` and ``pool_min``, the sampling of pool tasks, the generator
 coach's rules, the base probe's single sample at the rollout temperature, the solver coach's
 threshold (rgsed_coach), the SQL generator domain as a whole (the seed's tools are web search,
-maps and OTA tools; its own "ours" are listed in ``envs/sql_generator.py``).
+maps and OTA tools; its own "ours" are listed in ``envs/sql_writer.py``).
 """
 
 from __future__ import annotations
@@ -89,10 +89,8 @@ from rubric_rl.methods.arise_rl import rgsed
 from rubric_rl.methods.arise_rl.arise_rl_domain import (
     GENERATOR_DOMAINS,
     GENERATOR_ENVS,
-    GENERATOR_HINTS,
     RUBRIC_COMPLETIONS,
     GeneratorDomain,
-    build_generator_domain,
 )
 from rubric_rl.methods.arise_rl.rgsed_coach import COACH_RULES, coach_memory
 from rubric_rl.rollout.batch import Group, Messages, Rollouts, Trajectory
@@ -351,13 +349,11 @@ class GeneratorScore:
 
 # --- the generator's coach -----------------------------------------------------------------------
 
-# GENERATOR_HINTS (the constraint domain's coach hints) live in arise_rl_domain.py.
-
 
 def generator_memory(
     scores: Sequence[GeneratorScore],
     k: int,
-    hints: Mapping[str, str] | None = None,
+    hints: Mapping[str, str],
     *,
     rule: str = "every_group",
     max_hints: int = 2,
@@ -374,7 +370,7 @@ def generator_memory(
     * ``"majority"``: the hints of the failures of most of the group (strictly more than half),
       in that order; None when no failure is that common.
 
-    ``hints``: the generator domain's (default: the constraint domain's ``GENERATOR_HINTS``).
+    ``hints``: the generator domain's (its task writer's, ``TaskWriter.hints``).
     Ours: the rules and the wording (the seed's coach is an LLM)."""
     from rubric_rl.envs.constraint_corpus import format_coach
 
@@ -389,7 +385,7 @@ def generator_memory(
         "too_easy": sum(s.c is not None and s.c == k for s in scores),
         "too_hard": sum(s.c is not None and s.c == 0 for s in scores),
     }
-    table = GENERATOR_HINTS if hints is None else hints
+    table = hints
     if rule == "majority":
         named = [table[name] for name, count in counts.items() if count > n / 2]
         return format_coach(named) if named else None
@@ -438,11 +434,14 @@ class AriseRLController(Controller):
     ):
         self.cfg = cfg
         self.fallback_tasks = tuple(fallback_tasks)
-        # the generator domain (arise_rl_domain.py): config.arise_rl.generator_domain's, over the
-        # solver domain's training tasks, unless given
-        self.generator_domain = generator_domain or build_generator_domain(
-            cfg.generator_domain, self.fallback_tasks, rubric_completion=cfg.rubric_completion
-        )
+        # the generator domain (arise_rl_domain.build_generator_domain: the solver domain's task
+        # writer, config.arise_rl.generator_domain's)
+        if generator_domain is None:
+            raise TypeError(
+                "AriseRLController: generator_domain is required (arise_rl_domain."
+                "build_generator_domain over the solver domain)"
+            )
+        self.generator_domain = generator_domain
         self.forbidden = frozenset(forbidden)
         self.tasks_per_step = int(tasks_per_step)
         self.seed = int(seed)
@@ -1234,7 +1233,6 @@ def pipeline(controller: AriseRLController) -> Any:
 
 
 __all__ = [
-    "GENERATOR_HINTS",
     "SIGNAL",
     "AriseRLConfig",
     "AriseRLController",
