@@ -73,7 +73,9 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
     from rubric_rl.envs import constraints
     from rubric_rl.envs.constraint_behaviours import constraint_behaviours
     from rubric_rl.envs.constraint_checkers import surface_features
+    from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
     from rubric_rl.envs.constraint_library import library_criteria
+    from rubric_rl.envs.constraint_style import ConstraintStyle
     from rubric_rl.envs.constraint_writer import ConstraintTaskWriter
 
     gen = constraints.ConstraintDomain(int(cfg.seed))
@@ -98,6 +100,8 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
         criteria_library=library_criteria,
         copy_corpus=constraints.copy_corpus,
         validation=tasks("validation", int(cfg.n_validation)),
+        style=ConstraintStyle(),
+        skill_texts=dict(SKILL_TEXTS),
         surface_features=surface_features,
         behaviours=constraint_behaviours(),
         task_writer=ConstraintTaskWriter,
@@ -123,6 +127,7 @@ def instruct_domain(cfg: ConfigDict) -> Domain:
     policy: no warm-start corpus (``warmstart.steps=0``); the embedded "spaced" tokenizer over
     its vocabulary serves tiny test models, a real model brings its own tokenizer."""
     from rubric_rl.envs import instruct
+    from rubric_rl.envs.instruct_guidance import InstructStyle, skill_texts
     from rubric_rl.envs.instruct_library import library_criteria
 
     gen = instruct.InstructDomain(int(cfg.seed))
@@ -138,6 +143,8 @@ def instruct_domain(cfg: ConfigDict) -> Domain:
         guidance=instruct.skill_guidance,
         criteria_library=library_criteria,
         validation=tuple(gen.tasks("validation", int(cfg.n_validation))),
+        style=InstructStyle(),
+        skill_texts=skill_texts(),
     )
 
 

@@ -119,13 +119,29 @@ _FLUFF = ("praise", "claim", "pad")
 
 
 class ScriptedPolicy:
-    """A stand-in policy for the embedded constraint domain (module docstring)."""
+    """A stand-in policy for the embedded constraint domain (module docstring).
 
-    def __init__(self, script: Mapping[str, CriterionScript] | None = None, *, seed: int = 0):
+    Seed-shared sampling: rollouts with the same key (step, sample j, task, probe stream or
+    ``seed_indices``) draw the same uniform per requirement, whatever the prompt, so a guided
+    and an unguided rollout on one seed differ only where the guidance moved a requirement's
+    probability across that draw. ``coupling`` < 1 (a real policy's tokens diverge once the
+    prompt differs) keeps the shared draw per requirement with that probability and otherwise
+    draws from a stream keyed by the prompt text as well; 1 (default) shares every draw."""
+
+    def __init__(
+        self,
+        script: Mapping[str, CriterionScript] | None = None,
+        *,
+        seed: int = 0,
+        coupling: float = 1.0,
+    ):
         from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
 
+        if not 0.0 <= coupling <= 1.0:
+            raise ValueError(f"ScriptedPolicy.coupling must be in [0, 1], got {coupling}")
         self.script = dict(DEFAULT_SCRIPT if script is None else script)
         self.seed = int(seed)
+        self.coupling = float(coupling)
         self.skill_texts = dict(SKILL_TEXTS)
         # (task id, step, j) -> the requirement kinds the script let that rollout meet: the
         # script's truth, for checks that score a controller against it (never read by one).
@@ -146,6 +162,11 @@ class ScriptedPolicy:
             return True
         return bool(criterion_text) and criterion_text in prompt_text
 
+    def guidance_gain(self, task: Any, requirement: Any, script: CriterionScript) -> float:
+        """How much guidance for ``requirement`` raises its pass rate (the script's
+        ``skill_gain``; a check may script it per task)."""
+        return script.skill_gain
+
     def respond(
         self, task: Any, messages: Sequence[Mapping[str, str]], step: int, j: int, salt: int = 0
     ) -> str:
@@ -156,10 +177,17 @@ class ScriptedPolicy:
         key = [self.seed, step, j, _stable_hash(task.id)] + ([int(salt)] if salt else [])
         rng = np.random.default_rng(key)
         text = " ".join(m["content"] for m in messages)
+        own = np.random.default_rng(key + [_stable_hash(text)]) if self.coupling < 1 else None
         keep = set()
         for c in task_requirements(task):  # stated constraints and implicit requirements
-            p = self.script_for(c.kind, c.rare).p(step, self.guided(text, c.capability, c.text))
-            if rng.random() < p:
+            script = self.script_for(c.kind, c.rare)
+            p = script.p(step, False)
+            if self.guided(text, c.capability, c.text):
+                p = min(1.0, p + self.guidance_gain(task, c, script))
+            u = rng.random()
+            if own is not None and rng.random() >= self.coupling:
+                u = own.random()
+            if u < p:
                 keep.add(c.kind)
         if not salt:
             self.kept[(task.id, int(step), int(j))] = frozenset(keep)
@@ -206,22 +234,27 @@ def scripted_services_generate(policy: ScriptedPolicy, services: Services, tasks
     """``Services.generate`` answered by the policy: probe rollouts a controller samples itself
     (HarnessRL's critic and cold start) go through the same script, at the current step's
     probabilities, each from its own random stream (per stream, and per repeat of a task within
-    one call: the engine seeds every prompt of a call apart). ``names`` must be task ids."""
+    one call: the engine seeds every prompt of a call apart). ``seed_indices``, as the engine's:
+    prompts with the same index share their samples' seeds (``ScriptedPolicy``'s seed-shared
+    sampling). ``names`` must be task ids."""
     by_id = {t.id: t for t in tasks}
 
-    def generate(prompts, n, *, stream="probe", params=None, names=None):
+    def generate(prompts, n, *, stream="probe", params=None, names=None, seed_indices=None):
         if names is None:
             raise ValueError("scripted generate: the caller must pass names= (task ids)")
+        if seed_indices is not None and len(seed_indices) != len(prompts):
+            raise ValueError(f"seed_indices: one per prompt ({len(prompts)})")
         ids, out = [], []
         salt = _stable_hash(stream) % 1000 + 1
         repeats: collections.Counter = collections.Counter()
-        for m, name in zip(prompts, names, strict=True):
+        for i, (m, name) in enumerate(zip(prompts, names, strict=True)):
             task = by_id[name]
             k, repeats[name] = repeats[name], repeats[name] + 1
+            s = salt + 7919 * k
+            if seed_indices is not None:
+                s = 1 + int(seed_indices[i]) % (1 << 40)
             ids.append(services.encode_prompt(m, f"task {name} at step {services.step}"))
-            texts = [
-                policy.respond(task, m, services.step, j, salt=salt + 7919 * k) for j in range(n)
-            ]
+            texts = [policy.respond(task, m, services.step, j, salt=s) for j in range(n)]
             out.append([Trajectory((), (), "stop", services.step - 1, x) for x in texts])
         return ids, out
 

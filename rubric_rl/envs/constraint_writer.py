@@ -621,11 +621,6 @@ class ConstraintTaskWriter:
     def forbidden_signatures(self, tasks: Iterable[Task]) -> frozenset[str]:
         return forbidden_signatures(tasks)
 
-    def render_memory(self, memory: str) -> str:
-        from rubric_rl.envs.constraint_corpus import render_guidance
-
-        return render_guidance("coach", memory)
-
     def task_record(self, task: Task) -> dict[str, Any]:
         """A generated task by its answer text (re-parsed on load), a domain task by id."""
         if (task.raw or {}).get("split") == GENERATED_SPLIT:

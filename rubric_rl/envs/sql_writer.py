@@ -540,11 +540,6 @@ class SqlTaskWriter:
     def forbidden_signatures(self, tasks: Iterable[Task]) -> frozenset[str]:
         return forbidden_signatures(tasks)
 
-    def render_memory(self, memory: str) -> str:
-        """The ``<coach>`` block as written (ours: the constraint domain's canonical spacing
-        would split SQL words)."""
-        return f"<coach> {memory.strip()} </coach>"
-
     def task_record(self, task: Task) -> dict[str, Any]:
         raw = task.raw or {}
         if raw.get("split") == GENERATED_SPLIT:

@@ -421,7 +421,7 @@ def test_generator_sd_waits_for_a_positive_mean_delta_r(run):
         other = AriseRLController(
             dataclasses.replace(ctl.cfg, generator_sd=mode, warmup_steps=0),
             fallback_tasks=ctl.fallback_tasks, tasks_per_step=2,
-            generator_domain=ctl.generator_domain,
+            generator_domain=ctl.generator_domain, style=ctl.style,
         )  # fmt: skip
         other._memory = {0: "m", 1: "m"}
         other._dr = np.array(dr)
@@ -447,7 +447,7 @@ def test_baseline_proposer_rewards_on_the_scripted_episodes(run):
         other = AriseRLController(
             dataclasses.replace(ctl.cfg, proposer_reward=name, solver_policy="current"),
             fallback_tasks=ctl.fallback_tasks, tasks_per_step=2,
-            generator_domain=ctl.generator_domain,
+            generator_domain=ctl.generator_domain, style=ctl.style,
         )  # fmt: skip
         other.bind(services, None)
         scores = other.score_generator(responses)
@@ -486,7 +486,7 @@ def test_hrpo_shapes_generator_groups_only(run):
         other = AriseRLController(
             dataclasses.replace(ctl.cfg, advantage_grouping=mode),
             fallback_tasks=ctl.fallback_tasks, tasks_per_step=2,
-            generator_domain=ctl.generator_domain,
+            generator_domain=ctl.generator_domain, style=ctl.style,
         )  # fmt: skip
         got = other.shape_advantages(rollouts, given)
         r = rollouts.signal(SIGNAL)
@@ -496,7 +496,10 @@ def test_hrpo_shapes_generator_groups_only(run):
         np.testing.assert_allclose(got[1], 7.0 if mode == "hrpo" else want[1])
     assert (
         AriseRLController(
-            ctl.cfg, fallback_tasks=ctl.fallback_tasks, generator_domain=ctl.generator_domain
+            ctl.cfg,
+            fallback_tasks=ctl.fallback_tasks,
+            generator_domain=ctl.generator_domain,
+            style=ctl.style,
         ).shape_advantages(rollouts, given)
         is None
     )
@@ -511,6 +514,7 @@ def test_state_round_trip(run):
         generator_domain=ctl.generator_domain,
         forbidden=ctl.forbidden,
         tasks_per_step=2,
+        style=ctl.style,
     )
     fresh.load_state_dict(ctl.state_dict())
     assert [t.id for t in fresh.pool] == [t.id for t in ctl.pool]
@@ -532,6 +536,7 @@ def test_held_policies_must_survive_a_resume(run, tmp_path):
         fallback_tasks=ctl.fallback_tasks,
         generator_domain=ctl.generator_domain,
         tasks_per_step=2,
+        style=ctl.style,
     )
     fresh.bind(other, None)
     other.begin_step(3)
@@ -558,7 +563,7 @@ def test_external_teacher_modes(run):
                 t.teacher_prompt = None
         other = AriseRLController(
             dataclasses.replace(ctl.cfg, teacher=mode), fallback_tasks=ctl.fallback_tasks,
-            tasks_per_step=2, generator_domain=ctl.generator_domain,
+            tasks_per_step=2, generator_domain=ctl.generator_domain, style=ctl.style,
         )  # fmt: skip
         other.bind(services, None)
         before = len(services.engine.requests)

@@ -18,10 +18,7 @@ from rubric_rl.envs.sql_data import SYSTEM_PROMPT, database_rows
 from rubric_rl.envs.sql_writer import COACH_HINTS, SqlTaskWriter, format_generated
 from rubric_rl.envs.tool_calls import render_tool_call
 from rubric_rl.methods.arise_rl.arise_rl import SIGNAL, AriseRLConfig, AriseRLController
-from rubric_rl.methods.arise_rl.arise_rl_domain import (
-    GENERATOR_ENVS,
-    build_generator_domain,
-)
+from rubric_rl.methods.arise_rl.arise_rl_domain import build_generator_domain
 from rubric_rl.services import _STREAM_STRIDE, stream_base
 from rubric_rl.trainer_batch import rollouts_to_batch
 from tests.controllers.test_arise_rl import ScriptEngine, scripted_steps
@@ -229,21 +226,19 @@ def test_solver_step_on_sql(run):
 
 
 def test_generator_domain_flag_and_errors():
-    assert GENERATOR_ENVS == {
-        "constraint": constraint_writer.GENERATOR_ENV, "sql": sql_writer.SQL_GENERATOR_ENV
-    }  # fmt: skip
     constraints = builders.build_domain(arise_rl_config.get_config("smoke"))
     role = build_generator_domain("constraint", constraints)
     assert isinstance(role.writer, ConstraintTaskWriter) and role.writer.complete
+    assert role.env_name == constraint_writer.GENERATOR_ENV and not role.solver_agent
     assert not build_generator_domain(
         "constraint", constraints, rubric_completion="as_written"
     ).writer.complete
-    with pytest.raises(ValueError, match="config.arise_rl.generator_domain must be one of"):
-        AriseRLConfig(generator_domain="web")
-    with pytest.raises(ValueError, match="config.arise_rl.generator_domain must be one of"):
+    with pytest.raises(ValueError, match="config.arise_rl.generator_domain must name"):
+        AriseRLConfig(generator_domain="")
+    with pytest.raises(ValueError, match="writes tasks of another domain.*writer is 'constraint'"):
         build_generator_domain("web", constraints)
-    with pytest.raises(ValueError, match="task writer is 'constraint'"):
-        build_generator_domain("sql", constraints)
+    with pytest.raises(ValueError, match="rubric_completion must be one of"):
+        build_generator_domain("constraint", constraints, rubric_completion="some")
     with pytest.raises(ValueError, match="has no task writer"):
         build_generator_domain("constraint", dataclasses.replace(constraints, task_writer=None))
     with pytest.raises(ValueError, match="needs the SQL domain's training tasks"):
@@ -251,7 +246,7 @@ def test_generator_domain_flag_and_errors():
     c = arise_rl_config.get_config("smoke")
     c.unlock()
     c.arise_rl.generator_domain = "sql"  # without the sql domain
-    with pytest.raises(ValueError, match="generator_domain='sql' writes tasks of the 'sql'"):
+    with pytest.raises(ValueError, match="generator_domain='sql' writes tasks of another domain"):
         builders.build_controllers(c, builders.build_domain(c))
     c = arise_rl_config.get_config("sql,smoke")
     c.unlock()

@@ -25,10 +25,6 @@ from rubric_rl.envs.base import TaskWriter
 from rubric_rl.methods.arise_rl.arise_rl_rewards import GeneratorOutcome, tool_observed
 from rubric_rl.rubrics.types import Task
 
-# ``Task.env_name`` of each writer's generator-role tasks (kept equal to the writers' constants;
-# tested), so ``assign_roles`` needs no import of the domains.
-GENERATOR_ENVS: dict[str, str] = {"constraint": "generator", "sql": "sql_generator"}
-GENERATOR_DOMAINS: tuple[str, ...] = tuple(GENERATOR_ENVS)
 # What a parsed task's rubric holds (the constraint writer's ``parse_generated``): "library" —
 # the listed criteria and every other library criterion the question implies (the task
 # verifier's full requirement set), "as_written" — the listed ones only.
@@ -73,8 +69,6 @@ class GeneratorDomain(Protocol):
     def forbidden_signatures(self, tasks: Iterable[Task]) -> frozenset[str]: ...
 
     def task_record(self, task: Task) -> dict[str, Any]: ...
-
-    def render_memory(self, memory: str) -> str: ...  # the <coach> block placed in a prompt
 
     def task_from_record(
         self, rec: Mapping[str, Any], forbidden: frozenset[str]
@@ -121,9 +115,6 @@ class GeneratorRole:
     def task_record(self, task: Task) -> dict[str, Any]:
         return self.writer.task_record(task)
 
-    def render_memory(self, memory: str) -> str:
-        return self.writer.render_memory(memory)
-
     def task_from_record(self, rec: Mapping[str, Any], forbidden: frozenset[str]) -> Task | None:
         return self.writer.task_from_record(rec, forbidden)
 
@@ -132,12 +123,10 @@ def build_generator_domain(
     name: str, domain: Any, *, rubric_completion: str = "library"
 ) -> GeneratorDomain:
     """The generator domain ``name`` (``config.arise_rl.generator_domain``): ``domain``'s task
-    writer (``Domain.task_writer``), given R_tool's event; ``rubric_completion`` as
-    ``RUBRIC_COMPLETIONS`` says (a writer without a library to complete from ignores it)."""
-    if name not in GENERATOR_DOMAINS:
-        raise ValueError(
-            f"config.arise_rl.generator_domain must be one of {GENERATOR_DOMAINS}, got {name!r}"
-        )
+    writer (``Domain.task_writer``), given R_tool's event, which must be the writer ``name``
+    names (the embedded domain's "constraint", the SQL env's "sql", a new domain's own);
+    ``rubric_completion`` as ``RUBRIC_COMPLETIONS`` says (a writer without a library to complete
+    from ignores it)."""
     if rubric_completion not in RUBRIC_COMPLETIONS:
         raise ValueError(
             f"config.arise_rl.rubric_completion must be one of {RUBRIC_COMPLETIONS}, got "
@@ -152,15 +141,13 @@ def build_generator_domain(
     writer = make(observed=tool_observed, complete=rubric_completion == "library")
     if writer.name != name:
         raise ValueError(
-            f"config.arise_rl.generator_domain={name!r}, but the {domain.name!r} domain's task "
-            f"writer is {writer.name!r}"
+            f"config.arise_rl.generator_domain={name!r} writes tasks of another domain: the "
+            f"{domain.name!r} domain's task writer is {writer.name!r}"
         )
     return GeneratorRole(writer)
 
 
 __all__ = [
-    "GENERATOR_DOMAINS",
-    "GENERATOR_ENVS",
     "RUBRIC_COMPLETIONS",
     "GeneratorDomain",
     "GeneratorRole",
