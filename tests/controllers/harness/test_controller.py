@@ -173,6 +173,7 @@ def test_no_memory_and_no_critic_run_through_the_check(tmp_path):
     assert f["harness/updates/rollout/accepted"] == f["harness/updates/rollout/proposed"]
 
 
+@pytest.mark.slow
 def test_trainer_resume_of_a_harness_run_equals_the_uninterrupted_run(tmp_path):
     """Through the real trainer (policy, engine, orbax checkpoint): a harness run resumed from
     its step-2 checkpoint replays step 3's harness metrics and memory exactly."""
