@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -70,7 +71,12 @@ TOOL_DOMAINS = tool_domain.TOOL_DOMAINS
 @DOMAINS.register("constraints")
 def constraints_domain(cfg: ConfigDict) -> Domain:
     from rubric_rl.envs import constraints
+    from rubric_rl.envs.constraint_behaviours import constraint_behaviours
+    from rubric_rl.envs.constraint_checkers import surface_features
+    from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
     from rubric_rl.envs.constraint_library import library_criteria
+    from rubric_rl.envs.constraint_style import ConstraintStyle
+    from rubric_rl.envs.constraint_writer import ConstraintTaskWriter
 
     gen = constraints.ConstraintDomain(int(cfg.seed))
     hard = int(cfg.get("hard_min_constraints", 0))
@@ -94,10 +100,15 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
         criteria_library=library_criteria,
         copy_corpus=constraints.copy_corpus,
         validation=tasks("validation", int(cfg.n_validation)),
+        style=ConstraintStyle(),
+        skill_texts=dict(SKILL_TEXTS),
+        surface_features=surface_features,
+        behaviours=constraint_behaviours(),
+        task_writer=ConstraintTaskWriter,
     )
     demos = float(cfg.get("generator_demos", 0.0))
     if demos > 0:
-        from rubric_rl.methods.arise_rl.generator_corpus import with_generator_demonstrations
+        from rubric_rl.envs.constraint_writer_corpus import with_generator_demonstrations
 
         domain = with_generator_demonstrations(
             domain, fraction=demos, n_negatives=int(cfg.get("generator_negatives", 10))
@@ -116,6 +127,7 @@ def instruct_domain(cfg: ConfigDict) -> Domain:
     policy: no warm-start corpus (``warmstart.steps=0``); the embedded "spaced" tokenizer over
     its vocabulary serves tiny test models, a real model brings its own tokenizer."""
     from rubric_rl.envs import instruct
+    from rubric_rl.envs.instruct_guidance import InstructStyle, skill_texts
     from rubric_rl.envs.instruct_library import library_criteria
 
     gen = instruct.InstructDomain(int(cfg.seed))
@@ -131,6 +143,8 @@ def instruct_domain(cfg: ConfigDict) -> Domain:
         guidance=instruct.skill_guidance,
         criteria_library=library_criteria,
         validation=tuple(gen.tasks("validation", int(cfg.n_validation))),
+        style=InstructStyle(),
+        skill_texts=skill_texts(),
     )
 
 
@@ -296,6 +310,7 @@ def _tool_domain(name: str, cfg: ConfigDict) -> Domain:
     warm-start corpus). The OOD split is the env's held-out task type (``OOD_TASK_TYPES``: SQL's
     ``group``, inventory's ``budget_max``), never seen in training. No hidden oracle: the envs
     have no quality beyond what the verifier and the rubric check."""
+    from rubric_rl.envs.tool_behaviours import tool_behaviours
     from rubric_rl.envs.tool_envs import ENVS
 
     env_cls = ENVS.get(name)
@@ -303,12 +318,13 @@ def _tool_domain(name: str, cfg: ConfigDict) -> Domain:
     vocabulary = tool_domain.vocabulary(name)
     if name == "sql" and bool(cfg.get("generator_units", False)):
         # ARISE-RL's SQL generator (configs/arise_rl.py:sql): its role prompt's units appended.
-        from rubric_rl.methods.arise_rl.sql_generator import generator_units
+        from rubric_rl.envs.sql_writer import generator_units
 
         vocabulary = (*vocabulary, *sorted(set(generator_units()) - set(vocabulary)))
+    train = tuple(env_cls.task_bank("train", int(cfg.n_train), seed))
     return Domain(
         name=name,
-        train=tuple(env_cls.task_bank("train", int(cfg.n_train), seed)),
+        train=train,
         heldout=tuple(env_cls.task_bank("heldout", int(cfg.n_heldout), seed)),
         ood=tuple(env_cls.task_bank("ood", int(cfg.n_ood), seed)),
         verify=tool_domain.VERIFIERS[name],
@@ -316,7 +332,20 @@ def _tool_domain(name: str, cfg: ConfigDict) -> Domain:
         vocabulary=vocabulary,
         make_env=lambda task: env_cls(),
         embedded_tokenizer="spaced",
+        behaviours=tool_behaviours((name,)),
+        task_writer=_task_writer(name, train),
     )
+
+
+def _task_writer(name: str, train: tuple[Task, ...]) -> Callable[..., Any] | None:
+    """A tool domain's task writer (``Domain.task_writer``): the SQL env's, over its training
+    split's databases (ours: generated tasks never touch a held-out database); None for the
+    others."""
+    if name != "sql":
+        return None
+    from rubric_rl.envs.sql_writer import SqlTaskWriter
+
+    return functools.partial(SqlTaskWriter.from_tasks, train)
 
 
 for _name in TOOL_DOMAINS:
@@ -662,6 +691,32 @@ def weight_sync_root(config: ConfigDict, workdir: str | None) -> str:
     return str(root)
 
 
+def served_checkpoint(model_path: str, model: Any) -> str:
+    """The checkpoint a started SGLang server loads first: ``rollout.sglang.model_path``, or ""
+    (the trainer's own export) when updates would not map onto it. Ours, for Qwen3.5: the
+    trainer exports the text-only ``Qwen3_5ForCausalLM`` (``qwen3_5_text``), whose tensor names
+    are not a multimodal ``qwen3_5`` checkpoint's (its text tower sits under
+    ``model.language_model``), so a server started from the published multimodal checkpoint
+    would get updates whose names its model does not have; started from the export, every
+    update has the names it loaded with."""
+    if not model_path or not isinstance(model, Qwen3_5ForCausalLM):
+        return model_path
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            model_type = json.load(f).get("model_type")
+    except (OSError, ValueError):
+        return model_path  # not a HF directory: the server's start names the problem
+    if model_type == "qwen3_5_text":
+        return model_path
+    logging.info(
+        "rollout.sglang.model_path %s is a %r checkpoint: the server starts from the trainer's "
+        "text-only Qwen3_5ForCausalLM export instead (the names of every weight update)",
+        model_path,
+        model_type,
+    )
+    return ""
+
+
 def build_engine(
     config: ConfigDict,
     model: Qwen3ForCausalLM,
@@ -679,46 +734,53 @@ def build_engine(
             eos_token_ids=eos,
             pad_id=int(tokenizer.pad_id or 0),
             scan_decode=bool(r.get("scan_decode", True)),
+            group_prefill=bool(r.get("group_prefill", True)),
         )
         return JaxEngine(model, ecfg, mesh=mesh)
+    import jax
+
+    from rubric_rl.rollout import placement
     from rubric_rl.rollout.sglang_client import SGLangEngine
 
     s = r.sglang
-    if s.url:
-        target: Any = s.url
-    else:
-        from rubric_rl.rollout.sglang_server import SGLangServer, SGLangServerConfig
+    urls = placement.split_list(s.url, "rollout.sglang.url")
+    model_path = served_checkpoint(s.model_path, model) if not urls else s.model_path
+    if not urls and not model_path:
+        # No checkpoint to serve (a preset or shape built here, e.g. the embedded default):
+        # the server starts from the model as built, exported like every later version (by
+        # every process: the gathers are collective).
+        from rubric_rl.rollout.weight_sync import export_checkpoint
 
-        model_path = s.model_path
-        if not model_path:
-            # No checkpoint to serve (a preset or shape built here, e.g. the embedded default):
-            # the server starts from the model as built, exported like every later version.
-            from rubric_rl.rollout.weight_sync import export_checkpoint
+        root = weight_sync_root(config, workdir)
+        dtype = str(s.get("export_dtype", ""))
+        model_path = str(export_checkpoint(model, os.path.join(root, "init"), dtype))
+    if jax.process_index() > 0:
+        # Several processes: process 0 alone samples and updates the servers; the others get its
+        # results (rollout/multihost.py), so every process trains on the same rollouts.
+        from rubric_rl.rollout.multihost import BroadcastEngine
 
-            model_path = str(
-                export_checkpoint(model, os.path.join(weight_sync_root(config, workdir), "init"))
-            )
+        return BroadcastEngine(None)
+    targets: list[Any] = list(urls)
+    if not urls:
+        from rubric_rl.rollout.sglang_server import SGLangServer
+
         log = os.path.join(workdir, "sglang_server.log") if workdir else None
-        target = SGLangServer(
-            SGLangServerConfig(
-                model_path=model_path,
-                host=s.host,
-                port=int(s.port),
-                device=str(s.get("device", "cuda")),
-                dtype=str(s.get("dtype", "auto")),
-                mem_fraction_static=float(s.mem_fraction),
-                max_total_tokens=int(s.get("max_total_tokens", 0)) or None,
-                sleep_on_idle=bool(s.get("sleep_on_idle", True)),
-                log_path=log,
-            )
-        ).start()
-    return SGLangEngine(
-        [target],
+        targets = [SGLangServer(placement.server_config(config, model_path, log_path=log)).start()]
+    engine = SGLangEngine(
+        targets,
         request_timeout_s=float(s.timeout_s),
         eos_token_ids=eos,
-        owns_servers=not s.url,
+        owns_servers=not urls,
+        weight_update_urls=placement.split_list(
+            s.get("weight_update_urls", ""), "rollout.sglang.weight_update_urls"
+        ),
         vocab_size=getattr(getattr(model, "config", None), "vocab_size", None),
     )
+    if jax.process_count() > 1:
+        from rubric_rl.rollout.multihost import BroadcastEngine
+
+        return BroadcastEngine(engine)
+    return engine
 
 
 def build_judge(config: ConfigDict, workdir: str):

@@ -247,7 +247,10 @@ class Trainer:
         if config.rollout.engine == "sglang":
             from rubric_rl.rollout.weight_sync import WeightSync
 
-            self.weight_sync = WeightSync(builders.weight_sync_root(config, self.workdir))
+            self.weight_sync = WeightSync(
+                builders.weight_sync_root(config, self.workdir),
+                dtype=str(config.rollout.sglang.get("export_dtype", "")),
+            )
         # bypass mode feeds π_old = π_rollout to the rejection bands unless the step-start
         # log-probs are computed: a preset that rejects gets them every step.
         self._rejects = losses.rejects(str(config.loss.rollout_correction))

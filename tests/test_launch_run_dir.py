@@ -60,6 +60,7 @@ def run(tmp_path_factory):
     return {"w": w, "env": env, "first": first, "second": second, "second_s": second_s, "out": out}
 
 
+@pytest.mark.slow
 def test_a_second_run_into_a_running_workdir_is_refused_at_once(run):
     w, second = run["w"], run["second"]
     assert second.returncode == 1
@@ -72,6 +73,7 @@ def test_a_second_run_into_a_running_workdir_is_refused_at_once(run):
     assert sorted(os.listdir(w / "checkpoints")) == ["2", "3"]
 
 
+@pytest.mark.slow
 def test_the_run_ends_with_its_summary(run):
     # The launch's last lines are rubric_rl.run_summary's text for its run directory: the
     # first and last held-out evaluation, primary metrics first.
@@ -82,6 +84,7 @@ def test_the_run_ends_with_its_summary(run):
     assert "task pass rate (primary)" in text and "seed-rubric score (secondary)" in text
 
 
+@pytest.mark.slow
 def test_refused_relaunches_leave_the_config_record_untouched(run):
     w, env = run["w"], run["env"]
     before = (w / "config.json").read_bytes()
@@ -128,6 +131,7 @@ def test_cli_messages_help_typo_and_a_file_as_workdir(tmp_path):
     assert f"--workdir {tmp_path / 'afile'} is a file, not a directory" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_truncated_latest_checkpoint_falls_back_to_the_previous_step(run, tmp_path):
     w = tmp_path / "w"
     shutil.copytree(run["w"], w)  # with the finished run's lock file: a stale lock
@@ -151,6 +155,7 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_previous_step(run, tmp_
     assert change["changes"] == {"optim.lr": {"old": lr, "new": 0.002}}
 
 
+@pytest.mark.slow
 def test_no_intact_checkpoint_is_an_error_naming_each_file(run, tmp_path):
     w = tmp_path / "w"
     shutil.copytree(run["w"], w)

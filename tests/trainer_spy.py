@@ -14,3 +14,17 @@ def record_train_batches(trainer) -> list:
     spy.compute_logps = real.compute_logps
     trainer.train_step = spy
     return seen
+
+
+def serve_scripted(trainer, engine) -> None:
+    """The trainer samples from ``engine`` (a ``rollout.scripted.ScriptedEngine``) instead of its
+    model: no generation program is compiled; updates, evaluation, checkpoints and logs are the
+    real ones (the engine is told each new weight version). The real engine is closed first, so
+    a component still holding it fails loudly."""
+    real = trainer.engine
+    real.close()
+    trainer.engine = trainer.services.engine = engine
+    for c in trainer.controllers.controllers:  # their views of the services (for_caller)
+        view = getattr(c, "services", None)
+        if view is not None and getattr(view, "engine", None) is real:
+            view.engine = engine

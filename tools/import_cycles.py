@@ -191,31 +191,7 @@ CONTRACT_MODULES = frozenset({"rubric_rl.envs.base"})
 PENDING_CROSSINGS: frozenset[tuple[str, str]] = frozenset(
     (f"rubric_rl.{a}", f"rubric_rl.envs.{b}")
     for a, bs in {
-        "controllers.sampling": ("constraint_spec", "constraints"),
-        "methods.arise.arise": ("constraint_corpus", "constraint_spec", "constraints"),
-        "methods.arise.reflection": ("constraint_lexicon",),
-        "methods.arise_rl.arise_rl": ("constraint_corpus",),
-        "methods.arise_rl.arise_rl_domain": ("constraint_corpus",),
-        "methods.arise_rl.generator_corpus": ("constraint_domain",),
-        "methods.arise_rl.generator_domain": (
-            "constraint_domain", "constraint_lexicon", "constraint_library", "constraint_spec",
-            "tool_calls", "trajectory",
-        ),
-        "methods.arise_rl.rgsed_check": ("constraint_lexicon", "constraint_spec"),
-        "methods.arise_rl.rgsed_coach": ("constraint_corpus", "constraint_spec"),
-        "methods.arise_rl.sql_generator": (
-            "sql", "sql_data", "tool_calls", "tool_domain", "trajectory",
-        ),
-        "methods.harness_rl.attributor": ("constraint_checkers",),
-        "methods.harness_rl.style": ("constraint_corpus", "constraint_spec", "instruct_guidance"),
-        "methods.rised.rised": (
-            "constraint_corpus", "constraint_lexicon", "constraint_library", "constraint_spec",
-        ),
-        "methods.rised.rised_tagger": (
-            "constraint_checkers", "constraint_domain", "constraint_lexicon",
-            "constraint_library", "constraint_spec",
-        ),
-        "methods.rised.rised_tool_tagger": ("tool_domain", "tool_envs", "trajectory"),
+        "methods.arise_rl.rgsed_check": ("constraint_spec",),
     }.items()
     for b in bs
 )  # fmt: skip

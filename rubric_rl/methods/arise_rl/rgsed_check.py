@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from rubric_rl.envs.constraint_lexicon import CATEGORIES, category_members
 from rubric_rl.envs.constraint_spec import guidance_hint
 from rubric_rl.rollout.engine import sample_seed
 from rubric_rl.rollout.scripted import ScriptedEngine
@@ -43,16 +42,22 @@ _COACH_RE = re.compile(r"<coach>(.*?)</coach>", re.DOTALL)
 _NOTE_RE = re.compile(r"(?:^|;)\s*remember :\s*(.*?)\s*(?=;\s*remember :|$)", re.DOTALL)
 
 
-def check_tasks(groups: int, criteria: int) -> list[Task]:
-    """``groups`` tasks of ``criteria`` criteria, each criterion a distinct category word (so no
-    memory of one task names a criterion of another); every second task's first criterion is a
-    pitfall (weight −1: satisfied when absent)."""
-    words = sorted({w for c in sorted(CATEGORIES) for w in category_members(c)})
+def check_words(vocabulary: Sequence[str]) -> list[str]:
+    """The words a check task's criteria can be: the domain vocabulary's lower-case alphabetic
+    units (each one token of the embedded tokenizer), sorted, but the prompt's own ``list``."""
+    return sorted({u for u in vocabulary if u.isalpha() and u.islower()} - {"list"})
+
+
+def check_tasks(groups: int, criteria: int, words: Sequence[str]) -> list[Task]:
+    """``groups`` tasks of ``criteria`` criteria, each criterion a distinct word of ``words``
+    (so no memory of one task names a criterion of another); every second task's first
+    criterion is a pitfall (weight −1: satisfied when absent)."""
+    words = sorted(set(words))
     need = groups * criteria
     if need > len(words):
         raise ValueError(
             f"rgsed_check: {groups} tasks x {criteria} criteria need {need} distinct words; the "
-            f"lexicon has {len(words)}"
+            f"domain's vocabulary has {len(words)}"
         )
     tasks = []
     for g in range(groups):
@@ -190,11 +195,11 @@ def run_check(
     from rubric_rl.step import StepContext
 
     config = check_config(base, groups, samples, steps, overrides or {})
-    tasks = check_tasks(groups, criteria)
     with (
         tempfile.TemporaryDirectory() if workdir is None else contextlib.nullcontext(workdir) as wd
     ):
         domain = builders.build_domain(config)
+        tasks = check_tasks(groups, criteria, check_words(domain.vocabulary))
         tok = builders.build_tokenizer(config, domain, wd)
         # the stand-in's tasks have no domain verifier (the judge is the only reward)
         domain = dataclasses.replace(domain, verify=None)
@@ -244,6 +249,7 @@ __all__ = [
     "ScriptedJudge",
     "check_config",
     "check_tasks",
+    "check_words",
     "mean_se",
     "memory_notes",
     "run_check",
