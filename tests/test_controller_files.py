@@ -60,6 +60,7 @@ def _resume(w, env, *extra, config="configs/harness_rl.py:smoke"):
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_harness_resume_with_its_memory_deleted_is_refused_then_rebuilt_on_request(tmp_path):
     """Real processes: a 2-step HarnessRL smoke run, its memory directory deleted, ``--resume``
     for a third step. It used to exit 0 on an empty memory (the next step's metrics diverged);
