@@ -177,7 +177,7 @@ def main(argv):
     if config is None:
         raise app.UsageError("--config is required, e.g. --config=configs/grpo.py")
     # orbax / optax INFO lines dropped unless config.logging.library_info (rubric_rl/logs.py).
-    set_library_info(bool(config.logging.get("library_info", False)))
+    set_library_info(bool(config.logging.library_info))
     maybe_initialize_distributed()
     import jax
 

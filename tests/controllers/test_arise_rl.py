@@ -8,7 +8,6 @@ import copy
 import dataclasses
 import functools
 import math
-import os
 
 import numpy as np
 import pytest
@@ -222,7 +221,7 @@ class ScriptEngine(ScriptedEngine):
         self.serving_now = None  # the snapshot served (``serving``), None: the live policy
         self.snapshots = 0
 
-    # A second parameter set stands for itself: a label saved to and loaded from disk.
+    # A second parameter set stands for itself: a label, its own "parameters" in a checkpoint.
     def snapshot(self):
         self.snapshots += 1
         return f"snapshot{self.snapshots}"
@@ -235,14 +234,11 @@ class ScriptEngine(ScriptedEngine):
         finally:
             self.serving_now = None
 
-    def save_snapshot(self, snapshot, path):
-        os.makedirs(path)
-        with open(os.path.join(path, "label"), "w") as f:
-            f.write(snapshot)
+    def snapshot_parts(self, snapshot):
+        return snapshot, 0
 
-    def load_snapshot(self, path):
-        with open(os.path.join(path, "label")) as f:
-            return f.read()
+    def snapshot_of(self, params, version):
+        return params
 
     def respond(self, r, text, j):
         if "write a task" in text:
@@ -555,8 +551,8 @@ def test_state_round_trip(run):
 
 
 def test_held_policies_must_survive_a_resume(run, tmp_path):
-    """A run resumed without its held policies (e.g. <workdir>/policies/ deleted) stops naming
-    them instead of probing the wrong parameters."""
+    """A run resumed without its held policies (a checkpoint that lacks them) stops naming them
+    instead of probing the wrong parameters; with a checkpoint's held policies it has them."""
     config, services, controllers, _ = run
     ctl = _ctl(controllers)
     other = Services(
@@ -568,13 +564,13 @@ def test_held_policies_must_survive_a_resume(run, tmp_path):
     other.begin_step(3)
     with pytest.raises(RuntimeError, match="frozen base policy"):
         fresh.sample_tasks(3, np.random.default_rng(0))
-    # On disk, a held policy comes back after a restart (a new Services over the same workdir).
-    back = Services(
-        config, services.engine, services.tokenizer, services.judge_impl, services.domain,
-        services.workdir, functools.partial(builders.prompt_buckets, config),
-    )  # fmt: skip
-    assert back.held_step("arise_rl_base") == 1
-    assert back._held_snapshot("arise_rl_base") == "snapshot1"
+    # What a checkpoint keeps of the held policies brings them back (run_state save / restore).
+    meta, params = services.sampler.held_state()
+    assert meta["arise_rl_base"] == {"step": 1, "version": 0}
+    other.sampler.load_held(meta, params)
+    assert other.held_step("arise_rl_base") == 1
+    assert other.sampler._held_snapshot("arise_rl_base") == "snapshot1"
+    fresh.sample_tasks(3, np.random.default_rng(0))  # the base policy is held: no error
 
 
 def test_external_teacher_modes(run):

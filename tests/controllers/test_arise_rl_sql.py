@@ -25,7 +25,7 @@ from rubric_rl.methods.arise_rl.sql_generator import (
     SqlGeneratorDomain,
     format_generated,
 )
-from rubric_rl.services import _STREAM_STRIDE, stream_base
+from rubric_rl.sampler import _STREAM_STRIDE, stream_base
 from rubric_rl.trainer_batch import rollouts_to_batch
 from tests.controllers.test_arise_rl import ScriptEngine, scripted_steps
 

@@ -151,7 +151,7 @@ def test_one_step_trains_single_turn_and_agent_groups_together(tmp_path):
             t.engine, t.tokenizer, t.domain.train, float(c.rollout.temperature),
             int(c.rollout.agent.max_turns),
         )  # fmt: skip
-        t.services.engine = policy
+        t.services.sampler.engine = policy
         seen = record_train_batches(t)
         m = t.train_one_step()
     finally:

@@ -43,7 +43,7 @@ def arise_rl_controllers(config: Any, domain: Any) -> list[Any]:
             f"config.arise_rl.generator_domain={cfg.generator_domain!r} writes tasks of the "
             f"{solver_domain!r} domain, but config.domain.name={domain.name!r}"
         )
-    mode = str(config.rollout.get("mode", "auto"))
+    mode = str(config.rollout.mode)
     if cfg.generator_domain == "sql" and mode not in ("agent", "auto"):
         raise ValueError(
             f"config.arise_rl.generator_domain='sql': the solver answers SQL tasks in agent "

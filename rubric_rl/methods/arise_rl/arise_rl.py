@@ -50,7 +50,7 @@ assistant turn of a multi-turn rollout (``sd_mask``).
 
 **The frozen solver** (``solver_policy="frozen"``, the default): the K attempts of a cycle's
 generator phase sample the policy as it was at the phase's first step — a second parameter set
-(``Services.hold_policy``, JAX engine), taken then, written under ``<workdir>/policies/`` for a
+(``Services.hold_policy``, JAX engine), taken then, kept in the run's checkpoints for a
 resume, released when the solver phase begins; ``"current"`` samples the live policy. **The base
 probe** (``base_probe_tasks`` > 0): the policy of step 1 (the warm start) is held for the run and,
 at each refresh, answers up to that many fresh generated tasks once (``pool/base_pass_rate``: the
@@ -486,8 +486,8 @@ class AriseRLController(Controller):
             elif self.services.held_step(BASE_POLICY) != 1:
                 raise RuntimeError(
                     f"arise_rl at step {step}: the frozen base policy (taken at step 1) is gone "
-                    f"(held_step={self.services.held_step(BASE_POLICY)}); it is kept under "
-                    "<workdir>/policies/ for a resume"
+                    f"(held_step={self.services.held_step(BASE_POLICY)}); the run's checkpoints "
+                    "keep it for a resume"
                 )
         if cfg.solver_policy != "frozen":
             return
