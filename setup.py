@@ -55,6 +55,8 @@ TEST = [
     "accelerate==1.16.0",
 ]
 TEST += GENAI + NOTEBOOK + HARNESS
+# The CUDA build of the jax the tests check. On a GPU only compile-only programs have run with it
+# (benchmarks/aot_fit.py); the one GPU session ran jax 0.11.2 with CUDA 13 (docs/gpu.md).
 GPU = ["jax[cuda12]==0.10.2"]
 
 setup(

@@ -1,7 +1,7 @@
 """The scripted-policy controller check of ARISE (rubric_rl/controller_check.py), before RL.
 
 Prints ONE JSON line: for ARISE's current defaults (``current``), its earlier defaults
-(``previous``: ``arise_config.PRE_ISSUE13``, i.e. importance weights u = 1/(N p) on the
+(``previous``: ``arise_config.EARLIER_DEFAULTS``, i.e. importance weights u = 1/(N p) on the
 capability sampler's draws, the separation ranking, no exit for a pair still failing after its
 refinements, candidates from the seed rubric only, a pool of 8 filled at 2 pairs a step), the
 current defaults with each of the candidate bank and the ranking set back alone, and
@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from configs import arise, grpo  # noqa: E402
 from rubric_rl.controller_check import ScriptedPolicy, run_check  # noqa: E402
-from rubric_rl.methods.arise.arise_config import PRE_ISSUE13, with_arise_settings  # noqa: E402
+from rubric_rl.methods.arise.arise_config import EARLIER_DEFAULTS, with_arise_settings  # noqa: E402
 
 KEYS = (
     "effective_batch_frac",
@@ -47,7 +47,7 @@ KEYS = (
     "task_pass_rate_last",
 )
 ARMS = {
-    "previous": PRE_ISSUE13,
+    "previous": EARLIER_DEFAULTS,
     "current": {},
     "current+bank=seed_rubric": {"bank": "seed_rubric"},
     "current+rank=progress": {"programmatic.rank": "progress"},

@@ -121,7 +121,12 @@ def apply_gpu(c: common.ConfigDict, path: str | bool) -> None:
         max_new_tokens=1024,
         buckets=(256, 512, 1024, 2048),
     )
-    c.rollout.sglang.update(model_path=ckpt, weight_sync_dir="/tmp/rubric_rl_weights")
+    # The server's GPUs are the launch's choice (docs/gpu.md: rollout.sglang.gpus on the node,
+    # or external servers in rollout.sglang.url); it loads bf16 exports (half float32's bytes).
+    # On several hosts weight_sync_dir must be a directory every server's host can read.
+    c.rollout.sglang.update(
+        model_path=ckpt, weight_sync_dir="/tmp/rubric_rl_weights", export_dtype="bfloat16"
+    )
     # The papers' GRPO (HarnessRL §3: ε_A = 1e-6) normalises by the group std; the embedded
     # default's "mean_only" is a choice for its tiny policy (configs/common.py says why).
     # The KL reference in bf16: the forward casts weights to bf16 for its matmuls anyway, and

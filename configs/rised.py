@@ -34,8 +34,8 @@ Variants (comma-separated, big_vision style):
 - ``tools=<env>[+<env>]`` (``sql``, ``inventory``, ``sql+inventory``): those tool environments
   join the mix (``domain.tool_envs``, envs/mixed_domain.py): their tasks are agent episodes,
   the constraint task types stay single-turn, one step batches both; the warm start gets their
-  reference episodes, the vocabulary their tool tagger's rubrics
-  (controllers/rised_tool_tagger.py), and the token limits are the largest environment's
+  reference episodes, the vocabulary their behaviours' rubrics
+  (envs/tool_behaviours.py), and the token limits are the largest environment's
   (configs/grpo.py ``_TOOL_LIMITS``; every completion, a constraint answer too, may then run to
   its ``max_new_tokens``: ours). Meant for the embedded model (``smoke,tools=sql`` is the CPU
   check) and for the per-environment pass rates of a policy that can run the tools;

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -70,6 +71,8 @@ TOOL_DOMAINS = tool_domain.TOOL_DOMAINS
 @DOMAINS.register("constraints")
 def constraints_domain(cfg: ConfigDict) -> Domain:
     from rubric_rl.envs import constraints
+    from rubric_rl.envs.constraint_behaviours import constraint_behaviours
+    from rubric_rl.envs.constraint_checkers import surface_features
     from rubric_rl.envs.constraint_library import library_criteria
 
     gen = constraints.ConstraintDomain(int(cfg.seed))
@@ -94,6 +97,8 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
         criteria_library=library_criteria,
         copy_corpus=constraints.copy_corpus,
         validation=tasks("validation", int(cfg.n_validation)),
+        surface_features=surface_features,
+        behaviours=constraint_behaviours(),
     )
     demos = float(cfg.get("generator_demos", 0.0))
     if demos > 0:
@@ -296,6 +301,7 @@ def _tool_domain(name: str, cfg: ConfigDict) -> Domain:
     warm-start corpus). The OOD split is the env's held-out task type (``OOD_TASK_TYPES``: SQL's
     ``group``, inventory's ``budget_max``), never seen in training. No hidden oracle: the envs
     have no quality beyond what the verifier and the rubric check."""
+    from rubric_rl.envs.tool_behaviours import tool_behaviours
     from rubric_rl.envs.tool_envs import ENVS
 
     env_cls = ENVS.get(name)
@@ -316,6 +322,7 @@ def _tool_domain(name: str, cfg: ConfigDict) -> Domain:
         vocabulary=vocabulary,
         make_env=lambda task: env_cls(),
         embedded_tokenizer="spaced",
+        behaviours=tool_behaviours((name,)),
     )
 
 
@@ -680,6 +687,32 @@ def weight_sync_root(config: ConfigDict, workdir: str | None) -> str:
     return str(root)
 
 
+def served_checkpoint(model_path: str, model: Any) -> str:
+    """The checkpoint a started SGLang server loads first: ``rollout.sglang.model_path``, or ""
+    (the trainer's own export) when updates would not map onto it. Ours, for Qwen3.5: the
+    trainer exports the text-only ``Qwen3_5ForCausalLM`` (``qwen3_5_text``), whose tensor names
+    are not a multimodal ``qwen3_5`` checkpoint's (its text tower sits under
+    ``model.language_model``), so a server started from the published multimodal checkpoint
+    would get updates whose names its model does not have; started from the export, every
+    update has the names it loaded with."""
+    if not model_path or not isinstance(model, Qwen3_5ForCausalLM):
+        return model_path
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            model_type = json.load(f).get("model_type")
+    except (OSError, ValueError):
+        return model_path  # not a HF directory: the server's start names the problem
+    if model_type == "qwen3_5_text":
+        return model_path
+    logging.info(
+        "rollout.sglang.model_path %s is a %r checkpoint: the server starts from the trainer's "
+        "text-only Qwen3_5ForCausalLM export instead (the names of every weight update)",
+        model_path,
+        model_type,
+    )
+    return ""
+
+
 def build_engine(
     config: ConfigDict,
     model: Qwen3ForCausalLM,
@@ -697,46 +730,53 @@ def build_engine(
             eos_token_ids=eos,
             pad_id=int(tokenizer.pad_id or 0),
             scan_decode=bool(r.scan_decode),
+            group_prefill=bool(r.group_prefill),
         )
         return JaxEngine(model, ecfg, mesh=mesh)
+    import jax
+
+    from rubric_rl.rollout import placement
     from rubric_rl.rollout.sglang_client import SGLangEngine
 
     s = r.sglang
-    if s.url:
-        target: Any = s.url
-    else:
-        from rubric_rl.rollout.sglang_server import SGLangServer, SGLangServerConfig
+    urls = placement.split_list(s.url, "rollout.sglang.url")
+    model_path = served_checkpoint(s.model_path, model) if not urls else s.model_path
+    if not urls and not model_path:
+        # No checkpoint to serve (a preset or shape built here, e.g. the embedded default):
+        # the server starts from the model as built, exported like every later version (by
+        # every process: the gathers are collective).
+        from rubric_rl.rollout.weight_sync import export_checkpoint
 
-        model_path = s.model_path
-        if not model_path:
-            # No checkpoint to serve (a preset or shape built here, e.g. the embedded default):
-            # the server starts from the model as built, exported like every later version.
-            from rubric_rl.rollout.weight_sync import export_checkpoint
+        root = weight_sync_root(config, workdir)
+        dtype = str(s.get("export_dtype", ""))
+        model_path = str(export_checkpoint(model, os.path.join(root, "init"), dtype))
+    if jax.process_index() > 0:
+        # Several processes: process 0 alone samples and updates the servers; the others get its
+        # results (rollout/multihost.py), so every process trains on the same rollouts.
+        from rubric_rl.rollout.multihost import BroadcastEngine
 
-            model_path = str(
-                export_checkpoint(model, os.path.join(weight_sync_root(config, workdir), "init"))
-            )
+        return BroadcastEngine(None)
+    targets: list[Any] = list(urls)
+    if not urls:
+        from rubric_rl.rollout.sglang_server import SGLangServer
+
         log = os.path.join(workdir, "sglang_server.log") if workdir else None
-        target = SGLangServer(
-            SGLangServerConfig(
-                model_path=model_path,
-                host=s.host,
-                port=int(s.port),
-                device=str(s.get("device", "cuda")),
-                dtype=str(s.get("dtype", "auto")),
-                mem_fraction_static=float(s.mem_fraction),
-                max_total_tokens=int(s.get("max_total_tokens", 0)) or None,
-                sleep_on_idle=bool(s.get("sleep_on_idle", True)),
-                log_path=log,
-            )
-        ).start()
-    return SGLangEngine(
-        [target],
+        targets = [SGLangServer(placement.server_config(config, model_path, log_path=log)).start()]
+    engine = SGLangEngine(
+        targets,
         request_timeout_s=float(s.timeout_s),
         eos_token_ids=eos,
-        owns_servers=not s.url,
+        owns_servers=not urls,
+        weight_update_urls=placement.split_list(
+            s.get("weight_update_urls", ""), "rollout.sglang.weight_update_urls"
+        ),
         vocab_size=getattr(getattr(model, "config", None), "vocab_size", None),
     )
+    if jax.process_count() > 1:
+        from rubric_rl.rollout.multihost import BroadcastEngine
+
+        return BroadcastEngine(engine)
+    return engine
 
 
 def build_judge(config: ConfigDict, workdir: str):

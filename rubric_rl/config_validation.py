@@ -174,6 +174,8 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
     _check_async(r, num_devices)
     if not isinstance(r.get("scan_decode", True), bool):
         _fail("rollout.scan_decode", f"must be True or False, got {r.scan_decode!r}")
+    if not isinstance(r.get("group_prefill", True), bool):
+        _fail("rollout.group_prefill", f"must be True or False, got {r.group_prefill!r}")
     pb = [int(x) for x in config.model.prompt_buckets]
     if pb != sorted(set(pb)) or (pb and pb[0] < 1):
         _fail("model.prompt_buckets", f"must be strictly increasing positive ints, got {pb}")
@@ -229,6 +231,12 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
             _fail("judge.llm.model", "is empty; the LLM judge needs a model name")
     if not 0 <= float(config.judge.max_failure_rate) <= 1:
         _fail("judge.max_failure_rate", f"must be in [0, 1], got {config.judge.max_failure_rate}")
+    roles_rate = float(config.llm_roles.max_failure_rate)
+    if roles_rate != -1 and not 0 <= roles_rate <= 1:
+        _fail(
+            "llm_roles.max_failure_rate",
+            f"must be in [0, 1], or -1 for judge.max_failure_rate; got {roles_rate}",
+        )
     for f in ("every", "n"):
         if int(config.eval[f]) < 0:
             _fail(f"eval.{f}", f"must be >= 0, got {config.eval[f]}")
@@ -289,8 +297,8 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         _validate_dataset_domain(config)
     _validate_rollout_mode(config)
     _validate_model(config)
-    if r.engine == "sglang" and r.sglang.get("device", "cuda") not in ("cuda", "cpu"):
-        _fail("rollout.sglang.device", f"must be 'cuda' or 'cpu', got {r.sglang.device!r}")
+    if r.engine == "sglang":
+        _validate_sglang(r.sglang)
     for field, band in _bands(config):
         if len(band) != 2 or float(band[0]) > float(band[1]):
             _fail(field, f"an acceptance band must be (low, high) with low <= high, got {band}")
@@ -469,6 +477,24 @@ def _validate_model_options(config: ConfigDict) -> None:
     info = config.logging.library_info
     if not isinstance(info, bool):
         _fail("logging.library_info", f"must be True or False, got {info!r}")
+
+
+def _validate_sglang(s) -> None:
+    from rubric_rl.rollout import placement
+
+    if s.get("device", "cuda") not in ("cuda", "cpu"):
+        _fail("rollout.sglang.device", f"must be 'cuda' or 'cpu', got {s.device!r}")
+    if int(s.get("tp_size", 1)) < 1:
+        _fail("rollout.sglang.tp_size", f"must be >= 1, got {s.tp_size}")
+    if not 0 < float(s.mem_fraction) <= 1:
+        _fail("rollout.sglang.mem_fraction", f"must be in (0, 1], got {s.mem_fraction}")
+    if str(s.get("export_dtype", "")) not in ("", "bfloat16", "float32"):
+        allowed = "'', 'bfloat16' or 'float32'"
+        _fail("rollout.sglang.export_dtype", f"must be {allowed}, got {s.export_dtype!r}")
+    try:
+        placement.server_flags(s)  # gpus, tp_size and extra_flags parse and agree
+    except ValueError as exc:
+        raise ValueError(f"config.{exc}") from None
 
 
 def _validate_copy_demonstrations(config: ConfigDict) -> None:

@@ -130,6 +130,10 @@ def get_base_config() -> ConfigDict:
         # program stays flat in depth) or unscanned over per-layer caches (False: faster per
         # step on XLA:CPU, measured; see JaxEngineConfig.scan_decode). Same tokens.
         scan_decode=True,
+        # JAX engine: the rows of a call with identical prompt tokens (a group's rollouts)
+        # prefill their prompt once and copy its KV cache (JaxEngineConfig.group_prefill).
+        # Same tokens, log-probs to float32 rounding; False prefills every row.
+        group_prefill=True,
         # Agent episodes (rollout/agent.py): each model turn samples up to max_new_tokens; an
         # episode ends on a final answer, after max_turns model turns, or at max_total_tokens
         # (prompt, turns and tool outputs). With the embedded tokenizer the longest reference
@@ -139,7 +143,12 @@ def get_base_config() -> ConfigDict:
         # system message (the embedded chat template takes no tools= argument).
         agent=dict(max_turns=8, max_total_tokens=2048, tools_in_system=True),
         sglang=dict(
-            url="",  # "" = start a server from the settings below (stopped with the trainer)
+            # "" = start a server from the settings below (stopped with the trainer); else the
+            # servers' (or a router's) URLs, comma-separated: no server is started
+            url="",
+            # where weight updates go when `url` is a router: its workers' URLs, comma-separated
+            # ("" = the `url`s / the started server)
+            weight_update_urls="",
             # "" = the model as built here (a preset / shape, e.g. the embedded default),
             # exported to <weight_sync_dir>/init for the server to start from
             model_path="",
@@ -148,7 +157,21 @@ def get_base_config() -> ConfigDict:
             max_total_tokens=0,  # KV-cache tokens; 0 = SGLang's choice from mem_fraction
             host="127.0.0.1",
             port=30000,
-            mem_fraction=0.8,
+            # Each node's GPUs for SGLang (indices among the GPUs a process sees, e.g. "4,5,6,7"):
+            # the started server runs on them (process 0's node), or servers started beside the
+            # run (`url`); the launcher gives jax the others (rollout/placement.py). "" = none:
+            # a started server would share jax's GPUs, which the launcher refuses unless
+            # XLA_PYTHON_CLIENT_MEM_FRACTION + mem_fraction <= 0.95 (docs/gpu.md).
+            gpus="",
+            tp_size=1,  # GPUs per model replica (--tp-size); len(gpus) / tp_size replicas
+            mem_fraction=0.8,  # --mem-fraction-static: of each server GPU, weights + KV cache
+            # --enable-deterministic-inference: per-sample seeds honoured (reruns sample the
+            # same tokens), at some throughput cost; off = seeds sent but ignored
+            deterministic_inference=False,
+            extra_flags="",  # appended to the server's command line (shell-split)
+            # The exported weights' dtype: "" = the trainer's parameter dtype (float32 master
+            # weights: twice the bytes); "bfloat16" = what a bf16 server loads anyway
+            export_dtype="",
             # ours (SGLang's default is off): an idle scheduler blocks on its sockets instead of
             # spinning a core while the trainer runs (rollout/sglang_server.py)
             sleep_on_idle=True,
@@ -242,6 +265,13 @@ def get_base_config() -> ConfigDict:
             max_retry_s=300.0,
         ),
     )
+
+    # --- the LLM roles besides the judge -----------------------------------------------------
+    # RISED's LLM tagger, HarnessRL's LLM attributor and proposer, ARISE's LLM reflection: a
+    # role whose failed share of its last 20 calls (once 4 were made) is above
+    # ``max_failure_rate`` stops the run with ``LLMRoleError`` naming it. -1 = the judge's
+    # ``judge.max_failure_rate`` (ours: one limit for every LLM call unless set here).
+    c.llm_roles = dict(max_failure_rate=-1.0)
 
     # --- task domain --------------------------------------------------------------------------
     # ``name``: "constraints" (the embedded synthetic domain; n_* tasks generated per split),

@@ -55,19 +55,27 @@ _ALLOW_CHANGE = flags.DEFINE_list(
 )
 
 
-def maybe_initialize_distributed() -> bool:
+def maybe_initialize_distributed(local_device_ids: list[int] | None = None) -> bool:
     """``jax.distributed.initialize()`` when a multi-host launcher set its variables (explicit
     coordinator: ``JAX_COORDINATOR_ADDRESS`` + ``JAX_NUM_PROCESSES`` + ``JAX_PROCESS_ID``, or SLURM
-    with several tasks); a single host does nothing."""
+    with several tasks); a single host does nothing. ``local_device_ids``: the GPUs jax may use
+    in this process (``rollout.placement.local_device_ids``; None = jax's default), set before
+    any device is touched, on one host too."""
     multi = bool(os.environ.get("JAX_COORDINATOR_ADDRESS")) or (
         int(os.environ.get("SLURM_NTASKS", "1")) > 1
     )
+    if local_device_ids is not None and not multi:
+        import jax
+
+        jax.config.update("jax_cuda_visible_devices", ",".join(map(str, local_device_ids)))
     if multi:
         import jax
 
         # jax reads only the coordinator address from the environment; with an explicit
         # coordinator the process count and index must be passed too (SLURM is auto-detected).
-        kwargs = {}
+        kwargs: dict = {}
+        if local_device_ids is not None:
+            kwargs["local_device_ids"] = list(local_device_ids)
         if os.environ.get("JAX_COORDINATOR_ADDRESS"):
             for env, key in (
                 ("JAX_NUM_PROCESSES", "num_processes"),
@@ -178,7 +186,13 @@ def main(argv):
         raise app.UsageError("--config is required, e.g. --config=configs/grpo.py")
     # orbax / optax INFO lines dropped unless config.logging.library_info (rubric_rl/logs.py).
     set_library_info(bool(config.logging.library_info))
-    maybe_initialize_distributed()
+    from rubric_rl.rollout.placement import local_device_ids
+
+    try:  # the trainer's GPUs (the rest are the SGLang server's), before jax sees any device
+        devices = local_device_ids(config, dict(os.environ))
+    except ValueError as e:
+        sys.exit(f"rubric_rl.launch: config.{e}")
+    maybe_initialize_distributed(devices)
     import jax
 
     cache = compilation_cache_dir(dict(os.environ))

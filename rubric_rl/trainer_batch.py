@@ -107,6 +107,10 @@ def build_train_batch(
         **teacher,
     )
     if mesh is not None:
+        # Every process holds the same global batch (same rollouts: the in-process engine is
+        # deterministic, the SGLang engine samples on process 0 and broadcasts,
+        # rollout/multihost.py), so each places its own copy of the global array;
+        # `sharding.shard_batch` is for batches whose hosts hold different rows.
         sh = sharding.batch_sharding(mesh)
         arrays = {k: jax.device_put(v, sh) for k, v in arrays.items()}
     return TrainBatch(**arrays)

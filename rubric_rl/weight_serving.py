@@ -25,7 +25,10 @@ class WeightServer:
         if config.rollout.engine == "sglang":
             from rubric_rl.rollout.weight_sync import WeightSync
 
-            self.weight_sync = WeightSync(builders.weight_sync_root(config, workdir))
+            self.weight_sync = WeightSync(
+                builders.weight_sync_root(config, workdir),
+                dtype=str(config.rollout.sglang.export_dtype),
+            )
 
     def sync(self, state: Any, version: int) -> None:
         """The engine serves the live train state ``state`` (``params`` and ``rest``)."""

@@ -16,7 +16,7 @@ from rubric_rl.controller_check import (
     run_check,
 )
 from rubric_rl.envs.constraints import ConstraintDomain, hard_constraints
-from rubric_rl.methods.arise.arise_config import PRE_ISSUE13, with_arise_settings
+from rubric_rl.methods.arise.arise_config import EARLIER_DEFAULTS, with_arise_settings
 
 
 def test_script_probabilities():
@@ -68,7 +68,7 @@ def _arise(previous: bool):
     c.lock()
     # ARISE's earlier defaults (importance weights, separation ranking, no exit for a pair
     # that never improves, seed-rubric candidates, a pool of 8 filled 2 a step) or the defaults.
-    return with_arise_settings(c, PRE_ISSUE13 if previous else {})
+    return with_arise_settings(c, EARLIER_DEFAULTS if previous else {})
 
 
 @pytest.fixture(scope="module")

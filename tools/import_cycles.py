@@ -206,16 +206,10 @@ PENDING_CROSSINGS: frozenset[tuple[str, str]] = frozenset(
         "methods.arise_rl.sql_generator": (
             "sql", "sql_data", "tool_calls", "tool_domain", "trajectory",
         ),
-        "methods.harness_rl.attributor": ("constraint_checkers",),
         "methods.harness_rl.style": ("constraint_corpus", "constraint_spec", "instruct_guidance"),
         "methods.rised.rised": (
             "constraint_corpus", "constraint_lexicon", "constraint_library", "constraint_spec",
         ),
-        "methods.rised.rised_tagger": (
-            "constraint_checkers", "constraint_domain", "constraint_lexicon",
-            "constraint_library", "constraint_spec",
-        ),
-        "methods.rised.rised_tool_tagger": ("tool_domain", "tool_envs", "trajectory"),
     }.items()
     for b in bs
 )  # fmt: skip

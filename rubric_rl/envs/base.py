@@ -343,6 +343,46 @@ class Env(abc.ABC):
 
 
 @dataclasses.dataclass(frozen=True)
+class SurfaceFeatures:
+    """What a response shows on its surface, whatever it does for the task: a compliance or
+    praise form (``fluff``), its length in the domain's words, a refusal or hedge (``stance``).
+    Reward-hacking checks compare these between responses that meet a criterion and those
+    that miss it."""
+
+    fluff: bool
+    length: int
+    stance: bool = False
+
+
+# One warm-up rollout: (environment, task, response, the task verifier's reward).
+WarmupRollout = tuple[str, Task, str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Behaviours:
+    """The behaviours a domain's rollouts can be seen to show, read by code: what a rollout
+    tagger needs to know of a domain (RISED's programmatic tagger and vocabulary warm-up).
+
+    ``detect(task, response)``: every behaviour the response shows, as name -> count, from what
+    a judge of the domain sees (the prompt, the response, the task's rule checkers; never a
+    hidden field); ValueError for a rollout it cannot read. ``catalogue()``: every name
+    ``detect`` can give, by id, with its skill, polarity and description (a
+    ``rubrics.vocabulary.RubricEntry``); ``aliases``: other names a judge may use for them.
+    ``warmup(seed, n, weak_per_task)``: (weak, strong) rollouts over the first ``n`` training
+    tasks of the domain generated from ``seed``: ``weak_per_task`` weak-policy stand-ins per
+    task, and its reference solution. ``describe(name, task)``: a behaviour stated for one task
+    in the domain's own words (None: the task does not have it); None: the catalogue's text.
+    ``name`` identifies the record in a cached vocabulary's provenance."""
+
+    name: str
+    detect: Callable[[Task, str], dict[str, int]]
+    catalogue: Callable[[], Mapping[str, Any]]
+    aliases: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    warmup: Callable[[int, int, int], tuple[list[WarmupRollout], list[WarmupRollout]]] | None = None
+    describe: Callable[[str, Task], str | None] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Domain:
     """The Domain contract: what the loop, the evaluation and every method know of a domain.
 
@@ -350,7 +390,9 @@ class Domain:
     a task passes when every stated constraint holds), the hidden oracle (``oracle``: quality in
     [0, 1], analysis only, never shown to controllers), the criteria library
     (``criteria_library``: the rule-checked criteria a rubric-writing method may propose for a
-    task), the warm-start corpora and the tool environment of an episodic task. Each domain
+    task), the warm-start corpora, the tool environment of an episodic task, and what a method
+    may read of a response without a judge: its surface features (``surface_features``) and the
+    behaviours it shows (``behaviours``, a ``Behaviours`` record). Each domain
     (``builders.DOMAINS``) builds one; method code takes it as an argument and imports no
     domain module (``tools/import_cycles.py`` LAYER_RULES)."""
 
@@ -387,6 +429,13 @@ class Domain:
     # Which tasks are rolled out as agent episodes in agent mode (None: every task). The embedded
     # domain with tool environments mixed in (``domain.tool_envs``): their tasks only.
     episodic: Callable[[Task], bool] | None = None
+    # A response's surface features in the domain's own terms (the embedded domain: its praise
+    # openers and compliance closers, its word units). None: a method reads common English
+    # praise / compliance / refusal phrases and whitespace words.
+    surface_features: Callable[[str], SurfaceFeatures] | None = None
+    # The behaviours its rollouts can be seen to show, read by code (``Behaviours``), for a
+    # method that tags rollouts (RISED's programmatic tagger). None: no programmatic tagging.
+    behaviours: Behaviours | None = None
 
 
 def tool_error(message: str, **details: Any) -> ToolCallError:

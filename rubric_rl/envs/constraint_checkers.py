@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rubric_rl.envs.base import SurfaceFeatures
 from rubric_rl.envs.constraint_lexicon import (
     CASES,
     CLOSERS,
@@ -64,6 +65,19 @@ def body_units(response: str) -> list[str]:
 def words_of(us: Sequence[str]) -> list[str]:
     """The alphabetic units (words), case preserved."""
     return [u for u in us if u.isalpha()]
+
+
+def surface_features(response: str) -> SurfaceFeatures:
+    """The domain's surface features of a response (``Domain.surface_features``): a praise
+    opener or compliance closer (``split_fluff``), its word count in the domain's units, and
+    a refusal or hedge ("i cannot", "as an ai")."""
+    opener, _, closer = split_fluff(response)
+    low = response.lower()
+    return SurfaceFeatures(
+        fluff=bool(opener or closer),
+        length=len(words_of(units(response))),
+        stance=("i cannot" in low or "as an ai" in low),
+    )
 
 
 def _strip_end_mark(us: Sequence[str]) -> list[str]:

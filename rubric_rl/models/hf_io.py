@@ -314,7 +314,7 @@ def _to_host(x: jax.Array) -> np.ndarray:
 
 
 def _hf_tensors(
-    model: Qwen3ForCausalLM | Qwen3_5ForCausalLM,
+    model: Qwen3ForCausalLM | Qwen3_5ForCausalLM, dtype: Any = None
 ) -> Iterator[tuple[str, jax.ShapeDtypeStruct, Any]]:
     state = nnx.state(model, nnx.Param)
     leaves = jax.tree_util.tree_flatten_with_path(
@@ -337,10 +337,11 @@ def _hf_tensors(
             shape = (arr.shape[1], 1, arr.shape[0])
         else:
             shape = tuple(reversed(arr.shape)) if layout else tuple(arr.shape)
-        dt = np.dtype(arr.dtype)
+        dt = np.dtype(arr.dtype if dtype is None else dtype)
 
         def get(arr=arr, layout=layout):
-            host = _to_host(arr)
+            # Cast on the devices, before the gather: a bf16 export moves half the bytes.
+            host = _to_host(arr if dtype is None else arr.astype(dtype))
             if layout == "conv":
                 return host.T[:, None, :]
             return host.T if layout else host
@@ -349,7 +350,11 @@ def _hf_tensors(
 
 
 def save_pretrained(
-    model: Qwen3ForCausalLM | Qwen3_5ForCausalLM, path: str, *, max_shard_bytes: int = 4 * 1024**3
+    model: Qwen3ForCausalLM | Qwen3_5ForCausalLM,
+    path: str,
+    *,
+    max_shard_bytes: int = 4 * 1024**3,
+    dtype: Any = None,
 ) -> None:
     """Writes `model` as a HF checkpoint that `transformers` loads as Qwen3ForCausalLM, or, for a
     `model_type="qwen2"` config, Qwen2ForCausalLM, or, for a `Qwen3_5ForCausalLM`,
@@ -357,10 +362,11 @@ def save_pretrained(
     exported text-only):
     config.json, generation_config.json, model.safetensors (or model-0000i-of-0000n.safetensors +
     model.safetensors.index.json above `max_shard_bytes`). Tensors keep their parameter dtype
-    (float32 / bfloat16). In a multi-process run every process must call this (gathers are
+    (float32 / bfloat16), or are cast to `dtype` ("bfloat16": what a bf16 server loads; half of
+    float32's bytes). In a multi-process run every process must call this (gathers are
     collective); only process 0 writes."""
     cfg: Qwen3Config | Qwen3_5Config = model.config
-    tensors = list(_hf_tensors(model))
+    tensors = list(_hf_tensors(model, None if dtype in (None, "") else jnp.dtype(dtype)))
     shards: list[list] = [[]]
     size = 0
     for t in tensors:

@@ -6,6 +6,14 @@ decode that exits as soon as every row has stopped. Everything runs inside ONE j
 static shape ``(batch bucket, prompt bucket, max_new_tokens, filtering on/off)``; temperature,
 top-p, top-k, seeds, the stop-token set, ``min_new_tokens`` and ``ignore_eos`` are traced arrays,
 so changing them never recompiles.
+Group prefill (``JaxEngineConfig.group_prefill``, config ``rollout.group_prefill``, on by default):
+the rows of one call that carry the same prompt tokens (a request's ``n`` samples, or requests
+with identical prompts: a GRPO group) are found on the host; the prefill runs over the distinct
+prompts only and each row's KV cache, cache mask and first logits are gathered from its prompt's
+row (an exact copy), so a group of G rollouts prefills its prompt once instead of G times. Same
+tokens and, to float32 rounding, the same log-probs as a prefill of every row: the rows' K/V come
+from the same tokens at the same positions, only from a prefill matmul over fewer rows (CPU
+matmul blocking depends on the row count: last-bit differences). The decode loop is unchanged.
 Prompt lengths and row counts are rounded up to ``JaxEngineConfig`` buckets, so a training run
 compiles a handful of shapes once and then reuses them step after step.
 
@@ -89,6 +97,9 @@ class JaxEngineConfig:
       weights sliced once per call, outside the decode loop, where the scan dynamic-slices
       every layer's weights and cache at every step; one transient copy of the layer weights
       per call, and a decode program that grows with depth). Same tokens either way.
+      group_prefill: prefill each distinct prompt of a call once and copy its KV cache to the
+      rows that share it (module docstring); used when the distinct prompts fit a smaller batch
+      bucket than the rows. False: every row prefills its own prompt.
     """
 
     prompt_buckets: tuple[int, ...] = (32, 64, 128, 256, 512, 1024, 2048)
@@ -97,6 +108,7 @@ class JaxEngineConfig:
     pad_id: int = 0
     score_chunk_size: int = 128
     scan_decode: bool = True
+    group_prefill: bool = True
 
     def __post_init__(self) -> None:
         for name in ("prompt_buckets", "batch_buckets"):
@@ -133,6 +145,9 @@ class JaxEngine(RolloutEngine):
         self._version = int(weight_version)
         self._closed = False
         self._traces = 0  # incremented at trace time only: counts compilations
+        # Host-side counts over this engine's generate calls: rows sampled and prompt rows
+        # prefilled (fewer than rows when group prefill shares a prompt's forward).
+        self.stats = {"rows": 0, "prefill_rows": 0}
         self._gen_jit = jax.jit(self._generate_fn, static_argnames=("max_new_tokens", "filtering"))
         self._score_jit = jax.jit(self._score_fn, static_argnames=("temperature",))
         self._batch_multiple = (
@@ -327,21 +342,35 @@ class JaxEngine(RolloutEngine):
             p = round_up_to_bucket(
                 max(len(requests[ri].prompt_ids) for ri, _, _ in chunk), self.config.prompt_buckets
             )
-            ids = np.full((b, p), self.config.pad_id, np.int32)
-            mask = np.zeros((b, p), np.int32)
+            # Distinct prompts of the chunk in first-seen order; row k reads prompt src[k].
+            distinct: dict[tuple[int, ...], int] = {}
+            src = [distinct.setdefault(tuple(requests[ri].prompt_ids), len(distinct))
+                   for ri, _, _ in chunk]  # fmt: skip
+            u = round_up_to_bucket(len(distinct), self.config.batch_buckets, self._batch_multiple)
+            shared = self.config.group_prefill and u < b
+            prompts = list(distinct) if shared else [requests[ri].prompt_ids for ri, _, _ in chunk]
+            n_prefill = u if shared else b
+            ids = np.full((n_prefill, p), self.config.pad_id, np.int32)
+            mask = np.zeros((n_prefill, p), np.int32)
             mask[:, -1] = 1  # filler rows: one real token, so no attention row is empty
-            active = np.zeros((b,), bool)
-            seeds = np.zeros((b, 2), np.uint32)
-            for k, (ri, _, seed) in enumerate(chunk):
-                prompt = requests[ri].prompt_ids
+            for k, prompt in enumerate(prompts):
                 ids[k, p - len(prompt) :] = prompt
                 mask[k, p - len(prompt) :] = 1
+            active = np.zeros((b,), bool)
+            seeds = np.zeros((b, 2), np.uint32)
+            row_src = np.zeros((b,), np.int32)  # filler rows read prompt 0 (inactive: unused)
+            for k, (_, _, seed) in enumerate(chunk):
                 active[k] = True
                 seeds[k] = seed_key_data([seed])[0]
+                row_src[k] = src[k]
+            self.stats["rows"] += len(chunk)
+            self.stats["prefill_rows"] += len(distinct) if shared else len(chunk)
             tokens, logps, lengths = self._gen_jit(
                 self._params,
                 self._rest,
-                *self._put(ids, mask, seeds, active),
+                *self._put(ids, mask),
+                self._put(row_src)[0] if shared else None,
+                *self._put(seeds, active),
                 *scalars,
                 stop_ids,
                 max_new_tokens=params.max_new_tokens,
@@ -419,6 +448,7 @@ class JaxEngine(RolloutEngine):
         rest,
         prompt_ids: Array,
         prompt_mask: Array,
+        row_src: Array | None,
         seeds: Array,
         active: Array,
         temperature: Array,
@@ -431,20 +461,32 @@ class JaxEngine(RolloutEngine):
         max_new_tokens: int,
         filtering: bool,
     ) -> tuple[Array, Array, Array]:
-        """tokens [B, N] (pad after stop), logps [B, N] (0 after stop), lengths [B]."""
+        """tokens [B, N] (pad after stop), logps [B, N] (0 after stop), lengths [B].
+
+        ``row_src`` None: the prompts are the B rows. Else the prompts are the distinct ones
+        ([U, P], U <= B) and row b decodes from prompt ``row_src[b]``: its prefilled cache, mask
+        and last logits are gathered (every cache array is batch-major)."""
         self._traces += 1
         model = self.decode_model(params, rest)
-        b, p = prompt_ids.shape
+        u, p = prompt_ids.shape
         n = max_new_tokens
         cache_len = p + n - 1  # the last sampled token is never fed back
-        cache = jax.tree.map(self._constrain, model.init_cache(b, cache_len))
-        cache_mask = jnp.zeros((b, cache_len), jnp.int32).at[:, :p].set(prompt_mask)
+        cache = jax.tree.map(self._constrain, model.init_cache(u, cache_len))
+        cache_mask = jnp.zeros((u, cache_len), jnp.int32).at[:, :p].set(prompt_mask)
         cache_mask = self._constrain(cache_mask)
         positions = default_positions(prompt_ids, prompt_mask)
         prompt_len = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)
         logits, cache = model.decode(
             prompt_ids, positions, cache, jnp.int32(0), cache_mask, last_only=True
         )
+        if row_src is not None:
+
+            def rows(x: Array) -> Array:
+                return self._constrain(jnp.take(x, row_src, axis=0))
+
+            cache, cache_mask, logits, prompt_len = jax.tree.map(
+                rows, (cache, cache_mask, logits, prompt_len)
+            )
         tokens, logps, lengths, _ = sample_and_decode(
             model,
             logits[:, 0],

@@ -4,6 +4,9 @@
   server process from its own venv (third_party/sglang_cpu/install.sh on CPU).
 - `sglang_client`: `SGLangEngine` — the `RolloutEngine` over SGLang's native `/generate` API.
 - `weight_sync`: `WeightSync` — versioned safetensors exports + `/update_weights_from_disk`.
+- `placement`: the server's GPUs, command line and environment from `config.rollout.sglang`,
+  and the trainer's share of the GPUs.
+- `multihost`: `BroadcastEngine` — several processes: process 0 samples, all see its results.
 """
 
 from rubric_rl.rollout.sglang_client import (

@@ -30,14 +30,36 @@ class WeightSyncError(RuntimeError):
     """A server refused or failed a weight update; the message names the server and endpoint."""
 
 
-def export_checkpoint(model_or_dir: Any, path: str | os.PathLike) -> Path:
+def export_checkpoint(model_or_dir: Any, path: str | os.PathLike, dtype: str = "") -> Path:
     """Writes `model_or_dir` as a HF safetensors checkpoint at `path` (atomically).
 
-    Accepts a rubric_rl `Qwen3ForCausalLM` (exported by `rubric_rl.models.save_pretrained`), any
-    object with a `save_pretrained(path)` method (a `transformers` model), or a ready checkpoint
-    directory (copied).
+    Accepts a rubric_rl `Qwen3ForCausalLM` (exported by `rubric_rl.models.save_pretrained`, its
+    tensors cast to `dtype` unless ""), any object with a `save_pretrained(path)` method (a
+    `transformers` model), or a ready checkpoint directory (copied).
+
+    Several processes (jax.distributed): every process calls this (the parameters' gathers are
+    collective), process 0 alone writes, and all leave together (`multihost.barrier`), so no
+    process reads `path` before it is complete. On several hosts `path` must be on a shared
+    filesystem for servers on other hosts to load it.
     """
-    path = Path(path)
+    import jax
+
+    if jax.process_count() > 1:
+        from rubric_rl.rollout import multihost
+
+        path = Path(path)
+        if jax.process_index() == 0:
+            _export(model_or_dir, path, dtype)
+        elif not isinstance(model_or_dir, str | os.PathLike):
+            from rubric_rl.models import save_pretrained
+
+            save_pretrained(model_or_dir, str(path) + ".tmp", dtype=dtype or None)  # gathers only
+        multihost.barrier(f"export {path}")
+        return path
+    return _export(model_or_dir, Path(path), dtype)
+
+
+def _export(model_or_dir: Any, path: Path, dtype: str) -> Path:
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     if isinstance(model_or_dir, str | os.PathLike):
@@ -52,7 +74,7 @@ def export_checkpoint(model_or_dir: Any, path: str | os.PathLike) -> Path:
     else:
         from rubric_rl.models import save_pretrained
 
-        save_pretrained(model_or_dir, str(tmp))
+        save_pretrained(model_or_dir, str(tmp), dtype=dtype or None)
     if not (tmp / "config.json").is_file():
         raise RuntimeError(f"export_checkpoint: writing {tmp} produced no config.json")
     shutil.rmtree(path, ignore_errors=True)
@@ -142,11 +164,12 @@ def update_servers_from_disk(
 class WeightSync:
     """Exports versions under `root` and pushes them to an engine; keeps the last `keep_last`."""
 
-    def __init__(self, root: str | os.PathLike, keep_last: int = 2) -> None:
+    def __init__(self, root: str | os.PathLike, keep_last: int = 2, dtype: str = "") -> None:
         if keep_last < 1:
             raise ValueError(f"WeightSync.keep_last must be >= 1, got {keep_last}")
         self.root = Path(root)
         self.keep_last = keep_last
+        self.dtype = dtype  # the exported tensors' dtype ("" = the parameters')
         self.history: list[dict[str, float]] = []
 
     def version_dir(self, version: int) -> Path:
@@ -161,7 +184,7 @@ class WeightSync:
 
     def export(self, model_or_dir: Any, version: int) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
-        return export_checkpoint(model_or_dir, self.version_dir(version))
+        return export_checkpoint(model_or_dir, self.version_dir(version), self.dtype)
 
     def cleanup(self) -> list[int]:
         """Deletes all but the newest `keep_last` versions; returns the deleted ones."""
@@ -175,9 +198,12 @@ class WeightSync:
         (`engine.update_weights(path, version)`). Returns timing metrics."""
         if version < 0:
             raise ValueError(f"WeightSync.sync: version must be >= 0, got {version}")
+        import jax
+
+        writer = jax.process_index() == 0  # several processes: one writes, the rest wait
         # Versions above this one come from an abandoned timeline (a run resumed from an older
         # checkpoint): drop them so cleanup and restarts never pick them up.
-        for stale in (v for v in self.versions() if v > version):
+        for stale in (v for v in self.versions() if v > version and writer):
             logger.warning("WeightSync: deleting stale export v%d (> v%d)", stale, version)
             shutil.rmtree(self.version_dir(stale), ignore_errors=True)
         t = time.monotonic()
@@ -185,6 +211,6 @@ class WeightSync:
         export_s = time.monotonic() - t
         metrics = dict(engine.update_weights(str(path), version) or {})
         metrics["export_s"] = export_s
-        metrics["deleted_versions"] = float(len(self.cleanup()))
+        metrics["deleted_versions"] = float(len(self.cleanup()) if writer else 0)
         self.history.append(metrics)
         return metrics

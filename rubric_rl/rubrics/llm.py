@@ -219,7 +219,8 @@ class FailureRateStop:
     calls (once ``min_calls`` were made), a failed share above ``max_rate`` raises
     ``LLMRoleError`` naming the role, the share and the latest error. A window, not the whole
     run, so a role that starts failing midway stops within ``window`` calls (ours: 20, at least
-    4; not checkpointed, so a resumed run starts a fresh window)."""
+    4). The window is part of its role's checkpointed state (``state_dict``), so a resumed run
+    stops at the same call as the uninterrupted one instead of forgetting recent failures."""
 
     def __init__(self, role: str, max_rate: float = 0.5, *, window: int = 20, min_calls: int = 4):
         if not 0 <= float(max_rate) <= 1:
@@ -241,6 +242,31 @@ class FailureRateStop:
                 f"{self.role}: {failed} of its last {n} calls failed (> max_failure_rate="
                 f"{self.max_rate:g}); latest error: {self.last_error}"
             )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"outcomes": list(self.outcomes), "last_error": self.last_error}
+
+    def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
+        """``state`` from ``state_dict``; ``None`` (a checkpoint written before the window was
+        saved) starts an empty window."""
+        self.outcomes.clear()
+        self.last_error = None
+        if state:
+            self.outcomes.extend(bool(ok) for ok in state["outcomes"])
+            self.last_error = state.get("last_error")
+
+
+ROLES_MAX_FAILURE_RATE_OF_JUDGE = -1.0
+
+
+def role_max_failure_rate(config: Any) -> float:
+    """The failure-rate limit of the LLM roles besides the judge: ``config.llm_roles.
+    max_failure_rate``, or the judge's ``judge.max_failure_rate`` where it is -1 (the default:
+    one limit for every LLM call unless the roles are given their own)."""
+    rate = float(config.llm_roles.max_failure_rate)
+    if rate == ROLES_MAX_FAILURE_RATE_OF_JUDGE:
+        return float(config.judge.max_failure_rate)
+    return rate
 
 
 class SchemaCaller:
@@ -296,6 +322,18 @@ class SchemaCaller:
 
     def stats(self) -> dict[str, int]:
         return dict(self.counts)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "counts": dict(self.counts),
+            "last_error": self.last_error,
+            "failure_stop": self.failure_stop.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.counts = {k: int(state["counts"][k]) for k in self.counts}
+        self.last_error = state.get("last_error")
+        self.failure_stop.load_state_dict(state.get("failure_stop"))
 
 
 EngineFn = Callable[[list[dict[str, str]], dict[str, Any]], Any]

@@ -3,7 +3,6 @@ step, the pool refresh, RG-SED's memories / memory rollouts / Δr / gates / teac
 scripted-policy check — the real pipeline, Services, agent loop, tokenizer and programmatic judge
 with a scripted engine standing in for the policy (deterministic, seconds)."""
 
-import contextlib
 import copy
 import dataclasses
 import functools
@@ -36,12 +35,11 @@ from rubric_rl.methods.arise_rl.generator_domain import (
     generator_vocabulary,
     lookup_text,
 )
-from rubric_rl.rollout.engine import Generation
+from rubric_rl.rollout.scripted import ScriptedEngine
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verdict
 from rubric_rl.services import Services
 from rubric_rl.step import StepContext
 from rubric_rl.trainer_batch import rollouts_to_batch
-from tests.rollout.test_agent import ScriptedEngine
 
 # --- the schedule --------------------------------------------------------------------------------
 
@@ -215,30 +213,10 @@ class ScriptEngine(ScriptedEngine):
     <coach> block always right; a K-attempt probe right on even samples (c = K/2); a trained
     rollout right on sample 0 only (so the coach writes a memory)."""
 
-    def __init__(self, tok):
-        super().__init__(tok, script=None)
-        self.requests = []
-        self.serving_now = None  # the snapshot served (``serving``), None: the live policy
-        self.snapshots = 0
-
-    # A second parameter set stands for itself: a label, its own "parameters" in a checkpoint.
-    def snapshot(self):
-        self.snapshots += 1
-        return f"snapshot{self.snapshots}"
-
-    @contextlib.contextmanager
-    def serving(self, snapshot):
-        self.serving_now = snapshot
-        try:
-            yield
-        finally:
-            self.serving_now = None
-
-    def snapshot_parts(self, snapshot):
-        return snapshot, 0
-
-    def snapshot_of(self, params, version):
-        return params
+    def reply(self, request, prompt_text, k):
+        # an agent turn's sample j is its episode, sample_offset = j * max_turns + turn
+        j = request.sample_offset // MAX_TURNS if "/turn" in request.request_id else k
+        return self.respond(request, prompt_text, j)
 
     def respond(self, r, text, j):
         if "write a task" in text:
@@ -252,19 +230,6 @@ class ScriptEngine(ScriptedEngine):
         if "arise_rl/attempts" in r.request_id:
             return SUCCESS if j % 2 == 0 else FAIL
         return SUCCESS if j == 0 else FAIL
-
-    async def agenerate(self, requests, params):
-        out = []
-        for r in requests:
-            text = self.tok.decode(list(r.prompt_ids))
-            self.requests.append((r.request_id, text, self.serving_now))
-            gens = []
-            for k in range(params.n):
-                j = r.sample_offset // MAX_TURNS if "/turn" in r.request_id else k
-                ids = self.tok.encode(self.respond(r, text, j)) + [self.tok.eos_id]
-                gens.append(Generation(tuple(ids), (-0.5,) * len(ids), "stop", 0, r.request_id, k))
-            out.append(gens)
-        return out
 
 
 def _config():

@@ -179,10 +179,11 @@ def test_variance_selectors_keep_the_highest_variance_groups():
 
 
 def test_embedded_descriptions_use_the_domains_words_and_the_tasks_values():
+    from rubric_rl.envs.constraint_behaviours import constraint_behaviours
     from rubric_rl.envs.constraint_lexicon import domain_vocabulary
-    from rubric_rl.methods.rised.rised_tagger import embedded_vocabulary
+    from rubric_rl.methods.rised.rised_tagger import warmup_vocabulary
 
-    vocab = embedded_vocabulary()
+    vocab = warmup_vocabulary(constraint_behaviours())
     words = set(domain_vocabulary())
     lst = next(t for t in task_bank("train", 50) if t.task_type == "list")
     for rid in vocab.ids:
@@ -283,12 +284,21 @@ def test_resume_restores_the_anti_patterns(tmp_path):
     assert [g.selected for g in ra.groups] == [g.selected for g in rb.groups]
 
 
-def test_a_domain_without_a_vocabulary_or_programmatic_tagger_is_refused():
+def test_a_domain_without_a_vocabulary_or_programmatic_tagger_is_refused(tmp_path):
     from rubric_rl import builders
 
     c = rised_config.get_config("smoke")
-    dom = dataclasses.replace(builders.build_domain(c), name="dataset")
+    built = builders.build_domain(c)
+    dom = dataclasses.replace(built, name="dataset", behaviours=None)
     with pytest.raises(ValueError, match="config.rised.vocabulary"):
+        builders.build_controllers(c, dom)
+    # A vocabulary file, but no behaviours to tag by code: the LLM tagger is the way.
+    from rubric_rl.methods.rised.rised_tagger import warmup_vocabulary
+
+    path = str(tmp_path / "vocab.json")
+    warmup_vocabulary(built.behaviours, 0, 8).save(path)
+    c.rised.vocabulary = path
+    with pytest.raises(ValueError, match="tagger='programmatic'.*lacks"):
         builders.build_controllers(c, dom)
 
 

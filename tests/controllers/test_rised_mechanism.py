@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from configs import rised as rised_config
+from rubric_rl.envs.constraint_behaviours import constraint_behaviours
 from rubric_rl.envs.constraint_domain import task_bank, verify
 from rubric_rl.methods.rised import rised_selection as sel
 from rubric_rl.methods.rised.rised import RisedConfig, RisedController
 from rubric_rl.methods.rised.rised_check import PREVIOUS_FLAGS, rised_figures
-from rubric_rl.methods.rised.rised_tagger import ProgrammaticTagger, embedded_vocabulary
+from rubric_rl.methods.rised.rised_tagger import ProgrammaticTagger, warmup_vocabulary
 from rubric_rl.methods.rised.rised_tags import Tags, group_profile, profile
 from rubric_rl.rollout.batch import Group, Rollouts, Trajectory
 from rubric_rl.rubrics.types import Task
@@ -59,7 +60,7 @@ def _ctl(**kw) -> RisedController:
 
 @pytest.fixture(scope="module")
 def embedded():
-    vocab = embedded_vocabulary()
+    vocab = warmup_vocabulary(constraint_behaviours())
     task = next(t for t in task_bank("train", 60) if t.task_type == "list")
     return vocab, task
 
@@ -68,7 +69,9 @@ def test_outcome_conditioned_tags_positives_from_successes_negatives_from_failur
     vocab, task = embedded
     ref = task.reference_answer
     assert verify(task, ref) == 1.0
-    cond, plain = ProgrammaticTagger(vocab), ProgrammaticTagger(vocab, outcome_conditioned=False)
+    b = constraint_behaviours()
+    cond = ProgrammaticTagger(b, vocab)
+    plain = ProgrammaticTagger(b, vocab, outcome_conditioned=False)
     pol = {r: vocab.entry(r).polarity for r in vocab.ids}
     good = cond.tag(task, ref, 1.0)
     assert good.counts and {pol[r] for r in good.counts} == {"positive"}

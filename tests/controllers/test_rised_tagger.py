@@ -10,22 +10,25 @@ import re
 import numpy as np
 import pytest
 
+from rubric_rl.envs.constraint_behaviours import constraint_behaviours
 from rubric_rl.envs.constraint_domain import task_bank
 from rubric_rl.methods.rised.rised_tagger import (
     LLMTagger,
     ProgrammaticTagger,
     Tags,
-    constraint_catalogue,
-    embedded_vocabulary,
     group_profile,
     parse_tags,
     profile,
     reliability,
+    tagger_catalogue,
     top_negative,
     top_positive,
+    warmup_vocabulary,
 )
 from rubric_rl.rubrics.llm import LocalEngineClient
 from rubric_rl.rubrics.vocabulary import RubricEntry, Vocabulary
+
+EMBEDDED = constraint_behaviours()
 
 
 def _small_vocab():
@@ -129,7 +132,7 @@ def tasks():
 
 
 def test_programmatic_tags_a_list_answer_with_a_repeat_and_praise(tasks):
-    tagger = ProgrammaticTagger(discovery=True)
+    tagger = ProgrammaticTagger(EMBEDDED, discovery=True)
     got = tagger.tag(
         tasks["list_5_animals"], "great question ! cat / dog / dog / lion / tiger !", 0
     )
@@ -147,7 +150,7 @@ def test_programmatic_tags_a_list_answer_with_a_repeat_and_praise(tasks):
 
 
 def test_programmatic_counts_violations(tasks):
-    tagger = ProgrammaticTagger(discovery=True)
+    tagger = ProgrammaticTagger(EMBEDDED, discovery=True)
     got = tagger.tag(tasks["list_5_tools"], "wrench , saw , Knife , saw , axe .", None)
     assert got.counts == {
         "count_followed": 1,
@@ -178,7 +181,9 @@ def test_programmatic_counts_violations(tasks):
 
 
 def test_programmatic_empty_and_overlong(tasks):
-    tagger = ProgrammaticTagger(discovery=True, solved_threshold=None, overlong_words=6)
+    tagger = ProgrammaticTagger(
+        constraint_behaviours(overlong_words=6), discovery=True, solved_threshold=None
+    )
     got = tagger.tag(tasks["colors"], "", 0.0)
     assert got.counts == {
         "empty_answer": 1,
@@ -215,7 +220,7 @@ def test_programmatic_never_reads_hidden_fields(tasks, monkeypatch):
 
     for name in ("hard_constraints", "oracle_quality", "task_requirements", "verify"):
         monkeypatch.setattr(constraint_domain, name, _Hidden())
-    tagger = ProgrammaticTagger(discovery=True)
+    tagger = ProgrammaticTagger(EMBEDDED, discovery=True)
     for task in tasks.values():
         hidden = dataclasses.replace(
             task, raw=_Hidden(), rubric=_Hidden(), reference_answer=_Hidden()
@@ -232,7 +237,7 @@ def test_programmatic_maps_through_the_vocabulary_and_records_failures(tasks):
             RubricEntry("praise_opener", "conciseness", "negative", "Praise."),
         )
     )
-    tagger = ProgrammaticTagger(vocab)
+    tagger = ProgrammaticTagger(EMBEDDED, vocab)
     got = tagger.tag(tasks["list_5_animals"], "great question ! cat / dog / dog / lion / tiger !")
     assert got.counts == {"count_followed": 1, "praise_opener": 1}
     assert got.discovered == {
@@ -250,13 +255,13 @@ def test_programmatic_maps_through_the_vocabulary_and_records_failures(tasks):
     with pytest.raises(ValueError, match="2 tasks, 1 responses, 2 rewards"):
         tagger.tag_batch([other, other], ["x"], [0.0, 1.0])
     with pytest.raises(ValueError, match="vocabulary is needed"):
-        ProgrammaticTagger()
+        ProgrammaticTagger(EMBEDDED)
 
 
 def test_embedded_vocabulary_and_its_cache(tmp_path):
     path = tmp_path / "rised_vocabulary.json"
-    vocab = embedded_vocabulary(0, 60, cache_path=path)
-    catalogue = constraint_catalogue()
+    vocab = warmup_vocabulary(EMBEDDED, 0, 60, cache_path=path)
+    catalogue = tagger_catalogue(EMBEDDED)
     assert len(catalogue) == 38 and set(vocab.ids) <= set(catalogue)
     assert len(vocab) >= 30 and len(vocab.skills) == 10
     assert vocab.entry("count_followed").envs == ("list",)
@@ -269,10 +274,10 @@ def test_embedded_vocabulary_and_its_cache(tmp_path):
         vocab.lookup("great question praise") is None and vocab.lookup("praise") == "praise_opener"
     )
     assert Vocabulary.load(path) == vocab
-    assert embedded_vocabulary(0, 60, cache_path=path) == vocab  # from the cache
-    assert embedded_vocabulary(0, 60) == vocab  # deterministic
+    assert warmup_vocabulary(EMBEDDED, 0, 60, cache_path=path) == vocab  # from the cache
+    assert warmup_vocabulary(EMBEDDED, 0, 60) == vocab  # deterministic
     # A cache written with other settings is rebuilt, not reused.
-    assert embedded_vocabulary(0, 8, cache_path=path).provenance["n"] == 8
+    assert warmup_vocabulary(EMBEDDED, 0, 8, cache_path=path).provenance["n"] == 8
     assert Vocabulary.load(path).provenance["n"] == 8
 
 

@@ -532,6 +532,7 @@ _PRESET_REJECTS = {
     "decoupled_token_tis": False,
     "decoupled_seq_tis": False,
     "geo_mask": True,
+    "geo_mask_wide": True,
     "seq_sum_mask_tis": True,
     "seq_mean_k3": True,
 }
@@ -574,9 +575,25 @@ def test_registries():
     assert registry.get_kl_estimator("k3")(f32(0.5)) == pytest.approx(math.exp(-0.5) + 0.5 - 1)
     presets = registry.ROLLOUT_CORRECTION_PRESETS
     assert presets.get("geo_mask").rejections == (("seq_geo_mean", 0.999, 1.001),)
+    assert presets.get("geo_mask_wide").rejections == (("seq_geo_mean", 0.99, 1.01),)
     assert presets.get("seq_sum_mask_tis") == RolloutCorrection(
         tis="sequence", tis_cap=2.0, rejections=(("seq_sum", 0.5, 2.0),)
     )
     assert presets.get("seq_mean_k3_veto").token_veto == 1e-4
     with pytest.raises(KeyError, match="unknown self-distillation estimator 'none'"):
         registry.get_sd_estimator("none")
+
+
+def test_geo_mask_wide_keeps_what_a_bf16_mismatch_drops_from_geo_mask():
+    """A sequence whose trainer log-probs sit 0.003 nats per token below the engine's (ratio
+    e^-0.003 = 0.997) leaves geo_mask's [0.999, 1.001] and stays in geo_mask_wide's
+    [0.99, 1.01]; 0.02 nats per token leaves both."""
+    roll = np.full((3, 5), -1.0, np.float32)
+    mask = np.ones((3, 5), np.float32)
+    old = roll - np.array([[0.003], [0.02], [0.0005]], np.float32)
+    kept = {}
+    for name in ("geo_mask", "geo_mask_wide"):
+        config = ROLLOUT_CORRECTION_PRESETS.get(name)
+        _, out, _ = rollout_correction(f32(old), f32(roll), f32(mask), config=config)
+        kept[name] = np.asarray(out).max(axis=1).tolist()
+    assert kept == {"geo_mask": [0.0, 0.0, 1.0], "geo_mask_wide": [1.0, 0.0, 1.0]}

@@ -43,7 +43,7 @@ from rubric_rl.methods.arise_rl.generator_domain import (
 )
 from rubric_rl.rollout.agent import AgentConfig, ChatFormat, run_agent
 from rubric_rl.rollout.engine import SamplingParams
-from tests.rollout.test_agent import ScriptedEngine
+from rubric_rl.rollout.scripted import TurnScriptEngine
 
 SPECIALS = ("<|eos|>", "<|tool|>", "<|assistant|>", "<|system|>", "<|user|>")
 
@@ -253,7 +253,7 @@ def test_word_tokenizer_calls_are_normalised(tok):
 
 
 def _episode(tok, turns):
-    engine = ScriptedEngine(tok, [[(t, "stop") for t in turns]])
+    engine = TurnScriptEngine(tok, [turns])
     env = GeneratorEnv()
     task = generator_task("list", ["list 2 cats"])
     sp = SamplingParams(max_new_tokens=128)

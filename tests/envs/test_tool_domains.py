@@ -17,7 +17,8 @@ from rubric_rl.envs.sql import SqlEnv
 from rubric_rl.envs.tool_envs import ENVS
 from rubric_rl.envs.trajectory import score_rules, transcript_of
 from rubric_rl.rollout.agent import AgentConfig, ChatFormat, run_agent
-from rubric_rl.rollout.engine import Generation, RolloutEngine, SamplingParams
+from rubric_rl.rollout.engine import SamplingParams
+from rubric_rl.rollout.scripted import TurnScriptEngine
 from rubric_rl.warmstart import encode_corpus
 
 NAMES = tool_domain.TOOL_DOMAINS
@@ -247,38 +248,6 @@ def test_spaced_tokenizer_round_trips_any_ascii(tokenizers):
 # ------------------------------------------------------------------------------ agent loop
 
 
-class _ReferenceEngine(RolloutEngine):
-    """Plays each episode's scripted turns (ending on eos), like a policy that learned them."""
-
-    def __init__(self, tok, scripts):
-        self.tok, self.scripts = tok, scripts
-
-    async def agenerate(self, requests, params):
-        out = []
-        for r in requests:
-            episode, turn = r.request_id.split("/")
-            ep, turn = int(episode.removeprefix("episode")), int(turn.removeprefix("turn"))
-            ids = self.tok.encode(self.scripts[ep][turn]) + [self.tok.eos_id]
-            out.append([Generation(tuple(ids), (-0.5,) * len(ids), "stop", 0, r.request_id)])
-        return out
-
-    async def ascore(self, sequences, temperature=1.0):
-        raise NotImplementedError
-
-    def update_weights(self, params_or_path, version):
-        raise NotImplementedError
-
-    def health(self):
-        return True
-
-    def close(self):
-        pass
-
-    @property
-    def weight_version(self):
-        return 0
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_agent_episodes_match_the_chat_template_and_the_measured_sizes(tokenizers, name):
     """Reference turns through run_agent with the embedded tokenizer: every episode is verified,
@@ -292,7 +261,7 @@ def test_agent_episodes_match_the_chat_template_and_the_measured_sizes(tokenizer
     scripts = [cls.reference_turns(t) for t in tasks]
     domain = builders.build_domain(_config(name))
     trajs = run_agent(
-        _ReferenceEngine(tok, scripts),
+        TurnScriptEngine(tok, scripts),
         ChatFormat(tok, tools_in_system=bool(c.rollout.agent.tools_in_system)),
         [domain.make_env(t) for t in tasks],
         tasks,

@@ -4,6 +4,7 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -137,6 +138,26 @@ def test_multi_file_checkpoint_with_index(ckpt, helpers, tmp_path):
     for mesh in (None, make_mesh(data=2, fsdp=2, tensor=2)):
         got = helpers.forward(from_pretrained(str(tmp_path), mesh=mesh), ids, mask)
         np.testing.assert_allclose(got, ref, atol=1e-5, rtol=0)
+
+
+def test_bf16_export_is_the_float32_export_rounded_in_half_the_bytes(ckpt, tmp_path):
+    """``save_pretrained(dtype="bfloat16")`` (the SGLang weight sync's export): each tensor is
+    the float32 one rounded to bf16 (cast on the devices of a sharded model), config says so."""
+    path, model, _, _ = ckpt
+    sharded = from_pretrained(path, mesh=make_mesh(data=1, fsdp=4, tensor=2))
+    save_pretrained(sharded, str(tmp_path), dtype="bfloat16")
+    f32 = SafetensorsFile(os.path.join(path, "model.safetensors"))
+    bf16 = SafetensorsFile(str(tmp_path / "model.safetensors"))
+    assert bf16.names() == f32.names()
+    for name in f32.names():
+        want = np.asarray(f32.array(name)).astype(jnp.bfloat16)
+        got = np.asarray(bf16.array(name))
+        assert got.dtype == jnp.bfloat16, name
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16), err_msg=name)
+    size = os.path.getsize(tmp_path / "model.safetensors")
+    assert size < 0.52 * os.path.getsize(os.path.join(path, "model.safetensors"))
+    with open(tmp_path / "config.json") as fh:
+        assert json.load(fh)["torch_dtype"] == "bfloat16"
 
 
 def _rewrite(src: str, dst: str, drop: str | None = None, reshape: str | None = None):

@@ -9,7 +9,6 @@ import pytest
 
 from rubric_rl.envs.base import Env, StepResult
 from rubric_rl.envs.tool_calls import Param, ToolSpec, render_tool_call
-from rubric_rl.models.tokenizer import Tokenizer
 from rubric_rl.rollout.agent import (
     STATUS_CODES,
     AgentConfig,
@@ -20,53 +19,20 @@ from rubric_rl.rollout.agent import (
     run_agent,
 )
 from rubric_rl.rollout.engine import (
-    Generation,
-    RolloutEngine,
     SamplingParams,
     sample_seed,
 )
+from rubric_rl.rollout.scripted import TurnScriptEngine, char_tokenizer
 from rubric_rl.rubrics.types import Message, Rubric, Task
 
 # ----------------------------------------------------------------------------- fixtures
 
-_TEMPLATE = (
-    "{%- for m in messages -%}"
-    "{%- if m.role == 'tool' -%}"
-    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}"
-    "{{ '<|im_start|>user' }}{%- endif -%}"
-    "{{ '\n<tool_response>\n' + m.content + '\n</tool_response>' }}"
-    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}"
-    "{{ '<|im_end|>\n' }}{%- endif -%}"
-    "{%- else -%}{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}"
-)
-
 
 @pytest.fixture(scope="module")
 def tok():
-    """A character-level HF tokenizer (104 ids, fits the tiny model's 128) with a Qwen3-style
-    chat template: <|im_start|>role ... <|im_end|>, tool results in a user turn."""
-    from tokenizers import Tokenizer as RawTokenizer
-    from tokenizers import decoders, models
-    from transformers import PreTrainedTokenizerFast
-
-    special = ["<|pad|>", "<|im_start|>", "<|im_end|>", "<unk>"]
-    added = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
-    chars = ["\n"] + [chr(c) for c in range(32, 127)]
-    vocab = {t: i for i, t in enumerate(special + added + chars)}
-    raw = RawTokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    raw.decoder = decoders.Fuse()
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=raw,
-        eos_token="<|im_end|>",
-        pad_token="<|pad|>",
-        unk_token="<unk>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-    )
-    hf.add_tokens(added)
-    hf.chat_template = _TEMPLATE
-    return Tokenizer(hf)
+    """The package's character-level tokenizer (104 ids, fits the tiny model's 128) with a
+    Qwen3-style chat template: <|im_start|>role ... <|im_end|>, tool results in a user turn."""
+    return char_tokenizer()
 
 
 class AddEnv(Env):
@@ -106,39 +72,15 @@ def _task(i=0):
     )
 
 
-class ScriptedEngine(RolloutEngine):
+class ScriptedEngine(TurnScriptEngine):
     """Returns forced turns: ``script[episode_index][turn] = (text, finish_reason)``; the stop
     token <|im_end|> is appended on "stop". Log-prob of the k-th token of a turn = -(k+1)/100."""
 
     def __init__(self, tok, script):
-        self.tok, self.script, self.calls = tok, script, []
+        super().__init__(tok, script, weight_version=7)
 
-    async def agenerate(self, requests, params):
-        self.calls.append(list(requests))
-        out = []
-        for r in requests:
-            ep, turn = r.request_id.split("/")
-            text, finish = self.script[int(ep[len("episode") :])][int(turn[len("turn") :])]
-            ids = self.tok.encode(text) + ([self.tok.eos_id] if finish == "stop" else [])
-            lps = [-(k + 1) / 100 for k in range(len(ids))]
-            out.append([Generation(tuple(ids), tuple(lps), finish, 7, r.request_id)])
-        return out
-
-    async def ascore(self, sequences, temperature=1.0):
-        raise NotImplementedError
-
-    def update_weights(self, params_or_path, version):
-        raise NotImplementedError
-
-    def health(self):
-        return True
-
-    def close(self):
-        self._close_sync_loop()
-
-    @property
-    def weight_version(self):
-        return 7
+    def logprobs(self, n_tokens):
+        return tuple(-(k + 1) / 100 for k in range(n_tokens))
 
 
 CALL = render_tool_call("add", {"a": 2, "b": 3})

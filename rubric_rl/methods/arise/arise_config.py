@@ -23,6 +23,7 @@ from rubric_rl.methods.arise import (
 from rubric_rl.methods.arise.arise import FROZEN_MODES, FROZEN_POOL_ENTRIES
 from rubric_rl.methods.arise.arise_pool import AriseConfig
 from rubric_rl.methods.arise.reflection import RANKINGS, REFLECTIONS
+from rubric_rl.rubrics.llm import role_max_failure_rate
 
 # The options that LLMReflection takes from ``arise.llm`` (the rest of that section selects the
 # reflection model's client, which builders.py makes).
@@ -41,7 +42,7 @@ _LLM_REFLECTION_OPTIONS = (
 # sampler's draws, the separation ranking, no exit for a pair that never improves, candidates
 # from the seed rubric only, and a pool of 8 filled at up to 2 pairs a step, retired after 4
 # steps of mastery. benchmarks/arise_controller_check.py and its test compare the defaults to these.
-PRE_ISSUE13: dict[str, Any] = {
+EARLIER_DEFAULTS: dict[str, Any] = {
     "capability.importance_weights": True,
     "programmatic.rank": "separation",
     "retire_unlearnable": False,
@@ -171,4 +172,5 @@ def arise_controller_kwargs(config: ConfigDict) -> dict[str, Any]:
     else:
         llm = a.llm.to_dict()
         kw["reflection_options"] = {k: llm[k] for k in _LLM_REFLECTION_OPTIONS}
+        kw["reflection_options"]["max_failure_rate"] = role_max_failure_rate(config)
     return kw

@@ -16,7 +16,6 @@ import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from rubric_rl.methods.arise.reflection_base import (
     REFLECTIONS,
@@ -251,8 +250,12 @@ class LLMReflection(SchemaCaller, Reflection):
         max_chars: int = 600,
         temperature: float = 0.0,
         max_tokens: int = 1024,
+        max_failure_rate: float = 0.5,
     ):
-        SchemaCaller.__init__(self, client, temperature=temperature, max_tokens=max_tokens)
+        SchemaCaller.__init__(
+            self, client, temperature=temperature, max_tokens=max_tokens,
+            max_failure_rate=max_failure_rate,
+        )  # fmt: skip
         self.propose_template = REFLECTION_TEMPLATES.get(propose_template)
         self.refine_template = REFLECTION_TEMPLATES.get(refine_template)
         self.max_examples = int(max_examples)
@@ -334,10 +337,3 @@ class LLMReflection(SchemaCaller, Reflection):
 
     def stats(self) -> dict[str, float]:
         return {f"reflection/{k}": float(v) for k, v in self.counts.items()}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"counts": dict(self.counts), "last_error": self.last_error}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.counts = {k: int(state["counts"][k]) for k in self.counts}
-        self.last_error = state.get("last_error")

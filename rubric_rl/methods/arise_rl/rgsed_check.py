@@ -33,7 +33,8 @@ import numpy as np
 
 from rubric_rl.envs.constraint_lexicon import CATEGORIES, category_members
 from rubric_rl.envs.constraint_spec import guidance_hint
-from rubric_rl.rollout.engine import Generation, RolloutEngine
+from rubric_rl.rollout.engine import sample_seed
+from rubric_rl.rollout.scripted import ScriptedEngine
 from rubric_rl.rubrics.judges import Judge, JudgeItem
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verdict
 
@@ -78,11 +79,12 @@ def memory_notes(prompt_text: str) -> tuple[str, set[str]]:
     return _COACH_RE.sub(" ", prompt_text), notes
 
 
-class MemoryEffectEngine(RolloutEngine):
+class MemoryEffectEngine(ScriptedEngine):
     """The stand-in policy (module docstring)."""
 
     def __init__(self, tok, tasks: Sequence[Task], *, d: float, p: float):
-        self.tok, self.d, self.p = tok, float(d), float(p)
+        super().__init__(tok)
+        self.d, self.p = float(d), float(p)
         self.tasks = list(tasks)
         self.requests: list[tuple[str, int, int, int]] = []  # id, step, task index, offset
 
@@ -104,37 +106,17 @@ class MemoryEffectEngine(RolloutEngine):
             raise ValueError(f"MemoryEffectEngine: p + d·M/k > 1 for task {task.id} ({p})")
         return p
 
-    async def agenerate(self, requests, params):
-        out = []
-        for r in requests:
-            self.requests.append((r.request_id, r.step, r.task_index, r.sample_offset))
-            rest, notes = memory_notes(self.tok.decode(list(r.prompt_ids)))
-            task = self._task(rest)
-            p = self.probabilities(task, notes)
-            gens = []
-            for j, seed in enumerate(r.seeds(params.n)):
-                sat = np.random.default_rng(seed).random(len(p)) < p
-                ids = self.tok.encode(" ".join(YES if s else NO for s in sat)) + [self.tok.eos_id]
-                lps = (-0.5,) * len(ids)
-                gens.append(Generation(tuple(ids), lps, "stop", 0, r.request_id, j, seed))
-            out.append(gens)
-        return out
+    def record(self, request, prompt_text):
+        self.requests.append(
+            (request.request_id, request.step, request.task_index, request.sample_offset)
+        )
 
-    async def ascore(self, sequences, temperature=1.0):
-        raise NotImplementedError
-
-    def update_weights(self, params_or_path, version):
-        raise NotImplementedError
-
-    def health(self):
-        return True
-
-    def close(self):
-        self._close_sync_loop()
-
-    @property
-    def weight_version(self):
-        return 0
+    def reply(self, request, prompt_text, k):
+        rest, notes = memory_notes(prompt_text)
+        p = self.probabilities(self._task(rest), notes)
+        seed = sample_seed(request.step, request.task_index, request.sample_offset + k)
+        sat = np.random.default_rng(seed).random(len(p)) < p
+        return " ".join(YES if s else NO for s in sat)
 
 
 class ScriptedJudge(Judge):

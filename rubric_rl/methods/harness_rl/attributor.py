@@ -51,6 +51,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from rubric_rl.envs.base import SurfaceFeatures
+
 LABELS = ("blind", "saturated", "spurious", "agree")
 ROUTES = {"blind": "rollout", "spurious": "rubric", "saturated": "sampling"}
 HACKS = ("superficial_compliance", "length_gaming", "partial_coverage", "stance_gaming")
@@ -77,30 +79,6 @@ WORDING_PATTERNS = (
 # length floor, praise, a compliance claim). An unmet positive cue is never *blind*: guidance
 # towards it would steer the policy to the cue (ours; the seed's blind label is about reach).
 SURFACE_CUE_PATTERNS = WORDING_PATTERNS[:5]
-
-
-@dataclasses.dataclass(frozen=True)
-class SurfaceFeatures:
-    """What the hack checks compare: a compliance / praise surface form, the length in words,
-    and a refusal or hedge (stance)."""
-
-    fluff: bool
-    length: int
-    stance: bool = False
-
-
-def embedded_surface_features(response: str) -> SurfaceFeatures:
-    """The embedded domain's surface features: its praise openers and compliance closers
-    (``constraint_checkers.split_fluff``) and its word count."""
-    from rubric_rl.envs.constraint_checkers import split_fluff, units, words_of
-
-    opener, _, closer = split_fluff(response)
-    low = response.lower()
-    return SurfaceFeatures(
-        fluff=bool(opener or closer),
-        length=len(words_of(units(response))),
-        stance=("i cannot" in low or "as an ai" in low),
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,13 +196,19 @@ def _quote(text: str, n: int) -> str:
 
 
 class ProgrammaticAttributor:
-    """The attributor for rule-judged domains (module docstring)."""
+    """The attributor for rule-judged domains (module docstring); ``features`` reads a
+    response's surface features (the domain's ``Domain.surface_features``, or common English
+    phrases for a domain without its own)."""
 
     def __init__(
         self,
         config: AttributorConfig | None = None,
-        features: Callable[[str], SurfaceFeatures] = embedded_surface_features,
+        features: Callable[[str], SurfaceFeatures] | None = None,
     ):
+        if features is None:
+            raise TypeError(
+                "ProgrammaticAttributor: features (a response's surface features) is required"
+            )
         self.config = config or AttributorConfig()
         self.features = features
 
@@ -429,7 +413,6 @@ __all__ = [
     "SurfaceFeatures",
     "TaskAttribution",
     "discriminative_mass",
-    "embedded_surface_features",
     "satisfied",
     "SURFACE_CUE_PATTERNS",
     "wording_phrase",

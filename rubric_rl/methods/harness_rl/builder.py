@@ -112,6 +112,12 @@ def task_bank(tasks, size: int, seed: int) -> tuple:
 def make_harness_controller(config: Any, domain: Any, llm_client=None) -> HarnessController:
     h = config.harness
     floor = float(h.floor)
+    client = llm_client if llm_client is not None else evolver_client(config)
+    limit = {}
+    if client is not None:
+        from rubric_rl.rubrics.llm import role_max_failure_rate
+
+        limit["llm_max_failure_rate"] = role_max_failure_rate(config)
     return HarnessController(
         task_bank(domain.train, int(h.get("task_bank", 0)), int(config.train.seed)),
         harness_config(config),
@@ -121,7 +127,8 @@ def make_harness_controller(config: Any, domain: Any, llm_client=None) -> Harnes
         memory_top_k=int(h.top_k),
         cache_key=cold_start_key(config),
         cache_dir=str(h.cold_start.cache_dir) or None,
-        llm_client=llm_client if llm_client is not None else evolver_client(config),
+        llm_client=client,
+        **limit,
     )
 
 

@@ -196,6 +196,7 @@ class HarnessController(Controller):
         cache_key: str | None = None,
         cache_dir: str | None = None,
         llm_client=None,
+        llm_max_failure_rate: float = 0.5,
     ):
         if not tasks:
             raise ValueError("harness: the training task bank is empty")
@@ -219,8 +220,11 @@ class HarnessController(Controller):
 
             if llm_client is None:
                 raise ValueError("harness.evolver='llm' needs an LLM client (harness.llm)")
-            self.attributor = LLMAttributor(llm_client)
-            self.proposer = LLMProposer(llm_client, interfaces=proposed, total=config.total_weight)
+            rate = llm_max_failure_rate
+            self.attributor = LLMAttributor(llm_client, max_failure_rate=rate)
+            self.proposer = LLMProposer(
+                llm_client, interfaces=proposed, total=config.total_weight, max_failure_rate=rate
+            )
             self.llm = (self.attributor, self.proposer)
         self.sec = (
             SECBandit(
@@ -956,6 +960,8 @@ class HarnessController(Controller):
             "pending_outcomes": self.pending_outcomes,
             "reversal_log": self.reversal_log,
             "sec": self.sec.state_dict() if self.sec is not None else None,
+            # The LLM evolver's counts and failure-rate windows (none for the programmatic one).
+            "llm": {c.role: c.state_dict() for c in self.llm} if self.llm else {},
         }  # fmt: skip
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -981,6 +987,9 @@ class HarnessController(Controller):
         self.reversal_log = [list(x) for x in state.get("reversal_log", [])]
         if self.sec is not None and state.get("sec"):
             self.sec.load_state_dict(state["sec"])
+        for caller in self.llm or ():
+            if caller.role in state.get("llm", {}):  # absent in checkpoints from before it
+                caller.load_state_dict(state["llm"][caller.role])
 
 
 __all__ = ["HarnessConfig", "HarnessController", "TaskHarness"]

@@ -151,9 +151,18 @@ class LLMAttributor(_Caller):
     role = "HarnessRL LLM attributor"
 
     def __init__(
-        self, client: LLMClient, *, temperature=0.0, max_tokens=2048, template=ATTRIBUTE_V1
+        self,
+        client: LLMClient,
+        *,
+        temperature=0.0,
+        max_tokens=2048,
+        template=ATTRIBUTE_V1,
+        max_failure_rate: float = 0.5,
     ):
-        super().__init__(client, temperature=temperature, max_tokens=max_tokens)
+        super().__init__(
+            client, temperature=temperature, max_tokens=max_tokens,
+            max_failure_rate=max_failure_rate,
+        )  # fmt: skip
         self.template = template
 
     def attribute(
@@ -302,8 +311,12 @@ class LLMProposer(_Caller):
         max_tokens=2048,
         template=PROPOSE_V1,
         total: float = 100.0,
+        max_failure_rate: float = 0.5,
     ):
-        super().__init__(client, temperature=temperature, max_tokens=max_tokens)
+        super().__init__(
+            client, temperature=temperature, max_tokens=max_tokens,
+            max_failure_rate=max_failure_rate,
+        )  # fmt: skip
         bad = [i for i in interfaces if i not in INTERFACES]
         if bad:
             raise ValueError(f"harness.interfaces {bad}: expected a subset of {INTERFACES}")

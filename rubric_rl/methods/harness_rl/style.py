@@ -15,7 +15,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 
-from rubric_rl.methods.harness_rl.attributor import SurfaceFeatures, embedded_surface_features
+from rubric_rl.envs.base import SurfaceFeatures
 from rubric_rl.rubrics.types import Criterion, Task, append_to_last_user
 
 
@@ -30,7 +30,10 @@ class GuidanceStyle:
     library: Callable[[Task], Sequence[Criterion]] | None = None
 
 
-def embedded_style(library: Callable[[Task], Sequence[Criterion]] | None) -> GuidanceStyle:
+def embedded_style(
+    library: Callable[[Task], Sequence[Criterion]] | None,
+    features: Callable[[str], SurfaceFeatures] | None = None,
+) -> GuidanceStyle:
     from rubric_rl.envs.constraint_corpus import decorate_prompt, format_critique, format_reference
     from rubric_rl.envs.constraint_spec import guidance_hint
 
@@ -39,7 +42,7 @@ def embedded_style(library: Callable[[Task], Sequence[Criterion]] | None) -> Gui
         hint=guidance_hint,
         reference=format_reference,
         critique=format_critique,
-        features=embedded_surface_features,
+        features=features or generic_features,
         library=library,
     )
 
@@ -109,7 +112,7 @@ def style_for(domain) -> GuidanceStyle:
     the generic one."""
     name = getattr(domain, "name", "")
     if name == "constraints":
-        return embedded_style(domain.criteria_library)
+        return embedded_style(domain.criteria_library, domain.surface_features)
     if name == "instruct":
         return instruct_style(domain.criteria_library)
     return generic_style()

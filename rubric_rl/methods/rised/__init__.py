@@ -2,11 +2,12 @@
 positive-rubric self-distillation and negative-rubric anti-patterns.
 
 Modules: ``rised`` (the controller and ``RisedConfig``, the ``config.rised`` section),
-``rised_tags`` (tags and profiles), ``rised_tagger`` / ``rised_tool_tagger`` /
-``rised_llm_tagger`` (the taggers), ``rised_selection`` (k-of-2k selection, pure numpy),
-``rised_selectors`` (the per-environment quota sampler and the reward-variance selector
-baselines), and the analyses of a run: ``rised_analysis`` (behaviour frequencies and half-lives)
-and ``rised_transfer`` / ``rised_transfer_stats`` (cross-environment transfer).
+``rised_tags`` (tags and profiles), ``rised_tagger`` / ``rised_llm_tagger`` (the taggers: by
+code over the domain's ``Behaviours``, or by an LLM; the warm-up vocabulary),
+``rised_selection`` (k-of-2k selection, pure numpy), ``rised_selectors`` (the per-environment
+quota sampler and the reward-variance selector baselines), and the analyses of a run:
+``rised_analysis`` (behaviour frequencies and half-lives) and ``rised_transfer`` /
+``rised_transfer_stats`` (cross-environment transfer).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ def rised_controllers(config: Any, domain: Any) -> list[Any]:
     """The per-environment quota sampler (over ``_rised_train``'s tasks) and the RISED
     controller (tagger, selection, anti-patterns, per-rollout teacher contexts)."""
     from rubric_rl.builders import tool_env_names
+    from rubric_rl.envs.base import is_tool_env
     from rubric_rl.methods.grpo import task_sampler
     from rubric_rl.methods.rised.rised import (
         RisedConfig,
@@ -28,54 +30,60 @@ def rised_controllers(config: Any, domain: Any) -> list[Any]:
         embedded_description,
         embedded_renderer,
         generic_renderer,
-        mixed_description,
         mixed_renderer,
     )
     from rubric_rl.methods.rised.rised_tagger import (
         LLMTagger,
         ProgrammaticTagger,
-        embedded_vocabulary,
+        warmup_vocabulary,
     )
     from rubric_rl.rubrics.vocabulary import Vocabulary
 
     rc = RisedConfig.from_config(config)
     embedded = domain.name == "constraints"
     tools = tool_env_names(config.domain) if embedded else ()
+    behaviours = domain.behaviours
     if rc.vocabulary:
         vocab = Vocabulary.load(rc.vocabulary)
-    elif embedded:
-        vocab = embedded_vocabulary(int(config.domain.seed), tool_envs=tools)
+    elif behaviours is not None and behaviours.warmup is not None:
+        vocab = warmup_vocabulary(behaviours, int(config.domain.seed))
     else:
         raise ValueError(
-            f"config.rised.vocabulary: the {domain.name!r} domain has no built-in RISED "
-            "vocabulary; give a vocabulary file (rubric_rl/rubrics/vocabulary.py format)"
+            f"config.rised.vocabulary: the {domain.name!r} domain has no behaviours to warm a "
+            "RISED vocabulary up on; give a vocabulary file (rubric_rl/rubrics/vocabulary.py "
+            "format)"
         )
     if rc.tagger == "programmatic":
-        if not embedded:
+        if behaviours is None:
             raise ValueError(
-                f"config.rised.tagger='programmatic' tags the embedded constraint domain only, "
-                f"not {domain.name!r}: use tagger='llm'"
+                f"config.rised.tagger='programmatic' tags a domain by its behaviours "
+                f"(Domain.behaviours), which {domain.name!r} lacks: use tagger='llm'"
             )
         conditioned = rc.tagging == "outcome"
-        tagger = ProgrammaticTagger(vocab, outcome_conditioned=conditioned)
-        if tools:  # the tool environments' episodes: their own tagger
-            from rubric_rl.methods.rised.rised_tool_tagger import MixedTagger, ToolTagger
-
-            tagger = MixedTagger(tagger, ToolTagger(vocab, outcome_conditioned=conditioned))
+        tagger = ProgrammaticTagger(behaviours, vocab, outcome_conditioned=conditioned)
     else:
-        from rubric_rl.rubrics.llm import client_from_settings
+        from rubric_rl.rubrics.llm import client_from_settings, role_max_failure_rate
 
         client = client_from_settings(config.rised.llm, config.judge.llm, where="judge.llm")
         tagger = LLMTagger(
             client, vocab, retry_candidates=rc.llm.retry_candidates,
             refresh_every=rc.llm.refresh_every,
             outcome_threshold=0.5 if rc.tagging == "outcome" else None,
-            max_failure_rate=float(config.judge.max_failure_rate),  # the judge's limit
+            max_failure_rate=role_max_failure_rate(config),
         )  # fmt: skip
+    describe = embedded_description if embedded else None
+    if tools:  # a tool environment's task in the domain's own words, any other the corpus's
+        tool_describe = behaviours.describe
+
+        def describe(rubric_id: str, task: Any) -> str | None:
+            if is_tool_env(task.env_name):
+                return tool_describe(rubric_id, task)
+            return embedded_description(rubric_id, task)
+
     ctl = RisedController(
         rc, vocab, tagger,
         render=(mixed_renderer if tools else embedded_renderer) if embedded else generic_renderer,
-        describe=(mixed_description if tools else embedded_description) if embedded else None,
+        describe=describe,
     )  # fmt: skip
     return [*task_sampler(config, domain, _rised_train(rc, domain)), ctl]
 

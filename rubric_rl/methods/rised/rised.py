@@ -248,17 +248,6 @@ def mixed_renderer(task: Task, positives: Sequence[str], negatives: Sequence[str
     return render(task, positives, negatives)
 
 
-def mixed_description(rubric_id: str, task: Task) -> str | None:
-    """``embedded_description`` for a constraint task, ``rised_tool_tagger.tool_description``
-    for a tool environment's."""
-    from rubric_rl.envs.base import is_tool_env
-    from rubric_rl.methods.rised.rised_tool_tagger import tool_description
-
-    if is_tool_env(task.env_name):
-        return tool_description(rubric_id, task)
-    return embedded_description(rubric_id, task)
-
-
 # Rubrics of this skill describe the outcome, not a behaviour: they count in the profiles (the
 # seed's tagger is reward-informed, E.4) but are never shown as a teacher's context or an
 # anti-pattern ("meet every requirement" is no behaviour to imitate or avoid). Ours.
@@ -266,7 +255,7 @@ OUTCOME_SKILL = "outcome"
 
 
 def embedded_description(rubric_id: str, task: Task) -> str | None:
-    """A rubric of the embedded vocabulary (``rised_tagger.constraint_catalogue``) stated for
+    """A rubric of the embedded vocabulary (``envs/constraint_behaviours.catalogue``) stated for
     ``task`` in the domain's own words (the wording the warm-start corpus teaches, every word in
     the policy's vocabulary): a followed check as its guidance hint with the task's values ("the
     response lists exactly 3 items"), a violated one as an anti-pattern item ("breaking the rule :
@@ -669,7 +658,6 @@ __all__ = [
     "embedded_description",
     "embedded_renderer",
     "generic_renderer",
-    "mixed_description",
     "mixed_renderer",
     "teacher_stage",
 ]

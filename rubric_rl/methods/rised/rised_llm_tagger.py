@@ -332,6 +332,7 @@ class LLMTagger(RolloutTagger):
             "running": self.running.tolist(),
             "candidates": list(self.candidates),
             "refreshed_at": self.refreshed_at,
+            "failure_stop": self.failure_stop.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -348,3 +349,4 @@ class LLMTagger(RolloutTagger):
         self.running = running
         self.candidates = tuple(state["candidates"])
         self.refreshed_at = state["refreshed_at"]
+        self.failure_stop.load_state_dict(state.get("failure_stop"))

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from rubric_rl.envs.constraint_checkers import surface_features
 from rubric_rl.methods.harness_rl.attributor import (
     PastGroup,
     ProgrammaticAttributor,
@@ -15,7 +16,7 @@ from rubric_rl.methods.harness_rl.attributor import (
 
 N = float("nan")
 GOOD = "cat / dog / owl"
-att = ProgrammaticAttributor()
+att = ProgrammaticAttributor(features=surface_features)
 
 
 def run(ids, weights, met, responses, texts=None, **kw):
@@ -61,7 +62,7 @@ def test_saturated_needs_every_rollout_across_the_window():
         label(run(["easy", "count"], [1, 1], met, [GOOD] * 4, history=broken), "easy").label
         == "agree"
     )
-    three = ProgrammaticAttributor(type(att.config)(saturated_window=3))
+    three = ProgrammaticAttributor(type(att.config)(saturated_window=3), features=surface_features)
     assert three.attribute("t1", ["easy", "count"], [1, 1], ["a", "b"], np.array(met, float),
                            [GOOD] * 4, history=past).labels[0].label == "agree"  # fmt: skip
 

@@ -1,30 +1,36 @@
-"""RISED's tool-environment tagger (exact tags on replayed episodes), the mixed tagger's routing,
-the vocabulary's warm-up with tool environments, and the mixed renderer / descriptions."""
+"""RISED's tagger over the tool environments' behaviours (exact tags on replayed episodes), the
+mixed domain's routing, the vocabulary's warm-up with tool environments, and the mixed renderer /
+descriptions."""
 
 import dataclasses
 
 import pytest
 
+from rubric_rl.envs.constraint_behaviours import constraint_behaviours
 from rubric_rl.envs.constraint_domain import task_bank as constraint_tasks
 from rubric_rl.envs.inventory import InventoryEnv
 from rubric_rl.envs.sql import SqlEnv
-from rubric_rl.methods.rised.rised import mixed_description, mixed_renderer
-from rubric_rl.methods.rised.rised_tagger import ProgrammaticTagger, embedded_vocabulary
-from rubric_rl.methods.rised.rised_tool_tagger import (
-    _MALFORMED_CALL,
-    _WRITE_CALL,
-    MixedTagger,
-    ToolTagger,
-    _episode,
-    tool_catalogue,
-    tool_description,
-)
+from rubric_rl.envs.tool_behaviours import MALFORMED_CALL as _MALFORMED_CALL
+from rubric_rl.envs.tool_behaviours import WRITE_CALL as _WRITE_CALL
+from rubric_rl.envs.tool_behaviours import catalogue as tool_catalogue
+from rubric_rl.envs.tool_behaviours import describe as tool_description
+from rubric_rl.envs.tool_behaviours import episode as _episode
+from rubric_rl.envs.tool_behaviours import mixed_behaviours, tool_behaviours
+from rubric_rl.methods.rised.rised import embedded_description, mixed_renderer
+from rubric_rl.methods.rised.rised_tagger import ProgrammaticTagger, warmup_vocabulary
 from rubric_rl.rubrics.vocabulary import Vocabulary
+
+TOOLS = tool_behaviours(("sql", "inventory"))
+MIXED = mixed_behaviours(constraint_behaviours(), ("sql", "inventory"))
+
+
+def ToolTagger(vocab=None, **kw):  # noqa: N802 - the tool environments' tagger
+    return ProgrammaticTagger(TOOLS, vocab, **kw)
 
 
 @pytest.fixture(scope="module")
 def vocab():
-    return embedded_vocabulary(0, 60, tool_envs=("sql", "inventory"))
+    return warmup_vocabulary(MIXED, 0, 60)
 
 
 @pytest.fixture(scope="module")
@@ -80,24 +86,26 @@ def test_tool_tagger_maps_through_the_vocabulary_and_refuses_other_tasks(vocab, 
         ToolTagger()
 
 
-def test_mixed_tagger_routes_each_rollout_in_order(vocab, sql_task):
+def test_mixed_behaviours_route_each_rollout_in_order(vocab, sql_task):
     constraint = constraint_tasks("train", 2, seed=0)
     ref = _episode("sql", sql_task, SqlEnv.reference_turns(sql_task))
     tasks = [constraint[0], sql_task, constraint[1]]
     responses = [constraint[0].reference_answer, ref, "x y"]
     rewards = [1.0, 1.0, 0.0]
-    prog, tool = ProgrammaticTagger(vocab), ToolTagger(vocab)
-    got = MixedTagger(prog, tool).tag_batch(tasks, responses, rewards, step=3)
+    prog = ProgrammaticTagger(constraint_behaviours(), vocab)
+    tool = ToolTagger(vocab)
+    mixed = ProgrammaticTagger(MIXED, vocab)
+    got = mixed.tag_batch(tasks, responses, rewards, step=3)
     assert got[1] == tool.tag(sql_task, ref, 1.0)
     assert got[0] == prog.tag(constraint[0], responses[0], 1.0)
     assert got[2] == prog.tag(constraint[1], "x y", 0.0)
-    assert MixedTagger(prog, tool).retag_batch(tasks, responses, rewards, seed=5) == got
+    assert mixed.retag_batch(tasks, responses, rewards, seed=5) == got
 
 
 def test_vocabulary_with_tool_envs(vocab):
-    plain = embedded_vocabulary(0, 60)
-    assert plain.provenance.get("tool_envs") is None
-    assert vocab.provenance["tool_envs"] == ["sql", "inventory"]
+    plain = warmup_vocabulary(constraint_behaviours(), 0, 60)
+    assert plain.provenance["behaviours"] == "constraints"
+    assert vocab.provenance["behaviours"] == "constraints+sql+inventory"
     tool_ids = set(vocab.ids) - set(plain.ids)
     # The warm-up saw every rubric of the catalogue but the pitfalls no stand-in episode shows
     # (inventory's over-budget and unrequested purchases, a tool call after the answer).
@@ -128,8 +136,9 @@ def test_descriptions_and_renderer(sql_task):
     assert tool_description("no_tool_call", sql_task) == "Answering without calling any tool."
     assert tool_description("order_correct", sql_task) is None  # an inventory criterion
     constraint = constraint_tasks("train", 1, seed=0)[0]
-    assert mixed_description("read_required_tables", sql_task).startswith("Successfully")
-    assert mixed_description("task_solved", constraint) != mixed_description(
+    assert MIXED.describe("read_required_tables", sql_task).startswith("Successfully")
+    assert MIXED.describe("task_solved", constraint) is None  # the corpus's words: RISED's
+    assert embedded_description("task_solved", constraint) != MIXED.describe(
         "task_solved", sql_task
     )
     msgs = mixed_renderer(sql_task, ["Be exact."], ["Guessing."])
