@@ -70,6 +70,9 @@ def test_agent_steps_train_model_turns_and_mask_tool_outputs(tmp_path):
     c.warmstart.steps = 0
     c.eval.update(at_start=False, every=0)
     c.optim.mini_batches = 1
+    # The stand-in policy serves every caller of the engine: no calibration probes beside the
+    # step's own rollouts, which are what is checked.
+    c.calibration.enabled = False
     t = Trainer(c, str(tmp_path / "run"))
     try:
         t._restore_or_warmstart(resume=False)
