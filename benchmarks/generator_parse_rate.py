@@ -2,7 +2,7 @@
 demonstrations: the warm-started policy must emit parseable tasks at a measured rate.
 
 Warm start: the embedded default (``configs/grpo.py``, preset ``--preset``, its constraint corpus)
-with ``generator_corpus.with_generator_demonstrations`` (share ``--fraction`` of the corpus,
+with ``constraint_writer_corpus.with_generator_demonstrations`` (share ``--fraction`` of the corpus,
 ``--negatives`` in-context negatives at most) for ``--steps`` steps of ``--batch`` rows, no copy
 steps, prompts up to 256 tokens and completions of 112. Then ``--episodes`` generator episodes
 (``GeneratorEnv`` through the agent loop with the JAX engine, ``--temperature``) over the
@@ -53,14 +53,15 @@ def main() -> None:
     from rubric_rl import builders, warmstart
     from rubric_rl.core.train_step import init_train_state
     from rubric_rl.envs.constraint_domain import ConstraintDomain
-    from rubric_rl.methods.arise_rl.arise_rl_rewards import r_fmt, r_tool
-    from rubric_rl.methods.arise_rl.generator_corpus import with_generator_demonstrations
-    from rubric_rl.methods.arise_rl.generator_domain import (
+    from rubric_rl.envs.constraint_writer import (
         GENERATOR_TASK_TYPES,
+        ConstraintTaskWriter,
         GeneratorEnv,
-        episode_outcome,
         generator_task,
     )
+    from rubric_rl.envs.constraint_writer_corpus import with_generator_demonstrations
+    from rubric_rl.methods.arise_rl.arise_rl_domain import GeneratorRole
+    from rubric_rl.methods.arise_rl.arise_rl_rewards import r_fmt, r_tool, tool_observed
     from rubric_rl.rollout.agent import AgentConfig, ChatFormat, run_agent
     from rubric_rl.rollout.engine import SamplingParams
 
@@ -106,7 +107,8 @@ def main() -> None:
         step=1,
     )
     gen_s = time.perf_counter() - t1
-    outs = [episode_outcome(tr.response) for tr in trajs]
+    role = GeneratorRole(ConstraintTaskWriter(observed=tool_observed))
+    outs = [role.episode_outcome(tr.response, forbidden=frozenset()) for tr in trajs]
     fmt = np.array([r_fmt(o) for _, o in outs])
     tool = np.array([r_tool(o) for _, o in outs])
     parsed = [(g, t) for (g, _), t in zip(outs, tasks, strict=True) if g.task is not None]

@@ -39,7 +39,7 @@ Variants (comma-separated, big_vision style):
   last_user`` (m appended to the last user message instead of the system message),
   ``estimator=full|topk|sampled``;
 - ``sql``: the generator role over the SQL env (``arise_rl.generator_domain="sql"``,
-  rubric_rl/methods/arise_rl/sql_generator.py): the generator explores a training-split database
+  rubric_rl/envs/sql_writer.py): the generator explores a training-split database
   with the env's read-only tools and writes ``<question>`` + ``<rubric>`` of checkable items
   (``answer_equals`` grounded in its own tool observations, ``queried_tables``, ``no_write``…);
   the solver runs agent episodes in the SQL env (``rollout.mode="agent"``, configs/grpo.py's

@@ -87,18 +87,26 @@ def get_harness_section() -> common.ConfigDict:
     # ~9 draws per task over 150 steps of 32).
     h.task_bank = 0
     # The memory cold start (§3): the warm-started policy on `tasks` training tasks, `groups`
-    # independent groups each, `regradings` fresh gradings of one group per task. The rubric
+    # independent groups each, `regradings` fresh gradings of one group per task (ours: 256
+    # tasks, so that the paired rule's 95th percentile rests on 256 null values, one per task;
+    # the seed states no number). The rubric
     # band's lower bound with a deterministic judge (every regrading identical) is
     # deterministic_floor (ours: the seed's 3.1); band_floor (ours): every band's least lower
     # bound and least width, so none collapses to a point. cache_dir: reuse across runs (keyed
     # by the warm start's key and this section).
     h.cold_start = dict(
-        tasks=32, groups=3, regradings=2, deterministic_floor=3.1, band_floor=3.1, cache_dir=""
+        tasks=256, groups=3, regradings=2, deterministic_floor=3.1, band_floor=3.1, cache_dir=""
     )
     # The bands re-measured on the current policy at the start of each training quarter
     # ("quarter", ours: the policy sharpens and its null variation shrinks) or frozen at the
     # cold start ("never", the seed's).
     h.recalibrate = "quarter"
+    # The critic's rollout measurement: "paired" (ours) re-samples the candidate's group and the
+    # current harness's group, paired_samples (J') each on shared seeds, against a band
+    # calibrated for 5 % false acceptance and 80 % power (cold_start.paired_band); "unpaired"
+    # is the seed's rule (one re-sampled group of J against the recorded group).
+    h.measurement = "paired"
+    h.paired_samples = 16
     h.attributor = dict(
         saturated_window=2, fluff_gap=0.5, length_gap=0.3, coverage_gap=0.2, quality_margin=0.05
     )

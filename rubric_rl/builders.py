@@ -73,7 +73,10 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
     from rubric_rl.envs import constraints
     from rubric_rl.envs.constraint_behaviours import constraint_behaviours
     from rubric_rl.envs.constraint_checkers import surface_features
+    from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
     from rubric_rl.envs.constraint_library import library_criteria
+    from rubric_rl.envs.constraint_style import ConstraintStyle
+    from rubric_rl.envs.constraint_writer import ConstraintTaskWriter
 
     gen = constraints.ConstraintDomain(int(cfg.seed))
     hard = int(cfg.get("hard_min_constraints", 0))
@@ -97,12 +100,15 @@ def constraints_domain(cfg: ConfigDict) -> Domain:
         criteria_library=library_criteria,
         copy_corpus=constraints.copy_corpus,
         validation=tasks("validation", int(cfg.n_validation)),
+        style=ConstraintStyle(),
+        skill_texts=dict(SKILL_TEXTS),
         surface_features=surface_features,
         behaviours=constraint_behaviours(),
+        task_writer=ConstraintTaskWriter,
     )
     demos = float(cfg.get("generator_demos", 0.0))
     if demos > 0:
-        from rubric_rl.methods.arise_rl.generator_corpus import with_generator_demonstrations
+        from rubric_rl.envs.constraint_writer_corpus import with_generator_demonstrations
 
         domain = with_generator_demonstrations(
             domain, fraction=demos, n_negatives=int(cfg.get("generator_negatives", 10))
@@ -121,6 +127,7 @@ def instruct_domain(cfg: ConfigDict) -> Domain:
     policy: no warm-start corpus (``warmstart.steps=0``); the embedded "spaced" tokenizer over
     its vocabulary serves tiny test models, a real model brings its own tokenizer."""
     from rubric_rl.envs import instruct
+    from rubric_rl.envs.instruct_guidance import InstructStyle, skill_texts
     from rubric_rl.envs.instruct_library import library_criteria
 
     gen = instruct.InstructDomain(int(cfg.seed))
@@ -136,6 +143,8 @@ def instruct_domain(cfg: ConfigDict) -> Domain:
         guidance=instruct.skill_guidance,
         criteria_library=library_criteria,
         validation=tuple(gen.tasks("validation", int(cfg.n_validation))),
+        style=InstructStyle(),
+        skill_texts=skill_texts(),
     )
 
 
@@ -309,12 +318,13 @@ def _tool_domain(name: str, cfg: ConfigDict) -> Domain:
     vocabulary = tool_domain.vocabulary(name)
     if name == "sql" and bool(cfg.get("generator_units", False)):
         # ARISE-RL's SQL generator (configs/arise_rl.py:sql): its role prompt's units appended.
-        from rubric_rl.methods.arise_rl.sql_generator import generator_units
+        from rubric_rl.envs.sql_writer import generator_units
 
         vocabulary = (*vocabulary, *sorted(set(generator_units()) - set(vocabulary)))
+    train = tuple(env_cls.task_bank("train", int(cfg.n_train), seed))
     return Domain(
         name=name,
-        train=tuple(env_cls.task_bank("train", int(cfg.n_train), seed)),
+        train=train,
         heldout=tuple(env_cls.task_bank("heldout", int(cfg.n_heldout), seed)),
         ood=tuple(env_cls.task_bank("ood", int(cfg.n_ood), seed)),
         verify=tool_domain.VERIFIERS[name],
@@ -323,7 +333,19 @@ def _tool_domain(name: str, cfg: ConfigDict) -> Domain:
         make_env=lambda task: env_cls(),
         embedded_tokenizer="spaced",
         behaviours=tool_behaviours((name,)),
+        task_writer=_task_writer(name, train),
     )
+
+
+def _task_writer(name: str, train: tuple[Task, ...]) -> Callable[..., Any] | None:
+    """A tool domain's task writer (``Domain.task_writer``): the SQL env's, over its training
+    split's databases (ours: generated tasks never touch a held-out database); None for the
+    others."""
+    if name != "sql":
+        return None
+    from rubric_rl.envs.sql_writer import SqlTaskWriter
+
+    return functools.partial(SqlTaskWriter.from_tasks, train)
 
 
 for _name in TOOL_DOMAINS:

@@ -47,7 +47,7 @@ import hashlib
 import math
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -56,6 +56,7 @@ from rubric_rl import builders
 from rubric_rl.methods.arise.reflection_base import satisfied
 from rubric_rl.methods.method import get_method
 from rubric_rl.rollout.batch import Rollouts, Trajectory
+from rubric_rl.rollout.engine import RolloutEngine
 from rubric_rl.services import Services
 from rubric_rl.step import (
     RUBRIC_SIGNAL,
@@ -63,6 +64,7 @@ from rubric_rl.step import (
     StepContext,
     mark_behaviour,
 )
+from rubric_rl.step_metrics import step_metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,13 +119,29 @@ _FLUFF = ("praise", "claim", "pad")
 
 
 class ScriptedPolicy:
-    """A stand-in policy for the embedded constraint domain (module docstring)."""
+    """A stand-in policy for the embedded constraint domain (module docstring).
 
-    def __init__(self, script: Mapping[str, CriterionScript] | None = None, *, seed: int = 0):
+    Seed-shared sampling: rollouts with the same key (step, sample j, task, probe stream or
+    ``seed_indices``) draw the same uniform per requirement, whatever the prompt, so a guided
+    and an unguided rollout on one seed differ only where the guidance moved a requirement's
+    probability across that draw. ``coupling`` < 1 (a real policy's tokens diverge once the
+    prompt differs) keeps the shared draw per requirement with that probability and otherwise
+    draws from a stream keyed by the prompt text as well; 1 (default) shares every draw."""
+
+    def __init__(
+        self,
+        script: Mapping[str, CriterionScript] | None = None,
+        *,
+        seed: int = 0,
+        coupling: float = 1.0,
+    ):
         from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
 
+        if not 0.0 <= coupling <= 1.0:
+            raise ValueError(f"ScriptedPolicy.coupling must be in [0, 1], got {coupling}")
         self.script = dict(DEFAULT_SCRIPT if script is None else script)
         self.seed = int(seed)
+        self.coupling = float(coupling)
         self.skill_texts = dict(SKILL_TEXTS)
         # (task id, step, j) -> the requirement kinds the script let that rollout meet: the
         # script's truth, for checks that score a controller against it (never read by one).
@@ -144,6 +162,11 @@ class ScriptedPolicy:
             return True
         return bool(criterion_text) and criterion_text in prompt_text
 
+    def guidance_gain(self, task: Any, requirement: Any, script: CriterionScript) -> float:
+        """How much guidance for ``requirement`` raises its pass rate (the script's
+        ``skill_gain``; a check may script it per task)."""
+        return script.skill_gain
+
     def respond(
         self, task: Any, messages: Sequence[Mapping[str, str]], step: int, j: int, salt: int = 0
     ) -> str:
@@ -154,10 +177,17 @@ class ScriptedPolicy:
         key = [self.seed, step, j, _stable_hash(task.id)] + ([int(salt)] if salt else [])
         rng = np.random.default_rng(key)
         text = " ".join(m["content"] for m in messages)
+        own = np.random.default_rng(key + [_stable_hash(text)]) if self.coupling < 1 else None
         keep = set()
         for c in task_requirements(task):  # stated constraints and implicit requirements
-            p = self.script_for(c.kind, c.rare).p(step, self.guided(text, c.capability, c.text))
-            if rng.random() < p:
+            script = self.script_for(c.kind, c.rare)
+            p = script.p(step, False)
+            if self.guided(text, c.capability, c.text):
+                p = min(1.0, p + self.guidance_gain(task, c, script))
+            u = rng.random()
+            if own is not None and rng.random() >= self.coupling:
+                u = own.random()
+            if u < p:
                 keep.add(c.kind)
         if not salt:
             self.kept[(task.id, int(step), int(j))] = frozenset(keep)
@@ -204,22 +234,27 @@ def scripted_services_generate(policy: ScriptedPolicy, services: Services, tasks
     """``Services.generate`` answered by the policy: probe rollouts a controller samples itself
     (HarnessRL's critic and cold start) go through the same script, at the current step's
     probabilities, each from its own random stream (per stream, and per repeat of a task within
-    one call: the engine seeds every prompt of a call apart). ``names`` must be task ids."""
+    one call: the engine seeds every prompt of a call apart). ``seed_indices``, as the engine's:
+    prompts with the same index share their samples' seeds (``ScriptedPolicy``'s seed-shared
+    sampling). ``names`` must be task ids."""
     by_id = {t.id: t for t in tasks}
 
-    def generate(prompts, n, *, stream="probe", params=None, names=None):
+    def generate(prompts, n, *, stream="probe", params=None, names=None, seed_indices=None):
         if names is None:
             raise ValueError("scripted generate: the caller must pass names= (task ids)")
+        if seed_indices is not None and len(seed_indices) != len(prompts):
+            raise ValueError(f"seed_indices: one per prompt ({len(prompts)})")
         ids, out = [], []
         salt = _stable_hash(stream) % 1000 + 1
         repeats: collections.Counter = collections.Counter()
-        for m, name in zip(prompts, names, strict=True):
+        for i, (m, name) in enumerate(zip(prompts, names, strict=True)):
             task = by_id[name]
             k, repeats[name] = repeats[name], repeats[name] + 1
+            s = salt + 7919 * k
+            if seed_indices is not None:
+                s = 1 + int(seed_indices[i]) % (1 << 40)
             ids.append(services.encode_prompt(m, f"task {name} at step {services.step}"))
-            texts = [
-                policy.respond(task, m, services.step, j, salt=salt + 7919 * k) for j in range(n)
-            ]
+            texts = [policy.respond(task, m, services.step, j, salt=s) for j in range(n)]
             out.append([Trajectory((), (), "stop", services.step - 1, x) for x in texts])
         return ids, out
 
@@ -277,12 +312,32 @@ class ScriptedRun:
         ctx = StepContext(step, self.config, rng, self.services, self.controllers, self.domain)
         return self.pipeline(ctx), ctx
 
+    def metrics(self, rollouts: Rollouts, ctx: StepContext) -> dict[str, Any]:
+        """What the trainer logs for the step, less what the update measures (``loss/*``,
+        ``train/*``, timings, the oracle): ``step_metrics`` of the rollouts, then the stages'."""
+        seconds = dict(ctx.seconds, step=sum(ctx.seconds.values()))
+        m = step_metrics(rollouts, {}, seconds, measured=False)
+        m.update(ctx.metrics)
+        return m
 
-def scripted_run(config, policy: ScriptedPolicy, workdir: str, controllers=None) -> ScriptedRun:
-    """Builds the domain, the judge, ``Services`` (generation answered by ``policy``) and the
-    method's controllers (or ``controllers``), bound to ``<workdir>/controllers``."""
-    if config.get("calibration") is not None and bool(config.calibration.enabled):
-        # Calibration samples the policy through the engine; the check has neither.
+
+def scripted_run(
+    config,
+    policy: ScriptedPolicy | None,
+    workdir: str,
+    controllers=None,
+    *,
+    engine: Callable[[Any], RolloutEngine] | None = None,
+) -> ScriptedRun:
+    """Builds the domain, the judge, ``Services`` and the method's controllers (or
+    ``controllers``), bound to ``<workdir>/controllers``. Generation is answered by ``policy``
+    (the ``generate`` stage and ``Services.generate`` replaced), or, with ``policy=None``, by
+    the real ``generate`` stage and ``Services`` on ``engine(tokenizer)`` (a model-free engine:
+    ``rollout.scripted.ScriptedEngine``; ``ScriptedRun.services.engine``)."""
+    if (policy is None) == (engine is None):
+        raise ValueError("scripted_run: give a ScriptedPolicy or an engine, not both or neither")
+    if policy is not None and config.get("calibration") is not None and config.calibration.enabled:
+        # Calibration samples the policy through the engine; the policy check has none.
         config = config.copy_and_resolve_references()
         config.unlock()
         config.calibration.enabled = False
@@ -291,15 +346,18 @@ def scripted_run(config, policy: ScriptedPolicy, workdir: str, controllers=None)
     judge = builders.build_judge(config, workdir)
     tokenizer = builders.build_tokenizer(config, domain, workdir)
     buckets = functools.partial(builders.prompt_buckets, config)
-    services = Services(config, None, tokenizer, judge, domain, workdir, buckets)
-    services.generate = scripted_services_generate(policy, services, domain.train)
+    live = None if engine is None else engine(tokenizer)
+    services = Services(config, live, tokenizer, judge, domain, workdir, buckets)
+    if policy is not None:
+        services.generate = scripted_services_generate(policy, services, domain.train)
     if controllers is None:
         controllers, pipeline = builders.build_method(config, domain)
     else:  # given controllers: the method's pipeline over them
         method = get_method(str(config.get("method", "grpo")))
         pipeline = method.pipeline(config, controllers.controllers)
     controllers.bind(services, os.path.join(workdir, "controllers"))
-    pipeline = pipeline.replace("generate", scripted_generate(policy))
+    if policy is not None:
+        pipeline = pipeline.replace("generate", scripted_generate(policy))
     return ScriptedRun(config, domain, services, controllers, pipeline)
 
 

@@ -299,7 +299,7 @@ def get_base_config() -> ConfigDict:
         # the environments). 5 makes about a fifth of the tasks "hard" (list and format tasks).
         hard_min_constraints=0,
         # The embedded domain only: > 0 gives this share of the warm-start corpus to ARISE-RL's
-        # generator-role demonstrations (envs/generator_corpus.py, with up to
+        # generator-role demonstrations (envs/constraint_writer_corpus.py, with up to
         # ``generator_negatives`` in-context negatives each) and extends the vocabulary with the
         # generator's units (configs/arise_rl.py sets it; 0 = the corpus of every other method).
         generator_demos=0.0,

@@ -286,9 +286,6 @@ class Trainer:
         m["time/eval"] = time.perf_counter() - t0
         return m
 
-    def _checkpoint_due(self, total: int) -> bool:
-        return run_dir.checkpoint_due(self.config.checkpoint, self.step, total)
-
     def run(
         self, resume: bool = False, rebuild_controller_files: bool = False
     ) -> list[dict[str, Any]]:
@@ -313,10 +310,13 @@ class Trainer:
                     self.ckpt.check()  # a failed asynchronous save stops the run here
                     m = self.train_one_step()
                     m.update(self._evaluate_due(final=self.step == total))
+                    # The previous step's save runs while this step trains: one that failed
+                    # meanwhile stops the run before this step is recorded as trained.
+                    self.ckpt.check()
                     # Row first, then the checkpoint: a kill in between replays this step on resume
                     # (rows after the restored step are dropped), so no row is ever lost.
                     rows.append(self.metrics.write(self.step, m))
-                    if self._checkpoint_due(total):
+                    if run_dir.checkpoint_due(cfg.checkpoint, self.step, total):
                         self.save()
                     call_step_end(self.callbacks, self.step, rows[-1], self.state)
                     bar.update(1)

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from rubric_rl.metrics import read_metrics, read_rollouts
 from tests.launch_env import launch_env
 from tests.trainer_spy import record_train_batches
@@ -13,6 +15,7 @@ from tests.trainer_spy import record_train_batches
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_sql_domain_trains_through_launch_in_agent_mode(tmp_path):
     work = tmp_path / "sql"
     cmd = [

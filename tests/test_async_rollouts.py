@@ -14,7 +14,9 @@ import pytest
 
 from rubric_rl.async_rollouts import Prefetcher, Weights, prefetch_steps, weight_version
 from rubric_rl.metrics import read_metrics
+from rubric_rl.rollout.scripted import ScriptedEngine, prompt_words
 from tests.launch_env import kill_then_resume, launch_env, metric_diffs, stable_rows
+from tests.trainer_spy import serve_scripted
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -141,6 +143,7 @@ def test_between_sync_points_save_refuses_and_evaluate_uses_the_live_policy(tmp_
     c.train.steps = 10
     c.rollout.update(max_staleness=1, async_overlap=False)  # this session's 8 CPU devices
     t = Trainer(c, str(tmp_path))
+    serve_scripted(t, ScriptedEngine(t.tokenizer, prompt_words))  # no generation compiled
     try:
         t._restore_or_warmstart(resume=False)
         t.train_one_step()
@@ -222,6 +225,7 @@ def _rows(path):
     return read_metrics(str(path / "metrics.jsonl"))
 
 
+@pytest.mark.slow
 def test_versions_and_staleness_follow_the_schedule(runs):
     rows = [r for r in _rows(runs["overlap"]) if r["step"] > 0]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
@@ -233,6 +237,7 @@ def test_versions_and_staleness_follow_the_schedule(runs):
     assert all("rollout/staleness" not in r for r in _rows(runs["sync"]))  # k = 0: as before
 
 
+@pytest.mark.slow
 def test_overlapped_equals_the_same_schedule_inline(runs):
     a, b = _rows(runs["overlap"]), _rows(runs["inline"])
     assert len(a) == len(b) == STEPS + (1 if a[0]["step"] == 0 else 0)
@@ -240,6 +245,7 @@ def test_overlapped_equals_the_same_schedule_inline(runs):
     assert not diffs, f"overlapped vs inline (step, key, overlapped, inline): {diffs[:10]}"
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_equals_uninterrupted(runs):
     assert max(r["step"] for r in runs["rows_at_kill"]) < STEPS, "the run was not interrupted"
     diffs = metric_diffs(_rows(runs["overlap"]), _rows(runs["killed"]))
@@ -247,6 +253,7 @@ def test_sigkill_then_resume_equals_uninterrupted(runs):
     assert not diffs, f"resumed vs uninterrupted (step, key, a, b): {diffs[:10]}"
 
 
+@pytest.mark.slow
 def test_stale_weights_are_the_ones_sampled(runs):
     """Step 1 samples with version 0 in both runs: identical. Step 2 samples with version 0
     asynchronously and version 1 synchronously: its rollouts' log-probs, hence its loss and

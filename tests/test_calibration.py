@@ -1,5 +1,6 @@
 """Calibration before RL (rubric_rl/calibration.py): written once at step 1 from the policy RL
-starts from, recomputable from the rollouts it records, and invisible to training."""
+starts from, recomputable from the rollouts it records, and invisible to training. The runs are
+the GRPO pipeline on a scripted engine (rubric_rl/rollout/scripted.py): nothing compiled."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import pytest
 from configs import grpo
 from rubric_rl import calibration
 from rubric_rl.config_validation import validate_config
+from rubric_rl.controller_check import scripted_run
 from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
 from rubric_rl.envs.constraint_library import library_criteria
 from rubric_rl.envs.constraints import ConstraintDomain, skill_guidance, verify
+from rubric_rl.rollout.scripted import ScriptedEngine, prompt_words
 
 
 def _config(enabled: bool):
@@ -26,25 +29,29 @@ def _config(enabled: bool):
 
 
 def _run(config, workdir):
-    from rubric_rl.trainer import Trainer
-
-    t = Trainer(config, str(workdir))
-    try:
-        return t.run(), t
-    finally:
-        t.close()
+    """Steps 1 and 2 of the GRPO pipeline (real controllers, services, judge; nothing trained)
+    on the scripted policy; (each step's metrics and Rollouts, the run)."""
+    run = scripted_run(
+        config, None, str(workdir), engine=lambda tok: ScriptedEngine(tok, prompt_words)
+    )
+    steps = []
+    for step in (1, 2):
+        rollouts, ctx = run.step(step)
+        steps.append((dict(run.metrics(rollouts, ctx), step=step), rollouts))
+    return steps, run
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("calibration")
-    with_cal, trainer = _run(_config(True), root / "on")
+    with_cal, run = _run(_config(True), root / "on")
     without, _ = _run(_config(False), root / "off")
-    return with_cal, without, root / "on", trainer
+    return with_cal, without, root / "on", run
 
 
 def test_written_once_and_recomputable_from_its_rollouts(runs):
-    rows, _, workdir, trainer = runs
+    steps, _, workdir, trainer = runs
+    rows = [m for m, _ in steps]
     fig = calibration.read(str(workdir))
     n_tasks, j = 8, int(trainer.config.rollout.samples_per_task)
     assert len(fig["tasks"]) == n_tasks and fig["rollouts_per_task"] == j
@@ -93,11 +100,21 @@ def test_written_once_and_recomputable_from_its_rollouts(runs):
 
 
 def test_training_is_unchanged_by_calibration(runs):
+    """What each step trains on (tasks, sampled tokens, seeds, rewards, advantages) and its
+    metrics are the same with and without calibration: its rollouts draw from their own seed
+    stream and its task draw from its own seed."""
     with_cal, without, _, _ = runs
     assert len(with_cal) == len(without) == 2
-    for a, b in zip(with_cal, without):
+    for (a, ra), (b, rb) in zip(with_cal, without):
         shared = [k for k in b if not k.startswith(("time/", "perf/"))]
         assert {k: a[k] for k in shared} == {k: b[k] for k in shared}
+        assert [t.id for t in ra.tasks] == [t.id for t in rb.tasks]
+        for ga, gb in zip(ra.groups, rb.groups, strict=True):
+            assert [(t.tokens, t.seed) for t in ga.trajectories] == [
+                (t.tokens, t.seed) for t in gb.trajectories
+            ]
+        np.testing.assert_array_equal(ra.rewards, rb.rewards)
+        np.testing.assert_array_equal(ra.advantages, rb.advantages)
 
 
 def test_probe_set_is_fixed_by_its_own_seed():

@@ -140,6 +140,7 @@ def test_dataset_domain_refuses_a_warm_start_it_has_no_corpus_for():
         common.validate_config(c, num_devices=1)
 
 
+@pytest.mark.slow
 def test_training_on_tasks_reloaded_from_disk(tmp_path):
     # Constraint tasks written in our JSONL format and read back: rule-verified criteria whose
     # checkers are found without importing the domain, judged programmatically, trained end to

@@ -8,8 +8,13 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from rubric_rl.metrics import read_metrics
 from tests.launch_env import VOLATILE, launch_env
+
+# Real-model end-to-end runs (launched processes that train): the slow tier.
+pytestmark = pytest.mark.slow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -40,6 +40,7 @@ def runs(tmp_path_factory):
     return full, killed, rows_at_kill
 
 
+@pytest.mark.slow
 def test_smoke_run_directory_and_metrics(runs):
     full, _, _ = runs
     rows = read_metrics(str(full / "metrics.jsonl"))
@@ -81,6 +82,7 @@ def test_smoke_run_directory_and_metrics(runs):
     assert (full / "tokenizer" / "tokenizer.json").exists()
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_equals_uninterrupted(runs):
     full, killed, rows_at_kill = runs
     assert max(r["step"] for r in rows_at_kill) < STEPS, "the run was not interrupted"
@@ -483,6 +485,7 @@ def test_default_advantages_keep_the_rubric_weights_scale():
     assert np.abs(adv[0]).max() * 10 < np.abs(adv[1]).max()
 
 
+@pytest.mark.slow
 def test_kl_reference_is_the_warm_start_policy_and_survives_a_resume(tmp_path):
     """loss.kl_beta > 0: the trainer passes the policy RL started from as the KL reference; after
     updates the KL is positive, and a resumed trainer rebuilds the same reference bit for bit."""

@@ -14,3 +14,15 @@ def record_train_batches(trainer) -> list:
     spy.compute_logps = real.compute_logps
     trainer.train_step = spy
     return seen
+
+
+def serve_scripted(trainer, engine) -> None:
+    """The trainer samples from ``engine`` (a ``rollout.scripted.ScriptedEngine``) instead of its
+    model: no generation program is compiled; updates, evaluation, checkpoints and logs are the
+    real ones (the engine is told each new weight version). The real engine is closed first, so
+    a component still holding it fails loudly."""
+    real = trainer.engine
+    real.close()
+    # The services' sampler is shared by every caller's view (controllers included); the weight
+    # server tells the engine each new version.
+    trainer.engine = trainer.services.sampler.engine = trainer.weights.engine = engine

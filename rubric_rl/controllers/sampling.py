@@ -122,31 +122,27 @@ def evidence_rewards(evidence: Rollouts) -> np.ndarray:
     return np.asarray(evidence.rewards, dtype=np.float64)
 
 
-def domain_verifier(domain: str) -> Callable[[Any, str], Any]:
-    """The task verifier of a domain (only the embedded constraint domain has one)."""
-    from rubric_rl.envs.constraint_spec import DOMAIN
-
-    if domain != DOMAIN:
-        raise ValueError(
-            f"reward_variance sampler: reward='task_verifier' has no verifier for domain "
-            f"{domain!r} (only {DOMAIN!r}); use reward='evidence'"
-        )
-    from rubric_rl.envs.constraints import verify
-
-    return verify
-
-
 @GROUP_REWARDS.register("task_verifier")
-def task_verifier_rewards(evidence: Rollouts) -> np.ndarray:
+def task_verifier_rewards(
+    evidence: Rollouts, verify: Callable[[Any, str], Any] | None = None
+) -> np.ndarray:
     """[G, J] outcome rewards: 1.0 where the domain's verifier passes the response, else 0.0;
     NaN where the verifier raises (undefined, never 0) or the group is shorter. Read from the
-    step's ``task_verifier`` signal when the reward stage computed it (the verifier runs once)."""
+    step's ``task_verifier`` signal, which the reward stage computes from the domain's verifier
+    (``Domain.verify``) whenever the domain has one; ``verify`` computes it for evidence without
+    that signal."""
     if any("task_verifier" in t.signals for g in evidence.groups for t in g.trajectories):
         return evidence.signal("task_verifier")
+    if verify is None:
+        domains = sorted({t.domain for t in evidence.tasks})
+        raise ValueError(
+            f"reward_variance sampler: reward='task_verifier' has no verifier for domain "
+            f"{', '.join(map(repr, domains))}: the step computes the task_verifier signal only "
+            "for a domain with a verifier (Domain.verify); use reward='evidence'"
+        )
     width = max((len(r) for r in evidence.responses), default=0)
     out = np.full((len(evidence.tasks), width), np.nan)
     for g, (task, group) in enumerate(zip(evidence.tasks, evidence.responses)):
-        verify = domain_verifier(task.domain)
         for j, response in enumerate(group):
             try:
                 r = verify(task, response)

@@ -36,8 +36,9 @@ import dataclasses
 import hashlib
 import logging
 import random
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Protocol
 
 from rubric_rl.envs.tool_calls import (
     ToolCall,
@@ -53,7 +54,7 @@ from rubric_rl.envs.tool_calls import (
 )
 from rubric_rl.envs.trajectory import ToolRecord, Transcript
 from rubric_rl.registry import Registry
-from rubric_rl.rubrics.types import Message, Task
+from rubric_rl.rubrics.types import Message, Task, append_to_last_user, append_to_system
 
 log = logging.getLogger(__name__)
 
@@ -342,6 +343,137 @@ class Env(abc.ABC):
         return info
 
 
+# --------------------------------------------------------------------------------------------
+# How method text reaches a prompt
+
+# The kinds of method text a style renders, in the order their blocks are mounted on a prompt:
+# HarnessRL's guidance fields (HarnessRL §2.1: criterion, reference, critique after the prompt in
+# that order), ARISE's skills, RISED's anti-patterns and ARISE-RL's coach memory.
+TEXT_KINDS: tuple[str, ...] = (
+    "criterion",
+    "reference",
+    "critique",
+    "skills",
+    "anti_patterns",
+    "coach",
+)
+_COACH_NOTE = "remember : "
+_COACH_SPLIT = re.compile(r" ; (?=remember : )")
+
+
+def _texts(value: str | Sequence[str] | None) -> list[str]:
+    """A field's value as its non-blank texts (one text, or several sharing one block)."""
+    if value is None:
+        return []
+    texts = [value] if isinstance(value, str) else list(value)
+    return [t for t in texts if t and t.strip()]
+
+
+class Style:
+    """The Domain contract's renderer family: how every kind of method text reaches a prompt, so
+    a method runs on any domain without naming it. A domain whose policy was warm-started on a
+    prompt shape (the embedded constraint domain's ``<criterion> … </criterion>`` blocks, its
+    lower-case wording) or that talks to a chat model in English overrides it
+    (``envs/constraint_style.py``, ``envs/instruct_guidance.py``); this base class is the generic
+    style any other domain gets: plain blocks appended to the last user message.
+
+    Texts: ``hint`` (a criterion stated as guidance), ``reference`` (a good / poor response),
+    ``critique`` (the criteria earlier answers missed), ``coach`` / ``coach_notes`` (ARISE-RL's
+    memory from its notes, and back). Prompts: ``mount`` (HarnessRL's guidance fields on a
+    task's prompt), ``add_block`` (one block appended to an already-decorated prompt: ARISE's
+    skills, ARISE-RL's coach memory), ``show_and_avoid`` (RISED's behaviours to show and
+    anti-patterns to avoid: its decorated prompts and teacher contexts), ``describe`` (a RISED
+    vocabulary rubric stated for one task)."""
+
+    # -- texts ----------------------------------------------------------------------------------
+
+    def hint(self, text: str, weight: float) -> str:
+        """A criterion as guidance: its text, or an instruction to avoid a pitfall (weight < 0)."""
+        return text if weight > 0 else f"Avoid: {text}"
+
+    def reference(self, good: str | None, bad: str | None) -> str:
+        """A good and / or a poor response as one text."""
+        return "\n".join(
+            ([f"A good response: {good}"] if good else [])
+            + ([f"A poor response: {bad}"] if bad else [])
+        )
+
+    def critique(self, missed: Sequence[str]) -> str:
+        """The criteria (as ``hint`` texts) that the previous answers missed."""
+        return "The previous answers missed: " + "; ".join(missed)
+
+    def coach(self, notes: Sequence[str]) -> str:
+        """ARISE-RL's coach memory from its notes, one "remember : note" per note."""
+        return " ; ".join(f"{_COACH_NOTE}{n}" for n in notes)
+
+    def coach_notes(self, memory: str) -> list[str]:
+        """``coach``'s memory back as its notes: ``coach(coach_notes(m)) == m``."""
+        return [n.removeprefix(_COACH_NOTE) for n in _COACH_SPLIT.split(memory)]
+
+    # -- prompts --------------------------------------------------------------------------------
+
+    def block(self, kind: str, text: str | Sequence[str]) -> str:
+        """One block of method text: ``<kind> text </kind>``, several texts joined by " ; "."""
+        _check_kinds([kind], type(self).__name__)
+        return f"<{kind}> {' ; '.join(_texts(text))} </{kind}>"
+
+    def mount(self, task: Task, fields: Mapping[str, str | Sequence[str] | None]) -> list[dict]:
+        """The task's prompt with ``fields`` (kind -> a text or several; empty ones skipped) as
+        blocks in ``TEXT_KINDS`` order on the last user message; no text: the task's messages."""
+        _check_kinds(fields, type(self).__name__)
+        blocks = [self.block(k, fields[k]) for k in TEXT_KINDS if _texts(fields.get(k))]
+        if not blocks:
+            return task.messages
+        return append_to_last_user(task.messages, "\n".join(blocks), what=f"task {task.id!r}")
+
+    def add_block(
+        self,
+        task: Task,
+        messages: Sequence[Mapping[str, str]],
+        kind: str,
+        text: str | Sequence[str],
+        *,
+        placement: str = "last_user",
+    ) -> list[dict]:
+        """``messages`` (``task``'s prompt, perhaps already decorated) with one ``kind`` block
+        appended to the last user message, or to the system message (``placement="system"``)."""
+        if placement == "system":
+            return append_to_system(messages, self.block(kind, text))
+        if placement != "last_user":
+            raise ValueError(f"add_block: placement must be last_user or system, got {placement!r}")
+        return append_to_last_user(messages, self.block(kind, text), what=f"task {task.id!r}")
+
+    def show_and_avoid(
+        self, task: Task, positives: Sequence[str], negatives: Sequence[str]
+    ) -> list[dict]:
+        """The task's prompt with behaviours to show (``positives``) and anti-patterns to avoid
+        (``negatives``) as titled lists; neither: a copy of the task's messages."""
+        blocks = []
+        if positives:
+            blocks.append("Behaviours to show:\n" + "\n".join(f"- {p}" for p in positives))
+        if negatives:
+            blocks.append("Anti-patterns to avoid:\n" + "\n".join(f"- {n}" for n in negatives))
+        if not blocks:
+            return [dict(m) for m in task.messages]
+        return append_to_last_user(task.messages, "\n\n".join(blocks), what=f"task {task.id!r}")
+
+    def describe(self, rubric_id: str, task: Task, description: str) -> str | None:
+        """A rubric of a method's behaviour vocabulary stated for ``task``; ``description`` is the
+        vocabulary's own text (what this style shows). None: the rubric does not apply to the
+        task (nothing is shown)."""
+        return description
+
+
+def _check_kinds(kinds: Iterable[str], where: str) -> None:
+    unknown = sorted(set(kinds) - set(TEXT_KINDS))
+    if unknown:
+        raise ValueError(f"{where}: unknown kinds of method text {unknown}; known: {TEXT_KINDS}")
+
+
+# The style of a domain that defines none.
+GENERIC_STYLE = Style()
+
+
 @dataclasses.dataclass(frozen=True)
 class SurfaceFeatures:
     """What a response shows on its surface, whatever it does for the task: a compliance or
@@ -382,6 +514,55 @@ class Behaviours:
     describe: Callable[[str, Task], str | None] | None = None
 
 
+# A method's tool event over an episode's tool records: whether they hold an observation that
+# counts, given the final answer's turn (``final_turn=``; None: any turn). ARISE-RL's R_tool event
+# (``arise_rl_rewards.tool_observed``) is one; a task writer is given it, never imports it.
+ToolEvent = Callable[..., bool]
+
+
+class TaskWriter(Protocol):
+    """A domain's side of a policy writing new tasks of it (ARISE-RL's generator role): what a
+    written task is and how it is checked, in the domain's terms. A method supplies its own
+    parts (its tool event, its rewards) and reads these.
+
+    ``name``: the writer's name (``config.arise_rl.generator_domain``); ``env_name``:
+    ``Task.env_name`` of its writer-role tasks; ``solver_agent``: solver attempts at a written
+    task are agent episodes; ``hints``: the coach's hints in the domain's words (keys
+    ``format``, ``tool``, ``too_easy``, ``too_hard``, optional ``keep`` with ``{question}``).
+    ``generator_tasks``: writer-role tasks (the role prompt with the ``recent`` questions as
+    in-context negatives); ``make_env``: the tool environment of a writer-role episode;
+    ``episode_outcome``: (the parsed task, whether its tool observation counts) of an episode's
+    transcript — the parsed record has ``task`` (None when it states none), ``question``,
+    ``num_criteria``, ``num_unknown`` and ``reason`` (why it states none); ``signature`` /
+    ``forbidden_signatures``: a task's identity for deduplication and those of tasks that must
+    never be written (the evaluation splits'); ``task_record`` / ``task_from_record``: a pool
+    task as JSON and back (None: a domain task's record, ``{"id": …}``). The coach's memory is
+    placed in a prompt by the domain's ``Style`` (``add_block`` with kind "coach")."""
+
+    name: str
+    env_name: str
+    solver_agent: bool
+    hints: Mapping[str, str]
+
+    def generator_tasks(
+        self, rng: Any, n: int, recent: Sequence[str], *, first_index: int, n_negatives: int
+    ) -> list[Task]: ...
+
+    def make_env(self, task: Task) -> Env: ...
+
+    def episode_outcome(self, response: str, *, forbidden: frozenset[str]) -> tuple[Any, bool]: ...
+
+    def signature(self, task: Task) -> str: ...
+
+    def forbidden_signatures(self, tasks: Iterable[Task]) -> frozenset[str]: ...
+
+    def task_record(self, task: Task) -> dict[str, Any]: ...
+
+    def task_from_record(
+        self, rec: Mapping[str, Any], forbidden: frozenset[str]
+    ) -> Task | None: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class Domain:
     """The Domain contract: what the loop, the evaluation and every method know of a domain.
@@ -390,9 +571,11 @@ class Domain:
     a task passes when every stated constraint holds), the hidden oracle (``oracle``: quality in
     [0, 1], analysis only, never shown to controllers), the criteria library
     (``criteria_library``: the rule-checked criteria a rubric-writing method may propose for a
-    task), the warm-start corpora, the tool environment of an episodic task, and what a method
-    may read of a response without a judge: its surface features (``surface_features``) and the
-    behaviours it shows (``behaviours``, a ``Behaviours`` record). Each domain
+    task), the warm-start corpora, the tool environment of an episodic task, what a method may
+    read of a response without a judge: its surface features (``surface_features``) and the
+    behaviours it shows (``behaviours``, a ``Behaviours`` record), its side of a policy writing
+    tasks of it (``task_writer``, a ``TaskWriter``), and how method text reaches its prompts
+    (``style``, a ``Style``; ``skill_texts``, its skills). Each domain
     (``builders.DOMAINS``) builds one; method code takes it as an argument and imports no
     domain module (``tools/import_cycles.py`` LAYER_RULES)."""
 
@@ -436,6 +619,17 @@ class Domain:
     # The behaviours its rollouts can be seen to show, read by code (``Behaviours``), for a
     # method that tags rollouts (RISED's programmatic tagger). None: no programmatic tagging.
     behaviours: Behaviours | None = None
+    # A policy writing new tasks of the domain (ARISE-RL's generator role): ``task_writer(
+    # observed=<the method's ToolEvent>, complete=<bool>)`` -> a ``TaskWriter``. ``complete``: a
+    # written task's rubric also gets the criteria its question implies (where the domain has a
+    # library to complete from). None: the domain cannot be written for.
+    task_writer: Callable[..., TaskWriter] | None = None
+    # How method text (skills, guidance fields, coach memory, anti-patterns, teacher contexts)
+    # reaches this domain's prompts: ``Style`` (the generic one) or the domain's own.
+    style: Style = GENERIC_STYLE
+    # Capability -> the base skill text of the domain's own wording (ARISE's programmatic
+    # reflection starts a pair's skill from it; a capability without one gets a criterion slot).
+    skill_texts: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def tool_error(message: str, **details: Any) -> ToolCallError:

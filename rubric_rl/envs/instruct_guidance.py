@@ -20,11 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from rubric_rl.envs.base import Style
 from rubric_rl.envs.instruct_spec import TYPE_BY_ID
-from rubric_rl.rubrics.types import Task
+from rubric_rl.rubrics.types import Task, append_to_system
 
 __all__ = [
     "FIELD_TITLES",
+    "InstructStyle",
     "criterion_guidance",
     "format_critique",
     "format_reference",
@@ -33,6 +35,7 @@ __all__ = [
     "render_blocks",
     "skill_guidance",
     "skill_text",
+    "skill_texts",
 ]
 
 FIELD_TITLES: dict[str, str] = {
@@ -116,3 +119,60 @@ def criterion_guidance(task: Task, criteria_texts: Sequence[str]) -> list[dict]:
     """The task's prompt with criterion texts (e.g. the ones an earlier answer missed) under
     ``Make sure that``: what HarnessRL's criterion field and a critique show."""
     return mount(task, {"criterion": list(criteria_texts)})
+
+
+def skill_texts() -> dict[str, str]:
+    """Instruction type -> its skill text (``Domain.skill_texts``)."""
+    return {type_id: skill_text(type_id) for type_id in TYPE_BY_ID}
+
+
+_NOTE = "\n- "  # between the coach's notes: each is one item of the "Remember" list
+
+
+class InstructStyle(Style):
+    """The domain's ``Style``: every kind of method text as a titled plain-English list
+    (module docstring); RISED's behaviours under "Make sure that" and its anti-patterns under
+    "Avoid"; ARISE's skills under "Tips"; ARISE-RL's coach notes under "Remember"."""
+
+    def hint(self, text: str, weight: float) -> str:
+        return hint(text, weight)
+
+    def reference(self, good: str | None, bad: str | None) -> str:
+        return format_reference(good, bad)
+
+    def critique(self, missed: Sequence[str]) -> str:
+        return format_critique(missed)
+
+    def coach(self, notes: Sequence[str]) -> str:
+        return _NOTE.join(notes)
+
+    def coach_notes(self, memory: str) -> list[str]:
+        return memory.split(_NOTE)
+
+    def block(self, kind: str, text: str | Sequence[str]) -> str:
+        if kind == "coach" and isinstance(text, str):
+            text = self.coach_notes(text)
+        return render_blocks({kind: text})
+
+    def mount(self, task: Task, fields: Mapping[str, str | Sequence[str] | None]) -> list[dict]:
+        if isinstance(fields.get("coach"), str):
+            fields = {**fields, "coach": self.coach_notes(fields["coach"])}
+        return mount(task, fields)
+
+    def add_block(self, task, messages, kind, text, *, placement="last_user") -> list[dict]:
+        block = self.block(kind, text)
+        if placement == "system":
+            return append_to_system(messages, block)
+        if placement != "last_user":
+            raise ValueError(f"add_block: placement must be last_user or system, got {placement!r}")
+        msgs = [dict(m) for m in messages]
+        users = [i for i, m in enumerate(msgs) if m["role"] == "user"]
+        if not users:
+            raise ValueError(f"task {task.id!r} has no user message to mount guidance on")
+        msgs[users[-1]]["content"] += "\n\n" + block
+        return msgs
+
+    def show_and_avoid(
+        self, task: Task, positives: Sequence[str], negatives: Sequence[str]
+    ) -> list[dict]:
+        return mount(task, {"criterion": list(positives), "anti_patterns": list(negatives)})

@@ -17,6 +17,8 @@ single-turn environments and each tool environment named in ``domain.tool_envs``
   every mean).
 - **Tokenizer**: the exact-decode ("spaced") embedded tokenizer over both vocabularies (tool
   calls and SQL must decode to the text the policy wrote).
+- **Method text** (``MixedStyle``): a tool environment's task gets the generic style's prompts,
+  the rest the constraint domain's.
 - **Behaviours** (what a rollout tagger reads): a tool environment's episodes its own
   (``envs/tool_behaviours.py``), the rest the constraint domain's.
 - **Warm start**: ``tool_demo_share`` of the corpus per tool environment (its reference episodes
@@ -34,6 +36,7 @@ from typing import Any
 
 from rubric_rl.envs import tool_domain
 from rubric_rl.envs.base import derive_seed, is_tool_env
+from rubric_rl.envs.constraint_style import MixedStyle
 from rubric_rl.envs.tool_behaviours import mixed_behaviours
 from rubric_rl.envs.tool_envs import ENVS, env_for_task
 from rubric_rl.rubrics.types import Task
@@ -131,5 +134,6 @@ def with_tool_envs(domain: Any, names: Sequence[str], seed: int, demo_share: flo
         guidance=guidance if base_guidance is not None else None,
         criteria_library=library if base_library is not None else None,
         episodic=lambda task: is_tool_env(task.env_name),
+        style=MixedStyle(),
         behaviours=mixed_behaviours(domain.behaviours, names) if domain.behaviours else None,
     )

@@ -20,6 +20,8 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from rubric_rl.models.tokenizer import Tokenizer
 from rubric_rl.rollout.engine import (
     FINISH_REASONS,
@@ -28,6 +30,7 @@ from rubric_rl.rollout.engine import (
     GenerationRequest,
     RolloutEngine,
     SamplingParams,
+    sample_seed,
 )
 
 Reply = str | tuple[str, FinishReason]
@@ -72,6 +75,21 @@ def char_tokenizer() -> Tokenizer:
     hf.add_tokens(added)
     hf.chat_template = CHAT_TEMPLATE
     return Tokenizer(hf)
+
+
+def sample_rng(request: GenerationRequest, k: int) -> np.random.Generator:
+    """A generator seeded by sample ``k``'s own seed (``request.seeds``): scripted samples
+    differ wherever a real engine's would, and repeat wherever they would."""
+    return np.random.default_rng(
+        sample_seed(request.step, request.task_index, request.sample_offset + k)
+    )
+
+
+def prompt_words(request: GenerationRequest, prompt_text: str, k: int) -> str:
+    """A stand-in policy for any word-level domain: 2 to 8 of its prompt's words, drawn by the
+    sample's seed (so any tokenizer that encoded the prompt encodes the reply)."""
+    rng = sample_rng(request, k)
+    return " ".join(rng.choice(prompt_text.split(), size=int(rng.integers(2, 9))))
 
 
 class ScriptedEngine(RolloutEngine):

@@ -10,7 +10,13 @@ import pytest
 from rubric_rl.controllers.base import ControllerSet
 from rubric_rl.controllers.sampling import UniformSampler
 from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
-from rubric_rl.envs.constraints import ConstraintDomain, hard_constraints, render_response
+from rubric_rl.envs.constraint_style import ConstraintStyle
+from rubric_rl.envs.constraints import (
+    ConstraintDomain,
+    hard_constraints,
+    render_response,
+    verify,
+)
 from rubric_rl.methods.arise.arise import (
     ACTIVE,
     ADDED,
@@ -28,6 +34,9 @@ from rubric_rl.rubrics.judges import JudgeItem, ProgrammaticJudge
 from rubric_rl.rubrics.llm import LocalEngineClient
 from rubric_rl.rubrics.scores import pack_verdicts
 from rubric_rl.rubrics.types import CriterionStatus, VerifierKind
+
+# What the embedded constraint domain gives ARISE through the Domain contract.
+EMBEDDED = {"task_verifier": verify, "style": ConstraintStyle()}
 
 # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -198,7 +207,8 @@ def tasks():
 def _controller(tasks, config=None, sampler=None, reflection=None):
     config = config or AriseConfig()
     sampler = sampler or UniformSampler(tasks, 6, seed=0)
-    return AriseController(tasks, sampler, reflection or ProgrammaticReflection(), config)
+    reflection = reflection or ProgrammaticReflection(SKILL_TEXTS)
+    return AriseController(tasks, sampler, reflection, config, **EMBEDDED)
 
 
 def test_pool_rubric_and_skills_target_type_and_criterion(tasks):
@@ -314,8 +324,9 @@ def test_library_entry_binds_to_the_criterion_read_from_each_prompt():
 
     tasks = ConstraintDomain(0).tasks("train", 120)
     ctl = AriseController(
-        tasks, UniformSampler(tasks, 6, seed=0), ProgrammaticReflection(), bank=library_criteria
-    )
+        tasks, UniformSampler(tasks, 6, seed=0), ProgrammaticReflection(SKILL_TEXTS),
+        bank=library_criteria, **EMBEDDED,
+    )  # fmt: skip
     upper = ctl.pool.add(
         _proposal("list/formatting/case:upper", source_id="case:upper", capability="formatting",
                   skill="check the case ; the last answers missed : {criterion}"),
@@ -580,8 +591,10 @@ def test_frozen_pool_never_changes_and_llm_pairs_join_the_pool(tasks):
 
 def test_task_metrics_with_a_custom_verifier(tasks):
     generic = [dataclasses.replace(t, domain="other", raw=None) for t in tasks[:2]]
-    with pytest.raises(ValueError, match="no task_verifier"):
-        AriseController(generic, UniformSampler(generic, 2), None, AriseConfig(evolve=False))
+    with pytest.raises(ValueError, match="the task verifier .* is required"):
+        AriseController(
+            generic, UniformSampler(generic, 2), None, AriseConfig(evolve=False), task_verifier=None
+        )
     ctl = AriseController(
         generic,
         UniformSampler(generic, 2),
@@ -605,12 +618,12 @@ def test_factory_builds_the_configured_parts(tasks):
     from rubric_rl.methods.arise.arise import make_arise_controller
 
     ctl = make_arise_controller(
-        tasks, 4, seed=2, sampler_options={"discovery_share": 0.5}, pool_cap=3
+        tasks, 4, seed=2, sampler_options={"discovery_share": 0.5}, pool_cap=3, **EMBEDDED
     )
     assert isinstance(ctl.sampler, CapabilitySampler) and ctl.sampler.config.discovery_share == 0.5
     assert isinstance(ctl.reflection, ProgrammaticReflection) and ctl.config.pool_cap == 3
-    ablation = make_arise_controller(tasks, 4, sampler="uniform", evolve=False)
+    ablation = make_arise_controller(tasks, 4, sampler="uniform", evolve=False, **EMBEDDED)
     assert isinstance(ablation.sampler, UniformSampler) and ablation.reflection is None
     with pytest.raises(ValueError, match="llm_client"):
-        make_arise_controller(tasks, 4, reflection="llm")
+        make_arise_controller(tasks, 4, reflection="llm", **EMBEDDED)
     assert len(ctl.sample_tasks(0, np.random.default_rng(0))) == 4

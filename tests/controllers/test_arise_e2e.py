@@ -24,6 +24,9 @@ from rubric_rl import analysis as an
 from rubric_rl.methods.arise.arise_pool import STATES
 from tests.launch_env import launch_env
 
+# Real-model end-to-end runs (launched processes that train): the slow tier.
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 4  # configs/grpo.py apply_smoke: train.steps; checkpoints every 2 (kept: 2, 4)
 GROUP = "arise-smoke"

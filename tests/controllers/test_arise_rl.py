@@ -13,11 +13,17 @@ import pytest
 
 from configs import arise_rl as arise_rl_config
 from rubric_rl import builders
+from rubric_rl.controller_check import scripted_run
 from rubric_rl.envs.constraint_lexicon import units
+from rubric_rl.envs.constraint_writer import COACH_HINTS as GENERATOR_HINTS
+from rubric_rl.envs.constraint_writer import (
+    format_generated,
+    generator_vocabulary,
+    lookup_text,
+)
 from rubric_rl.envs.tool_calls import render_tool_call
 from rubric_rl.methods.arise_rl import rgsed
 from rubric_rl.methods.arise_rl.arise_rl import (
-    GENERATOR_HINTS,
     SIGNAL,
     AriseRLConfig,
     AriseRLController,
@@ -30,15 +36,9 @@ from rubric_rl.methods.arise_rl.arise_rl import (
     proposer_reward,
     solver_rewards,
 )
-from rubric_rl.methods.arise_rl.generator_domain import (
-    format_generated,
-    generator_vocabulary,
-    lookup_text,
-)
 from rubric_rl.rollout.scripted import ScriptedEngine
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verdict
 from rubric_rl.services import Services
-from rubric_rl.step import StepContext
 from rubric_rl.trainer_batch import rollouts_to_batch
 
 # --- the schedule --------------------------------------------------------------------------------
@@ -162,24 +162,30 @@ def test_generator_memory_rules_and_vocabulary():
     def coach(*names):
         return " ; ".join(f"remember : {GENERATOR_HINTS[n]}" for n in names)
 
-    assert generator_memory([], 8) is None
+    assert generator_memory([], 8, GENERATOR_HINTS) is None
     # every group (the default): the failures any episode made, most common first, at most 2
-    assert generator_memory([s(c=4), s(c=3), s("no_question")], 8) == coach("format")
-    tool = generator_memory([s(tool=False), s(tool=False), s(c=8), s(c=8), s(c=8)], 8)
+    assert generator_memory([s(c=4), s(c=3), s("no_question")], 8, GENERATOR_HINTS) == coach(
+        "format"
+    )
+    tool = generator_memory(
+        [s(tool=False), s(tool=False), s(c=8), s(c=8), s(c=8)], 8, GENERATOR_HINTS
+    )
     assert tool == coach("too_easy", "tool")
-    both = generator_memory([s(tool=False, c=None), s(tool=False, c=0), s(c=0)], 8)
+    both = generator_memory([s(tool=False, c=None), s(tool=False, c=0), s(c=0)], 8, GENERATOR_HINTS)
     assert both == coach("tool", "too_hard")  # 2 each: the order format, tool, easy, hard
     # no failure: the best episode's question, restated
-    keep = generator_memory([s(c=4, reward=3.0, q="list 3 fruits"), s(c=2, reward=2.0)], 8)
+    keep = generator_memory(
+        [s(c=4, reward=3.0, q="list 3 fruits"), s(c=2, reward=2.0)], 8, GENERATOR_HINTS
+    )
     assert keep == "remember : " + GENERATOR_HINTS["keep"].format(question="list 3 fruits")
     # the majority rule: only the failures of most of the group
-    maj = functools.partial(generator_memory, rule="majority")
+    maj = functools.partial(generator_memory, hints=GENERATOR_HINTS, rule="majority")
     assert maj([s(c=4), s(c=3), s("no_question")], 8) is None
     assert maj([s("no_question"), s("no_rubric"), s(c=4)], 8) == coach("format")
     assert maj([s(tool=False), s(tool=False), s(c=8), s(c=8), s(c=8)], 8) == coach("too_easy")
     assert maj([s(tool=False, c=None), s(tool=False, c=0), s(c=0)], 8) == coach("tool", "too_hard")
     with pytest.raises(ValueError, match="rule must be one of"):
-        generator_memory([s()], 8, rule="sometimes")
+        generator_memory([s()], 8, GENERATOR_HINTS, rule="sometimes")
     vocab = set(generator_vocabulary())
     for text in GENERATOR_HINTS.values():
         text = text.format(question="list 3 fruits")
@@ -251,24 +257,14 @@ def _config():
 def scripted_steps(workdir: str, config, engine_cls, steps):
     """Runs the real pipeline for ``steps`` on a ``engine_cls(tokenizer)`` scripted engine;
     returns (services, controllers, domain, {step: (rollouts, ctx, engine requests)}, engine)."""
-    domain = builders.build_domain(config)
-    tok = builders.build_tokenizer(config, domain, workdir)
-    engine = engine_cls(tok)
-    services = Services(
-        config, engine, tok, builders.build_judge(config, workdir), domain, workdir,
-        functools.partial(builders.prompt_buckets, config),
-    )  # fmt: skip
-    controllers, pipeline = builders.build_method(config, domain)
-    controllers.bind(services, f"{workdir}/controllers")
+    run = scripted_run(config, None, workdir, engine=engine_cls)
+    engine = run.services.engine
     out = {}
     for step in steps:
         engine.requests.clear()
-        services.begin_step(step)
-        ctx = StepContext(
-            step, config, np.random.default_rng([0, step]), services, controllers, domain
-        )
-        out[step] = (pipeline(ctx), ctx, list(engine.requests))
-    return services, controllers, domain, out, engine
+        rollouts, ctx = run.step(step)
+        out[step] = (rollouts, ctx, list(engine.requests))
+    return run.services, run.controllers, run.domain, out, engine
 
 
 @pytest.fixture(scope="module")
@@ -425,6 +421,7 @@ def test_generator_sd_waits_for_a_positive_mean_delta_r(run):
         other = AriseRLController(
             dataclasses.replace(ctl.cfg, generator_sd=mode, warmup_steps=0),
             fallback_tasks=ctl.fallback_tasks, tasks_per_step=2,
+            generator_domain=ctl.generator_domain, style=ctl.style,
         )  # fmt: skip
         other._memory = {0: "m", 1: "m"}
         other._dr = np.array(dr)
@@ -450,6 +447,7 @@ def test_baseline_proposer_rewards_on_the_scripted_episodes(run):
         other = AriseRLController(
             dataclasses.replace(ctl.cfg, proposer_reward=name, solver_policy="current"),
             fallback_tasks=ctl.fallback_tasks, tasks_per_step=2,
+            generator_domain=ctl.generator_domain, style=ctl.style,
         )  # fmt: skip
         other.bind(services, None)
         scores = other.score_generator(responses)
@@ -488,6 +486,7 @@ def test_hrpo_shapes_generator_groups_only(run):
         other = AriseRLController(
             dataclasses.replace(ctl.cfg, advantage_grouping=mode),
             fallback_tasks=ctl.fallback_tasks, tasks_per_step=2,
+            generator_domain=ctl.generator_domain, style=ctl.style,
         )  # fmt: skip
         got = other.shape_advantages(rollouts, given)
         r = rollouts.signal(SIGNAL)
@@ -496,9 +495,12 @@ def test_hrpo_shapes_generator_groups_only(run):
         np.testing.assert_allclose(got[0], want[0])
         np.testing.assert_allclose(got[1], 7.0 if mode == "hrpo" else want[1])
     assert (
-        AriseRLController(ctl.cfg, fallback_tasks=ctl.fallback_tasks).shape_advantages(
-            rollouts, given
-        )
+        AriseRLController(
+            ctl.cfg,
+            fallback_tasks=ctl.fallback_tasks,
+            generator_domain=ctl.generator_domain,
+            style=ctl.style,
+        ).shape_advantages(rollouts, given)
         is None
     )
 
@@ -507,7 +509,12 @@ def test_state_round_trip(run):
     config, _, controllers, _ = run
     ctl = _ctl(controllers)
     fresh = AriseRLController(
-        ctl.cfg, fallback_tasks=ctl.fallback_tasks, forbidden=ctl.forbidden, tasks_per_step=2
+        ctl.cfg,
+        fallback_tasks=ctl.fallback_tasks,
+        generator_domain=ctl.generator_domain,
+        forbidden=ctl.forbidden,
+        tasks_per_step=2,
+        style=ctl.style,
     )
     fresh.load_state_dict(ctl.state_dict())
     assert [t.id for t in fresh.pool] == [t.id for t in ctl.pool]
@@ -524,7 +531,13 @@ def test_held_policies_must_survive_a_resume(run, tmp_path):
         config, services.engine, services.tokenizer, services.judge_impl, services.domain,
         str(tmp_path), functools.partial(builders.prompt_buckets, config),
     )  # fmt: skip
-    fresh = AriseRLController(ctl.cfg, fallback_tasks=ctl.fallback_tasks, tasks_per_step=2)
+    fresh = AriseRLController(
+        ctl.cfg,
+        fallback_tasks=ctl.fallback_tasks,
+        generator_domain=ctl.generator_domain,
+        tasks_per_step=2,
+        style=ctl.style,
+    )
     fresh.bind(other, None)
     other.begin_step(3)
     with pytest.raises(RuntimeError, match="frozen base policy"):
@@ -550,7 +563,7 @@ def test_external_teacher_modes(run):
                 t.teacher_prompt = None
         other = AriseRLController(
             dataclasses.replace(ctl.cfg, teacher=mode), fallback_tasks=ctl.fallback_tasks,
-            tasks_per_step=2,
+            tasks_per_step=2, generator_domain=ctl.generator_domain, style=ctl.style,
         )  # fmt: skip
         other.bind(services, None)
         before = len(services.engine.requests)

@@ -3,6 +3,7 @@ generator step, one pool refresh and one solver step through the real pipeline, 
 loop, SQL env, spaced tokenizer and programmatic judge, with a scripted engine standing in for
 the tiny policy (deterministic, seconds). The interface's flag and its errors."""
 
+import dataclasses
 import math
 import re
 
@@ -11,20 +12,13 @@ import pytest
 
 from configs import arise_rl as arise_rl_config
 from rubric_rl import builders
+from rubric_rl.envs import constraint_writer, sql_writer
+from rubric_rl.envs.constraint_writer import ConstraintTaskWriter
 from rubric_rl.envs.sql_data import SYSTEM_PROMPT, database_rows
+from rubric_rl.envs.sql_writer import COACH_HINTS, SqlTaskWriter, format_generated
 from rubric_rl.envs.tool_calls import render_tool_call
-from rubric_rl.methods.arise_rl import generator_domain, sql_generator
 from rubric_rl.methods.arise_rl.arise_rl import SIGNAL, AriseRLConfig, AriseRLController
-from rubric_rl.methods.arise_rl.arise_rl_domain import (
-    GENERATOR_ENVS,
-    ConstraintGeneratorDomain,
-    build_generator_domain,
-)
-from rubric_rl.methods.arise_rl.sql_generator import (
-    COACH_HINTS,
-    SqlGeneratorDomain,
-    format_generated,
-)
+from rubric_rl.methods.arise_rl.arise_rl_domain import build_generator_domain
 from rubric_rl.sampler import _STREAM_STRIDE, stream_base
 from rubric_rl.trainer_batch import rollouts_to_batch
 from tests.controllers.test_arise_rl import ScriptEngine, scripted_steps
@@ -118,11 +112,11 @@ def test_generator_step_on_sql(run):
     _, _, controllers, domain, steps = run
     rollouts, ctx, requests = steps[1]
     ctl = _ctl(controllers)
-    assert isinstance(ctl.generator_domain, SqlGeneratorDomain)
+    assert isinstance(ctl.generator_domain.writer, SqlTaskWriter)
     train_dbs = {t.raw["db_seed"] for t in domain.train}
-    assert set(ctl.generator_domain.db_seeds) == train_dbs
+    assert set(ctl.generator_domain.writer.db_seeds) == train_dbs
     # the embedded tokenizer has the generator's words (config.domain.generator_units)
-    assert set(sql_generator.generator_units()) <= set(domain.vocabulary)
+    assert set(sql_writer.generator_units()) <= set(domain.vocabulary)
     assert [g.role for g in rollouts.groups] == ["generator", "generator"]
     for g in rollouts.groups:
         assert g.task.env_name == "sql_generator" and g.task.raw["db_seed"] in train_dbs
@@ -186,7 +180,10 @@ def test_refresh_pool_holds_sql_tasks_with_db_seeds(run):
     assert 0.0 <= m["arise_rl/pool/parse_rate"] <= 1.0
     assert {g.task.id for g in rollouts.groups} <= {t.id for t in ctl.pool}
     # the pool survives a checkpoint round trip (re-parsed from its records)
-    fresh = AriseRLController(ctl.cfg, fallback_tasks=ctl.fallback_tasks, tasks_per_step=2)
+    fresh = AriseRLController(
+        ctl.cfg, fallback_tasks=ctl.fallback_tasks, tasks_per_step=2,
+        generator_domain=ctl.generator_domain,
+    )  # fmt: skip
     fresh.load_state_dict(ctl.state_dict())
     assert fresh.pool == ctl.pool
 
@@ -229,20 +226,27 @@ def test_solver_step_on_sql(run):
 
 
 def test_generator_domain_flag_and_errors():
-    assert GENERATOR_ENVS == {
-        "constraint": generator_domain.GENERATOR_ENV, "sql": sql_generator.SQL_GENERATOR_ENV
-    }  # fmt: skip
-    assert isinstance(build_generator_domain("constraint"), ConstraintGeneratorDomain)
-    with pytest.raises(ValueError, match="config.arise_rl.generator_domain must be one of"):
-        AriseRLConfig(generator_domain="web")
-    with pytest.raises(ValueError, match="config.arise_rl.generator_domain must be one of"):
-        build_generator_domain("web")
+    constraints = builders.build_domain(arise_rl_config.get_config("smoke"))
+    role = build_generator_domain("constraint", constraints)
+    assert isinstance(role.writer, ConstraintTaskWriter) and role.writer.complete
+    assert role.env_name == constraint_writer.GENERATOR_ENV and not role.solver_agent
+    assert not build_generator_domain(
+        "constraint", constraints, rubric_completion="as_written"
+    ).writer.complete
+    with pytest.raises(ValueError, match="config.arise_rl.generator_domain must name"):
+        AriseRLConfig(generator_domain="")
+    with pytest.raises(ValueError, match="writes tasks of another domain.*writer is 'constraint'"):
+        build_generator_domain("web", constraints)
+    with pytest.raises(ValueError, match="rubric_completion must be one of"):
+        build_generator_domain("constraint", constraints, rubric_completion="some")
+    with pytest.raises(ValueError, match="has no task writer"):
+        build_generator_domain("constraint", dataclasses.replace(constraints, task_writer=None))
     with pytest.raises(ValueError, match="needs the SQL domain's training tasks"):
-        build_generator_domain("sql", ())
+        SqlTaskWriter.from_tasks(constraints.train[:4], observed=lambda *a, **k: True)
     c = arise_rl_config.get_config("smoke")
     c.unlock()
     c.arise_rl.generator_domain = "sql"  # without the sql domain
-    with pytest.raises(ValueError, match="generator_domain='sql' writes tasks of the 'sql'"):
+    with pytest.raises(ValueError, match="generator_domain='sql' writes tasks of another domain"):
         builders.build_controllers(c, builders.build_domain(c))
     c = arise_rl_config.get_config("sql,smoke")
     c.unlock()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import rubric_rl.envs.constraint_checkers  # noqa: F401  (registers the cf_* checkers)
+from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
 from rubric_rl.methods.arise.arise import PoolEntry
 from rubric_rl.methods.arise.reflection import (
     CRITERION_SLOT,
@@ -98,7 +99,7 @@ def _counts(records, word):
 def test_programmatic_proposes_the_separating_criterion_first():
     recs = _records()
     refl = ProgrammaticReflection(
-        min_support=8, min_failures=4, min_separation=0.1, rank="separation"
+        SKILL_TEXTS, min_support=8, min_failures=4, min_separation=0.1, rank="separation"
     )
     ranked = refl.rank(recs)
     assert ranked[0].key == "list/lexical/sep"
@@ -181,7 +182,7 @@ def _entry(**kw):
 
 
 def test_programmatic_refinement_cites_the_failing_criterion():
-    refl = ProgrammaticReflection()
+    refl = ProgrammaticReflection(SKILL_TEXTS)  # the embedded domain's Domain.skill_texts
     task = _task()
     e = _entry()
     fails = [RolloutRecord(0, task, "x .", False, {"arise-0000": False})]

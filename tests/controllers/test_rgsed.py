@@ -1,6 +1,7 @@
 """RG-SED (seed 002 eq. 11–12, the authors' soft gate and schedules) against hand values and numpy
 references, and the programmatic coach on real embedded tasks."""
 
+import functools
 import math
 
 import numpy as np
@@ -10,7 +11,8 @@ from rubric_rl.envs.constraint_corpus import decorate_prompt, format_coach
 from rubric_rl.envs.constraint_domain import task_bank
 from rubric_rl.envs.constraint_lexicon import domain_vocabulary, units
 from rubric_rl.envs.constraint_spec import guidance_hint
-from rubric_rl.methods.arise_rl import rgsed
+from rubric_rl.envs.constraint_style import ConstraintStyle
+from rubric_rl.methods.arise_rl import rgsed, rgsed_coach
 from rubric_rl.methods.arise_rl.rgsed import (
     coefficients_to_sd_gate,
     decay,
@@ -23,9 +25,13 @@ from rubric_rl.methods.arise_rl.rgsed import (
     soft_gate,
     warmup,
 )
-from rubric_rl.methods.arise_rl.rgsed_coach import coach_memories, coach_memory, missed_shares
+from rubric_rl.methods.arise_rl.rgsed_coach import missed_shares
 from rubric_rl.rollout.batch import Group, Rollouts, Trajectory
 from rubric_rl.rubrics.types import Verdict
+
+# The coach as the embedded constraint domain's style writes it (Domain.style).
+coach_memory = functools.partial(rgsed_coach.coach_memory, style=ConstraintStyle())
+coach_memories = functools.partial(rgsed_coach.coach_memories, style=ConstraintStyle())
 
 NAN = math.nan
 TAU, T = 0.05, 0.0125

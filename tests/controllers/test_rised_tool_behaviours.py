@@ -8,6 +8,7 @@ import pytest
 
 from rubric_rl.envs.constraint_behaviours import constraint_behaviours
 from rubric_rl.envs.constraint_domain import task_bank as constraint_tasks
+from rubric_rl.envs.constraint_style import MixedStyle, embedded_description
 from rubric_rl.envs.inventory import InventoryEnv
 from rubric_rl.envs.sql import SqlEnv
 from rubric_rl.envs.tool_behaviours import MALFORMED_CALL as _MALFORMED_CALL
@@ -16,7 +17,6 @@ from rubric_rl.envs.tool_behaviours import catalogue as tool_catalogue
 from rubric_rl.envs.tool_behaviours import describe as tool_description
 from rubric_rl.envs.tool_behaviours import episode as _episode
 from rubric_rl.envs.tool_behaviours import mixed_behaviours, tool_behaviours
-from rubric_rl.methods.rised.rised import embedded_description, mixed_renderer
 from rubric_rl.methods.rised.rised_tagger import ProgrammaticTagger, warmup_vocabulary
 from rubric_rl.rubrics.vocabulary import Vocabulary
 
@@ -136,6 +136,12 @@ def test_descriptions_and_renderer(sql_task):
     assert tool_description("no_tool_call", sql_task) == "Answering without calling any tool."
     assert tool_description("order_correct", sql_task) is None  # an inventory criterion
     constraint = constraint_tasks("train", 1, seed=0)[0]
+    style = MixedStyle()  # the constraint domain's with tool environments mixed in
+    mixed_renderer = style.show_and_avoid
+    assert style.describe("read_required_tables", sql_task, "unused").startswith("Successfully")
+    assert style.describe("task_solved", constraint, "unused") == embedded_description(
+        "task_solved", constraint
+    )
     assert MIXED.describe("read_required_tables", sql_task).startswith("Successfully")
     assert MIXED.describe("task_solved", constraint) is None  # the corpus's words: RISED's
     assert embedded_description("task_solved", constraint) != MIXED.describe(

@@ -220,9 +220,11 @@ def test_task_verifier_reward_is_the_domain_verifier():
         tuple(warmstart_example(t, rng, guided=bool(j % 2))[1] for j in range(4)) for t in tasks
     )
     ev = Evidence(1, tuple(tasks), (), responses, (), None, np.zeros((3, 4)), np.zeros((3, 4)))
-    got = task_verifier_rewards(ev)
+    got = task_verifier_rewards(ev, domain.verify)
     want = [[float(constraints.verify(t, r)) for r in rs] for t, rs in zip(tasks, responses)]
     np.testing.assert_array_equal(got, want)
+    ev.set_signal("task_verifier", 1.0 - got)  # the step's signal, when present, is what is read
+    np.testing.assert_array_equal(task_verifier_rewards(ev), 1.0 - got)
     bad = Evidence(1, tuple(_tasks(1)), (), (("x",),), (), None, np.zeros((1, 1)), None)
     with pytest.raises(ValueError, match="no verifier for domain ''"):
         task_verifier_rewards(bad)
@@ -252,9 +254,10 @@ def test_arise_variance_variant_builds_observes_and_resumes():
         flat = judge.score([JudgeItem(t, r) for t, rs in zip(batch.tasks, responses) for r in rs])
         groups = tuple(tuple(tuple(v) for v in flat[g * j : (g + 1) * j]) for g in range(b))
         nan = np.full((b, j), np.nan)  # the pool's rubric reward: undefined, as with an empty pool
-        m = ctl.observe(
-            Evidence(step, batch.tasks, (), tuple(map(tuple, responses)), groups, None, nan, nan)
-        )
+        ev = Evidence(step, batch.tasks, (), tuple(map(tuple, responses)), groups, None, nan, nan)
+        # the reward stage's task_verifier signal (the domain's verifier), read by the sampler
+        ev.set_signal("task_verifier", task_verifier_rewards(ev, domain.verify))
+        m = ctl.observe(ev)
         probs = {k: v for k, v in m.items() if k.startswith("sampler/p/")}
         assert probs and sum(probs.values()) == pytest.approx(1.0)  # task rewards were scored
     assert m["sampler/seen"] == ctl.sampler.seen().mean() > 0

@@ -23,7 +23,7 @@ from rubric_rl.envs.constraint_corpus import (
     warmstart_corpus,
     warmstart_example,
 )
-from rubric_rl.envs.constraint_lexicon import GUIDANCE_KINDS, canonical, units
+from rubric_rl.envs.constraint_lexicon import GUIDANCE_KINDS, SKILL_TEXTS, canonical, units
 from rubric_rl.envs.tool_envs import is_tool_env
 from rubric_rl.rubrics.checkers import CHECKERS
 from rubric_rl.rubrics.types import Message, Rubric, Task
@@ -369,7 +369,7 @@ def test_warmstart_corpus_covers_every_prompt_shape_training_can_show(tmp_path):
     assert n_skills[1] and n_skills[2] and n_skills[3]
     assert levels[(False, False)] and levels[(False, True)] and levels[(True, True)]
     # The corpus writes a rewritten skill exactly as ARISE's programmatic reflection does.
-    refl = ProgrammaticReflection()
+    refl = ProgrammaticReflection(SKILL_TEXTS)  # the domain's Domain.skill_texts
     entry = type("E", (), {"capability": "counting", "refinements": 0, "id": "e", "weight": 1.0})()
     failing = [type("R", (), {"verdicts": {"e": False}})()]
     for level in (1, 2):

@@ -12,7 +12,7 @@ from rubric_rl import analysis as an
 from rubric_rl import builders
 from rubric_rl.config_validation import validate_config
 from rubric_rl.envs.constraint_corpus import warmstart_example
-from rubric_rl.methods.arise.arise import make_arise_controller
+from rubric_rl.methods.arise.arise import domain_kwargs, make_arise_controller
 from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.judges import JudgeItem, ProgrammaticJudge
 
@@ -99,7 +99,9 @@ def test_llm_reflection_is_registered_where_the_arise_section_is_read():
     b = int(c.rollout.tasks_per_step)
     client = object()  # never called while the controller is built
     kw = arise.arise_controller_kwargs(c)
-    ctl = make_arise_controller(domain.train, b, seed=0, llm_client=client, **kw)
+    ctl = make_arise_controller(
+        domain.train, b, seed=0, llm_client=client, **kw, **domain_kwargs(domain)
+    )
     from rubric_rl.methods.arise.reflection_llm import LLMReflection
 
     assert isinstance(ctl.reflection, LLMReflection)
@@ -131,7 +133,9 @@ def test_smoke_pool_evolves_and_frozen_rubrics_reloads_it(tmp_path):
     c = arise.get_config("smoke")
     domain = builders.build_domain(c)
     b, j = int(c.rollout.tasks_per_step), int(c.rollout.samples_per_task)
-    ctl = make_arise_controller(domain.train, b, seed=0, **arise.arise_controller_kwargs(c))
+    ctl = make_arise_controller(
+        domain.train, b, seed=0, **arise.arise_controller_kwargs(c), **domain_kwargs(domain)
+    )
     _simulate(ctl, b, j, 3)
     events = ctl.pop_events()
     assert [e["event"] for e in events].count("add") >= 2  # the smoke thresholds move the pool
@@ -143,7 +147,9 @@ def test_smoke_pool_evolves_and_frozen_rubrics_reloads_it(tmp_path):
     # The earlier arm (tests/controllers/test_arise_frozen.py: the frozen-rubrics arm itself).
     fc = arise.get_config(f"smoke,frozen_rubrics={run},frozen_pool_and_skills")
     assert fc.arise.frozen_pool_from == str(run) and fc.arise.evolve is False
-    frozen = make_arise_controller(domain.train, b, seed=0, **arise.arise_controller_kwargs(fc))
+    frozen = make_arise_controller(
+        domain.train, b, seed=0, **arise.arise_controller_kwargs(fc), **domain_kwargs(domain)
+    )
     frozen.load_pool(an.final_pool_state(fc.arise.frozen_pool_from), mode=fc.arise.frozen_mode)
     before = {e.id: (e.state, e.skill) for e in frozen.pool.entries.values()}
     assert before == {e.id: (e.state, e.skill) for e in ctl.pool.entries.values()} and before

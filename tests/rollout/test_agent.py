@@ -308,6 +308,7 @@ class EchoEnv(AddEnv):
         return StepResult(None if done else obs, done, info)
 
 
+@pytest.mark.slow
 def test_prefix_reuse_equals_reprefill_in_agent_episodes(tok):
     from flax import nnx
 
@@ -357,6 +358,7 @@ def test_prefix_reuse_equals_reprefill_in_agent_episodes(tok):
     assert async_run == sync
 
 
+@pytest.mark.slow
 def test_hybrid_model_agent_episodes_reprefill_instead_of_reusing_prefixes(tok):
     # Qwen3.5's linear-attention layers carry a conv + recurrent state that prefix reuse cannot
     # re-lay out by slot: the engine offers no session, and the default agent config

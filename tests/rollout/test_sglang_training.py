@@ -15,6 +15,9 @@ from rubric_rl.metrics import read_metrics
 from tests.launch_env import launch_env
 from tests.rollout.sglang_env import require_sglang_venv
 
+# Real-model end-to-end runs (launched processes that train): the slow tier.
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 6
 

@@ -17,7 +17,7 @@ from rubric_rl.methods.method import Method, register_method
 def arise_controllers(config: Any, domain: Any) -> list[Any]:
     """The ARISE controller over the domain's training tasks (it is the step's sampler); with
     ``arise.frozen_pool_from`` its pool is loaded from that run's final pool."""
-    from rubric_rl.methods.arise.arise import make_arise_controller
+    from rubric_rl.methods.arise.arise import domain_kwargs, make_arise_controller
     from rubric_rl.methods.arise.arise_config import arise_controller_kwargs
 
     client = None
@@ -30,8 +30,7 @@ def arise_controllers(config: Any, domain: Any) -> list[Any]:
         int(config.rollout.tasks_per_step),
         seed=int(config.train.seed),
         llm_client=client,
-        task_verifier=domain.verify,
-        criteria_library=domain.criteria_library,
+        **domain_kwargs(domain),
         **arise_controller_kwargs(config),
     )
     if config.arise.frozen_pool_from:

@@ -28,6 +28,7 @@ import numpy as np
 
 from rubric_rl.controllers.base import Controller, Messages, TaskBatch
 from rubric_rl.core.advantages import multi_signal_advantages
+from rubric_rl.envs.base import GENERIC_STYLE, Style
 from rubric_rl.methods.arise.arise_pool import (
     ACTIVE,
     ADDED,
@@ -43,7 +44,7 @@ from rubric_rl.methods.arise.reflection_base import CriteriaBank, seed_rubric_ba
 from rubric_rl.rollout.batch import Rollouts, task_outcome_metrics
 from rubric_rl.rubrics.rewards import batch_rewards
 from rubric_rl.rubrics.scores import ScoreMatrices
-from rubric_rl.rubrics.types import Rubric, Task, append_to_last_user
+from rubric_rl.rubrics.types import Rubric, Task
 
 __all__ = [
     "ACTIVE",
@@ -111,30 +112,6 @@ def arise_advantages(
     return np.asarray(adv), {k: np.asarray(v) for k, v in zero_variance.items()}
 
 
-def _default_verifier(tasks: Sequence[Task]) -> TaskVerifier:
-    from rubric_rl.envs.constraint_spec import DOMAIN
-
-    domains = sorted({t.domain for t in tasks} - {DOMAIN})
-    if domains:
-        raise ValueError(
-            f"AriseController: no task_verifier given and tasks of domains {domains} have no "
-            f"default verifier (only {DOMAIN!r} has one)"
-        )
-    from rubric_rl.envs.constraints import verify
-
-    return verify
-
-
-def _skills_block(task: Task, skills: Sequence[str]) -> str:
-    from rubric_rl.envs.constraint_spec import DOMAIN
-
-    if task.domain == DOMAIN:  # the domain's own wording (a closed vocabulary)
-        from rubric_rl.envs.constraint_corpus import render_guidance
-
-        return render_guidance("skills", list(skills))
-    return "<skills> " + " ; ".join(skills) + " </skills>"
-
-
 # --- the controller ------------------------------------------------------------------------------
 
 
@@ -158,16 +135,23 @@ class AriseController(Controller):
         reflection: Reflection | None,
         config: AriseConfig | None = None,
         *,
-        task_verifier: TaskVerifier | None = None,
+        task_verifier: TaskVerifier | None,
         bank: CriteriaBank = seed_rubric_bank,
+        style: Style = GENERIC_STYLE,
     ):
         config = config or AriseConfig()
+        if task_verifier is None:
+            raise ValueError(
+                "AriseController: the task verifier (the domain's Domain.verify) is required: "
+                "ARISE trains the verifier's outcome reward; this domain has none"
+            )
         self.tasks_by_id = {t.id: t for t in tasks}
         self.sampler = sampler
         self.reflection = reflection
         self.config = config
         self.pool = RubricSkillPool(config, bank)
-        self.task_verifier = task_verifier or _default_verifier(tasks)
+        self.task_verifier = task_verifier
+        self.style = style  # how the skills block is written (the domain's Style)
         self.window: collections.deque = collections.deque(maxlen=config.reflection_window_steps)
         # Skills left out of prompts since the last observe (logged there, then reset).
         self._dropped: collections.Counter = collections.Counter()
@@ -204,11 +188,7 @@ class AriseController(Controller):
                 self._dropped["cap"] += len(skills) - cap
                 skills = skills[:cap]
             while skills:
-                decorated = append_to_last_user(
-                    out[g],
-                    _skills_block(task, skills),
-                    what=f"AriseController.decorate: task {task.id!r}",
-                )
+                decorated = self.style.add_block(task, out[g], "skills", skills)
                 if self._fits(decorated):
                     out[g] = decorated
                     break
@@ -459,12 +439,16 @@ def make_arise_controller(
     llm_client: Any = None,
     task_verifier: TaskVerifier | None = None,
     criteria_library: CriteriaBank | None = None,
+    style: Style = GENERIC_STYLE,
+    skill_texts: Mapping[str, str] | None = None,
     **arise_options: Any,
 ) -> AriseController:
     """Builds the ARISE controller from config values: the inner sampler by its ``SAMPLERS`` name
     (``capability``; ``uniform`` for the alternative-sampling ablation), the reflection by its
     ``REFLECTIONS`` name (``llm`` needs ``llm_client``), and ``AriseConfig`` fields as keywords.
-    ``criteria_library`` is the domain's checker library (``AriseConfig.bank``)."""
+    ``task_verifier``, ``criteria_library`` (``AriseConfig.bank``), ``style`` (how skills reach
+    the prompt) and ``skill_texts`` (the programmatic reflection's base skills) are the domain's
+    (``Domain.verify``, ``criteria_library``, ``style``, ``skill_texts``)."""
     from rubric_rl.controllers.sampling import SAMPLERS
     from rubric_rl.methods.arise import capability_sampler  # noqa: F401  (registers "capability")
     from rubric_rl.methods.arise.reflection import REFLECTIONS
@@ -481,8 +465,21 @@ def make_arise_controller(
                 raise ValueError("make_arise_controller: reflection='llm' needs an llm_client")
             refl = cls(llm_client, **options)
         else:
-            refl = cls(bank=bank, **options)
-    return AriseController(tasks, inner, refl, config, task_verifier=task_verifier, bank=bank)
+            refl = cls(skill_texts=dict(skill_texts or {}), bank=bank, **options)
+    return AriseController(
+        tasks, inner, refl, config, task_verifier=task_verifier, bank=bank, style=style
+    )
+
+
+def domain_kwargs(domain: Any) -> dict[str, Any]:
+    """What ``make_arise_controller`` reads of the Domain contract: its verifier, checker
+    library, style and skill texts."""
+    return {
+        "task_verifier": domain.verify,
+        "criteria_library": domain.criteria_library,
+        "style": domain.style,
+        "skill_texts": domain.skill_texts,
+    }
 
 
 def resolve_bank(name: str, criteria_library: CriteriaBank | None) -> CriteriaBank:

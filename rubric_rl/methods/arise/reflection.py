@@ -152,8 +152,8 @@ class ProgrammaticReflection(Reflection):
     """Mines checker-backed criteria that separate failed from successful rollouts.
 
     Args:
-      skill_texts: capability -> base skill text (default: the embedded domain's
-        ``constraint_lexicon.SKILL_TEXTS``, the wording its warm-start corpus teaches). A
+      skill_texts: capability -> base skill text (the domain's ``Domain.skill_texts``: the
+        embedded domain's is the wording its warm-start corpus teaches; default none). A
         capability without a text gets the criterion itself as its skill.
       min_support, min_failures, min_separation, redundant_agreement: see the module docstring.
       rank: ``"progress"`` (within-group variance over failing groups) or ``"separation"``.
@@ -178,11 +178,7 @@ class ProgrammaticReflection(Reflection):
             raise ValueError(
                 f"ProgrammaticReflection: rank must be one of {RANKINGS}, got {rank!r}"
             )
-        if skill_texts is None:
-            from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
-
-            skill_texts = SKILL_TEXTS
-        self.skill_texts = dict(skill_texts)
+        self.skill_texts = dict(skill_texts or {})
         self.min_support = int(min_support)
         self.min_failures = int(min_failures)
         self.min_separation = float(min_separation)

@@ -3,9 +3,10 @@
 Modules: ``arise_rl`` (the controller, ``AriseRLConfig`` — the ``config.arise_rl`` section — and
 the step pipeline), ``arise_rl_rewards`` (R_G, the solver reward, the baselines' proposer
 rewards), ``rgsed`` / ``rgsed_coach`` (RG-SED's gate, schedules and programmatic coach),
-``arise_rl_domain`` (the generator-domain interface), ``generator_domain`` /
-``generator_corpus`` (the generator role on the embedded constraint domain, its warm-start
-demonstrations) and ``sql_generator`` (the generator role over the SQL environment).
+``arise_rl_domain`` (the generator-domain interface over a domain's task writer,
+``Domain.task_writer``: the embedded constraint domain's ``envs/constraint_writer.py`` with its
+warm-start demonstrations ``envs/constraint_writer_corpus.py``, the SQL environment's
+``envs/sql_writer.py``).
 """
 
 from __future__ import annotations
@@ -31,27 +32,21 @@ def arise_rl_config(config: Any) -> Any:
 def arise_rl_controllers(config: Any, domain: Any) -> list[Any]:
     """One controller that is the sampler (the cycle schedule: generator tasks, then the pool of
     generated tasks) and owns R_G, the solver reward and RG-SED. The generator role writes tasks
-    of ``config.arise_rl.generator_domain``: the embedded constraint domain or the SQL env
-    (``arise_rl_domain.py``)."""
+    of the solver domain through its task writer (``Domain.task_writer``), which must be the one
+    ``config.arise_rl.generator_domain`` names (``arise_rl_domain.py``)."""
     from rubric_rl.methods.arise_rl.arise_rl import AriseRLController
     from rubric_rl.methods.arise_rl.arise_rl_domain import build_generator_domain
 
     cfg = arise_rl_config(config)
-    solver_domain = {"constraint": "constraints", "sql": "sql"}[cfg.generator_domain]
-    if domain.name != solver_domain:
-        raise ValueError(
-            f"config.arise_rl.generator_domain={cfg.generator_domain!r} writes tasks of the "
-            f"{solver_domain!r} domain, but config.domain.name={domain.name!r}"
-        )
-    mode = str(config.rollout.mode)
-    if cfg.generator_domain == "sql" and mode not in ("agent", "auto"):
-        raise ValueError(
-            f"config.arise_rl.generator_domain='sql': the solver answers SQL tasks in agent "
-            f"episodes; config.rollout.mode must be 'agent', got {mode!r}"
-        )
     generator_domain = build_generator_domain(
-        cfg.generator_domain, domain.train, rubric_completion=cfg.rubric_completion
+        cfg.generator_domain, domain, rubric_completion=cfg.rubric_completion
     )
+    mode = str(config.rollout.mode)
+    if generator_domain.solver_agent and mode not in ("agent", "auto"):
+        raise ValueError(
+            f"config.arise_rl.generator_domain={cfg.generator_domain!r}: the solver answers "
+            f"its tasks in agent episodes; config.rollout.mode must be 'agent', got {mode!r}"
+        )
     external = bool(config.get("teacher") is not None and config.teacher.model)
     if (cfg.teacher != "self") != external:
         raise ValueError(
@@ -69,6 +64,7 @@ def arise_rl_controllers(config: Any, domain: Any) -> list[Any]:
             tasks_per_step=int(config.rollout.tasks_per_step),
             seed=int(config.train.seed),
             generator_domain=generator_domain,
+            style=domain.style,
         )  # fmt: skip
     ]
 

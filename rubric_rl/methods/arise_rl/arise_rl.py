@@ -8,7 +8,7 @@ The run is a sequence of co-evolution cycles (seed App. D.5). Cycle ``i`` holds
       offset < generator_steps → a generator step, else a solver step
       the first solver step of a cycle refreshes the pool first (RL paused: nothing trained)
 
-A **generator step** rolls out generator-role episodes (``envs/generator_domain.py``: role prompt
+A **generator step** rolls out generator-role episodes (``envs/constraint_writer.py``: role prompt
 with the 10 most recent generated questions as in-context negatives, a ``lookup`` tool through
 the agent loop, a final ``<question> … <rubric> …`` answer). Each episode is parsed into a
 checkable task (R_fmt, its reason counted when 0) and checked for a tool observation (R_tool);
@@ -58,8 +58,8 @@ seed's Fig. 4, whose generator makes the frozen base policy's pass rate fall cyc
 
 **The generator domain** (``arise_rl.generator_domain``, ``arise_rl_domain.py``): the role
 prompt, tool env, parse, signature, pool records and coach hints the controller calls through
-one interface — ``"constraint"`` (the default: ``envs/generator_domain.py``, single-turn solver
-samples) or ``"sql"`` (``envs/sql_generator.py``: the generator explores a training database
+one interface — ``"constraint"`` (the default: ``envs/constraint_writer.py``, single-turn solver
+samples) or ``"sql"`` (``envs/sql_writer.py``: the generator explores a training database
 with the SQL env's read-only tools; the K attempts, memory rollouts and base probe are agent
 episodes in the SQL env, ``Services.run_agent``, frozen solver included, and a teacher's prompt
 is the agent's first messages with m in the system message before the tools block, as its memory
@@ -69,7 +69,7 @@ What is ours (the seed does not state it): ``generator_steps`` per cycle (20), t
 filter of the refresh, ``pool_fill`` and ``pool_min``, the sampling of pool tasks, the generator
 coach's rules, the base probe's single sample at the rollout temperature, the solver coach's
 threshold (rgsed_coach), the SQL generator domain as a whole (the seed's tools are web search,
-maps and OTA tools; its own "ours" are listed in ``envs/sql_generator.py``).
+maps and OTA tools; its own "ours" are listed in ``envs/sql_writer.py``).
 """
 
 from __future__ import annotations
@@ -77,22 +77,18 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from rubric_rl.controllers.base import Controller, TaskBatch
+from rubric_rl.envs.base import GENERIC_STYLE, Style
 from rubric_rl.methods.arise_rl import arise_rl_rewards as rw
 from rubric_rl.methods.arise_rl import rgsed
 from rubric_rl.methods.arise_rl.arise_rl_domain import (
-    GENERATOR_DOMAINS,
-    GENERATOR_ENVS,
-    GENERATOR_HINTS,
     RUBRIC_COMPLETIONS,
     GeneratorDomain,
-    build_generator_domain,
 )
 from rubric_rl.methods.arise_rl.rgsed_coach import COACH_RULES, coach_memory
 from rubric_rl.rollout.batch import Group, Messages, Rollouts, Trajectory
@@ -100,8 +96,6 @@ from rubric_rl.rubrics.types import (
     Message,
     Task,
     Verdict,
-    append_to_last_user,
-    append_to_system,
 )
 
 SIGNAL = "arise_rl"  # the trained signal: R_G on generator groups, the solver reward on solver ones
@@ -149,7 +143,6 @@ ADVANTAGE_GROUPINGS = ("group", "hrpo", "trr++")
 FROZEN_SOLVER = "arise_rl_frozen_solver"  # held policies (Services.hold_policy)
 BASE_POLICY = "arise_rl_base"
 BASE_PROBE_STREAM = "arise_rl/base_probe"
-_COACH_SPLIT = re.compile(r" ; (?=remember : )")  # between format_coach's notes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,7 +210,6 @@ class AriseRLConfig:
             ("memory_placement", self.memory_placement, PLACEMENTS),
             ("solver_policy", self.solver_policy, SOLVER_POLICIES),
             ("teacher", self.teacher, TEACHERS),
-            ("generator_domain", self.generator_domain, GENERATOR_DOMAINS),
             ("shape", self.shape, tuple(rw.DIFFICULTY_SHAPES.names())),
             ("coach_rule", self.coach_rule, COACH_RULES),
             ("paired_seeds", self.paired_seeds, PAIRINGS),
@@ -232,6 +224,11 @@ class AriseRLConfig:
         for name, v, allowed in checks:
             if v not in allowed:
                 raise ValueError(f"config.arise_rl.{name} must be one of {allowed}, got {v!r}")
+        if not (isinstance(self.generator_domain, str) and self.generator_domain.strip()):
+            raise ValueError(
+                "config.arise_rl.generator_domain must name the solver domain's task writer "
+                f"(e.g. 'constraint', 'sql'), got {self.generator_domain!r}"
+            )
         bad = sorted(set(self.rgsed_roles) - set(ROLES))
         if bad:
             raise ValueError(f"config.arise_rl.rgsed_roles: unknown roles {bad}; known {ROLES}")
@@ -351,16 +348,15 @@ class GeneratorScore:
 
 # --- the generator's coach -----------------------------------------------------------------------
 
-# GENERATOR_HINTS (the constraint domain's coach hints) live in arise_rl_domain.py.
-
 
 def generator_memory(
     scores: Sequence[GeneratorScore],
     k: int,
-    hints: Mapping[str, str] | None = None,
+    hints: Mapping[str, str],
     *,
     rule: str = "every_group",
     max_hints: int = 2,
+    style: Style = GENERIC_STYLE,
 ) -> str | None:
     """The generator group's memory m (seed App. E fig. 17: the coach summarises the group's
     authoring failures — format errors, ungrounded rubrics, queries every solver attempt solves
@@ -374,10 +370,9 @@ def generator_memory(
     * ``"majority"``: the hints of the failures of most of the group (strictly more than half),
       in that order; None when no failure is that common.
 
-    ``hints``: the generator domain's (default: the constraint domain's ``GENERATOR_HINTS``).
+    ``hints``: the generator domain's (its task writer's, ``TaskWriter.hints``); ``style``: the
+    domain's, which writes the memory from its notes (``Style.coach``).
     Ours: the rules and the wording (the seed's coach is an LLM)."""
-    from rubric_rl.envs.constraint_corpus import format_coach
-
     if rule not in COACH_RULES:
         raise ValueError(f"generator_memory: rule must be one of {COACH_RULES}, got {rule!r}")
     n = len(scores)
@@ -389,19 +384,19 @@ def generator_memory(
         "too_easy": sum(s.c is not None and s.c == k for s in scores),
         "too_hard": sum(s.c is not None and s.c == 0 for s in scores),
     }
-    table = GENERATOR_HINTS if hints is None else hints
+    table = hints
     if rule == "majority":
         named = [table[name] for name, count in counts.items() if count > n / 2]
-        return format_coach(named) if named else None
+        return style.coach(named) if named else None
     order = list(counts)
     failed = sorted((name for name in order if counts[name] > 0),
                     key=lambda name: (-counts[name], order.index(name)))  # fmt: skip
     if failed:
-        return format_coach([table[name] for name in failed[:max_hints]])
+        return style.coach([table[name] for name in failed[:max_hints]])
     if "keep" not in table:
         return None
     best = max(range(n), key=lambda j: (scores[j].reward, -j))
-    return format_coach([table["keep"].format(question=scores[best].question)])
+    return style.coach([table["keep"].format(question=scores[best].question)])
 
 
 def final_turn_mask(loss_mask: Sequence[int] | None, n: int) -> tuple[int, ...]:
@@ -435,14 +430,19 @@ class AriseRLController(Controller):
         tasks_per_step: int = 16,
         seed: int = 0,
         generator_domain: GeneratorDomain | None = None,
+        style: Style = GENERIC_STYLE,
     ):
         self.cfg = cfg
+        self.style = style  # the solver domain's: how coach memory is written and mounted
         self.fallback_tasks = tuple(fallback_tasks)
-        # the generator domain (arise_rl_domain.py): config.arise_rl.generator_domain's, over the
-        # solver domain's training tasks, unless given
-        self.generator_domain = generator_domain or build_generator_domain(
-            cfg.generator_domain, self.fallback_tasks, rubric_completion=cfg.rubric_completion
-        )
+        # the generator domain (arise_rl_domain.build_generator_domain: the solver domain's task
+        # writer, config.arise_rl.generator_domain's)
+        if generator_domain is None:
+            raise TypeError(
+                "AriseRLController: generator_domain is required (arise_rl_domain."
+                "build_generator_domain over the solver domain)"
+            )
+        self.generator_domain = generator_domain
         self.forbidden = frozenset(forbidden)
         self.tasks_per_step = int(tasks_per_step)
         self.seed = int(seed)
@@ -751,12 +751,13 @@ class AriseRLController(Controller):
             if g.role == "generator":
                 scores = [_score_of(t) for t in g.trajectories]
                 text = generator_memory(
-                    scores, self.cfg.k_attempts, self.generator_domain.hints, rule=rule
-                )
+                    scores, self.cfg.k_attempts, self.generator_domain.hints, rule=rule,
+                    style=self.style,
+                )  # fmt: skip
             else:
                 text = coach_memory(
                     g.task, [t.response for t in g.trajectories],
-                    [t.verdicts for t in g.trajectories], rule=rule,
+                    [t.verdicts for t in g.trajectories], rule=rule, style=self.style,
                 )  # fmt: skip
             if text:
                 out[gi] = text
@@ -778,20 +779,19 @@ class AriseRLController(Controller):
             order = [idx[int(i)] for i in rng.permutation(len(idx))]
             for a, gi in enumerate(order):
                 donor = order[(a + 1) % len(order)]
-                hints = _COACH_SPLIT.split(memory[donor])
+                hints = self.style.coach_notes(memory[donor])
                 same_task = rollouts.groups[donor].task.id == rollouts.groups[gi].task.id
-                if same_task or sorted(hints) == sorted(_COACH_SPLIT.split(memory[gi])):
+                if same_task or sorted(hints) == sorted(self.style.coach_notes(memory[gi])):
                     continue
                 rng.shuffle(hints)
-                out[gi] = " ; ".join(hints)
+                out[gi] = self.style.coach(hints)
         return out
 
     def memory_prompt(self, group: Group, memory: str) -> Messages:
-        """The group's prompt with m rendered as a ``<coach>`` block (``memory_placement``)."""
-        block = self.generator_domain.render_memory(memory)
-        if self.cfg.memory_placement == "system":
-            return append_to_system(group.messages, block)
-        return append_to_last_user(group.messages, block, what=f"task {group.task.id}")
+        """The group's prompt with m as the domain style's coach block (``memory_placement``)."""
+        return self.style.add_block(
+            group.task, group.messages, "coach", memory, placement=self.cfg.memory_placement
+        )
 
     def memory_rewards(
         self,
@@ -1166,12 +1166,11 @@ def generator_metrics(infos: Sequence[Mapping[str, Any]], k: int) -> dict[str, f
 # --- the pipeline (the arise_rl Method's) --------------------------------------------------------
 
 
-def assign_roles(rollouts: Rollouts) -> Rollouts:
-    """After the default ``sample``: a generator task's group has the generator role (the task
-    of any generator domain: ``arise_rl_domain.GENERATOR_ENVS``)."""
-    envs = frozenset(GENERATOR_ENVS.values())
+def assign_roles(rollouts: Rollouts, env_name: str) -> Rollouts:
+    """After the default ``sample``: a generator task's group (its task's ``env_name`` is the
+    generator domain's, ``GeneratorDomain.env_name``) has the generator role."""
     for g in rollouts.groups:
-        if g.task.env_name in envs:
+        if g.task.env_name == env_name:
             g.role = "generator"
     return rollouts
 
@@ -1185,7 +1184,7 @@ def pipeline(controller: AriseRLController) -> Any:
     from rubric_rl.services import TRAIN_STREAM
 
     def sample_roles(rollouts: Rollouts | None, ctx: Any) -> Rollouts:
-        return assign_roles(step.sample(rollouts, ctx))
+        return assign_roles(step.sample(rollouts, ctx), controller.generator_domain.env_name)
 
     def generate_roles(rollouts: Rollouts, ctx: Any) -> Rollouts:
         """Generator groups get trained agent episodes over the generator's tool environment
@@ -1234,7 +1233,6 @@ def pipeline(controller: AriseRLController) -> Any:
 
 
 __all__ = [
-    "GENERATOR_HINTS",
     "SIGNAL",
     "AriseRLConfig",
     "AriseRLController",

@@ -26,13 +26,11 @@ import dataclasses
 import functools
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from rubric_rl.envs.constraint_lexicon import CATEGORIES, category_members
-from rubric_rl.envs.constraint_spec import guidance_hint
 from rubric_rl.rollout.engine import sample_seed
 from rubric_rl.rollout.scripted import ScriptedEngine
 from rubric_rl.rubrics.judges import Judge, JudgeItem
@@ -43,16 +41,22 @@ _COACH_RE = re.compile(r"<coach>(.*?)</coach>", re.DOTALL)
 _NOTE_RE = re.compile(r"(?:^|;)\s*remember :\s*(.*?)\s*(?=;\s*remember :|$)", re.DOTALL)
 
 
-def check_tasks(groups: int, criteria: int) -> list[Task]:
-    """``groups`` tasks of ``criteria`` criteria, each criterion a distinct category word (so no
-    memory of one task names a criterion of another); every second task's first criterion is a
-    pitfall (weight −1: satisfied when absent)."""
-    words = sorted({w for c in sorted(CATEGORIES) for w in category_members(c)})
+def check_words(vocabulary: Sequence[str]) -> list[str]:
+    """The words a check task's criteria can be: the domain vocabulary's lower-case alphabetic
+    units (each one token of the embedded tokenizer), sorted, but the prompt's own ``list``."""
+    return sorted({u for u in vocabulary if u.isalpha() and u.islower()} - {"list"})
+
+
+def check_tasks(groups: int, criteria: int, words: Sequence[str]) -> list[Task]:
+    """``groups`` tasks of ``criteria`` criteria, each criterion a distinct word of ``words``
+    (so no memory of one task names a criterion of another); every second task's first
+    criterion is a pitfall (weight −1: satisfied when absent)."""
+    words = sorted(set(words))
     need = groups * criteria
     if need > len(words):
         raise ValueError(
             f"rgsed_check: {groups} tasks x {criteria} criteria need {need} distinct words; the "
-            f"lexicon has {len(words)}"
+            f"domain's vocabulary has {len(words)}"
         )
     tasks = []
     for g in range(groups):
@@ -82,8 +86,11 @@ def memory_notes(prompt_text: str) -> tuple[str, set[str]]:
 class MemoryEffectEngine(ScriptedEngine):
     """The stand-in policy (module docstring)."""
 
-    def __init__(self, tok, tasks: Sequence[Task], *, d: float, p: float):
+    def __init__(
+        self, tok, tasks: Sequence[Task], *, d: float, p: float, hint: Callable[[str, float], str]
+    ):
         super().__init__(tok)
+        self.hint = hint  # how the coach states a criterion (the domain's ``style.hint``)
         self.d, self.p = float(d), float(p)
         self.tasks = list(tasks)
         self.requests: list[tuple[str, int, int, int]] = []  # id, step, task index, offset
@@ -98,7 +105,7 @@ class MemoryEffectEngine(ScriptedEngine):
     def probabilities(self, task: Task, notes: set[str]) -> np.ndarray:
         """Per criterion, P(satisfied) under a memory holding ``notes``."""
         crits = task.rubric.criteria
-        named = np.array([guidance_hint(c.text, c.weight) in notes for c in crits])
+        named = np.array([self.hint(c.text, c.weight) in notes for c in crits])
         p = np.full(len(crits), self.p)
         if named.any():
             p = p + named * self.d * len(crits) / named.sum()
@@ -190,15 +197,15 @@ def run_check(
     from rubric_rl.step import StepContext
 
     config = check_config(base, groups, samples, steps, overrides or {})
-    tasks = check_tasks(groups, criteria)
     with (
         tempfile.TemporaryDirectory() if workdir is None else contextlib.nullcontext(workdir) as wd
     ):
         domain = builders.build_domain(config)
+        tasks = check_tasks(groups, criteria, check_words(domain.vocabulary))
         tok = builders.build_tokenizer(config, domain, wd)
         # the stand-in's tasks have no domain verifier (the judge is the only reward)
         domain = dataclasses.replace(domain, verify=None)
-        engine = MemoryEffectEngine(tok, tasks, d=d, p=p)
+        engine = MemoryEffectEngine(tok, tasks, d=d, p=p, hint=domain.style.hint)
         services = Services(
             config, engine, tok, ScriptedJudge(), domain, wd,
             functools.partial(builders.prompt_buckets, config),
@@ -244,6 +251,7 @@ __all__ = [
     "ScriptedJudge",
     "check_config",
     "check_tasks",
+    "check_words",
     "mean_se",
     "memory_notes",
     "run_check",

@@ -14,11 +14,11 @@ for EVERY group. On the embedded domain the same feedback is turned into m by ru
   → no memory. Kept as the labelled alternative: on the 1M policy it wrote memory for about one
   solver group in nine, so RG-SED almost never applied.
 
-Each criterion is stated as the corpus states guidance (``constraint_spec.guidance_hint``: its
-text, "avoid : text" for a pitfall) and written as the corpus's ``<coach>`` text
-(``constraint_corpus.format_coach``: "remember : h1 ; remember : h2"). Every word is then in the
-domain vocabulary and in the wording the warm start taught. The block's tags are added where the
-memory is mounted (``decorate_prompt`` with ``{"coach": text}``).
+Each criterion is stated and the memory written by the domain's ``Style`` (``style.hint``,
+``style.coach``; the Domain contract's renderer family): on the embedded domain as its corpus
+states guidance ("avoid : text" for a pitfall) and writes ``<coach>`` text ("remember : h1 ;
+remember : h2"), so every word is in the domain vocabulary and in the wording the warm start
+taught. The block is added where the memory is mounted (``style.add_block`` with kind "coach").
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from rubric_rl.envs.base import GENERIC_STYLE, Style
 from rubric_rl.methods.harness_rl.attributor import satisfied
 from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.scores import VerdictLike, verdict_met
@@ -77,6 +78,7 @@ def coach_memory(
     rule: str = "every_group",
     miss_share: float = MISS_SHARE,
     max_hints: int = MAX_HINTS,
+    style: Style = GENERIC_STYLE,
 ) -> str | None:
     """The group's memory m as ``<coach>`` text (module docstring: ``rule``), or None when the
     rule writes none (``"every_group"``: only a group without any valid verdict).
@@ -84,9 +86,6 @@ def coach_memory(
     ``verdict_rows``: one row per response (a ``{criterion_id: met}`` mapping or a trajectory's
     ``Verdict`` tuple). ``responses`` are what an LLM coach would read; this coach needs only the
     verdicts, and checks that there is one row per response."""
-    from rubric_rl.envs.constraint_corpus import format_coach
-    from rubric_rl.envs.constraint_spec import guidance_hint
-
     if len(responses) != len(verdict_rows):
         raise ValueError(
             f"coach_memory: task {task.id!r} has {len(responses)} responses but "
@@ -110,7 +109,7 @@ def coach_memory(
         named.sort(key=lambda i: (-abs(crits[i].weight), i))
     if not named:
         return None
-    return format_coach([guidance_hint(crits[i].text, crits[i].weight) for i in named[:max_hints]])
+    return style.coach([style.hint(crits[i].text, crits[i].weight) for i in named[:max_hints]])
 
 
 def coach_memories(rollouts: Rollouts, **options) -> list[str | None]:

@@ -22,6 +22,16 @@ are pure; the run that produces their inputs goes through ``Services``.
   pair differences): reported for d = the band's lower bound (power) and d = 0 (false
   acceptance). The paper's unpaired rule puts the lower bound at the null's 95th percentile of
   |δ|, so its power at d = lower is about one half by construction.
+- **Paired null** (ours, ``harness.measurement = "paired"``): per cold-start task, ``J'``
+  unguided samples and ``J'`` samples with a placebo field (guidance-shaped text that names no
+  criterion, ``PLACEBO_TEXT``) on the same seeds; δ = the placebo group's mean − the unguided
+  group's (points), one per task. A placebo, not two unguided groups: on shared seeds those
+  are identical, while a mounted field changes the prompt and so the samples as any candidate
+  does. The decision threshold t is the null's 95th percentile of the signed δ (Δ > t accepts:
+  5 % false acceptance, one-sided, since a rollout update must raise reward), and the band's
+  lower bound is the smallest effect accepted with 80 % power, t − (the null's 20th
+  percentile): Δ = d + δ > t for 80 % of δ when d ≥ that (``paired_band``). The proposer skips
+  targets worth fewer points than it; the critic accepts from t.
 All in points (Λ·r, Λ = 100).
 """
 
@@ -37,6 +47,12 @@ import numpy as np
 from rubric_rl.methods.harness_rl.critic import SEED_RUBRIC_BAND
 
 MIN_LEVEL = 0.05
+# The paired rule's error rates (ours): false acceptance at d = 0 and power at d = lower.
+PAIRED_ALPHA = 0.05
+PAIRED_POWER = 0.95
+# The paired null's placebo field (ours): the shape of guidance, the content of the task alone.
+PLACEBO_TEXT = "Answer the task exactly as it asks."
+PAIRED_NULL_STREAM = "harness_paired_null"
 
 
 def _mean_points(rewards: Sequence[float]) -> float:
@@ -64,12 +80,49 @@ def signed_pair_diffs(groups_by_task: Mapping[str, Sequence[Sequence[float]]]) -
     return out
 
 
-def acceptance_at(null_diffs: Sequence[float], band: tuple[float, float], effect: float) -> float:
-    """The share of Δ = effect + δ (δ over ``null_diffs``) within [lower, upper]."""
+def acceptance_at(
+    null_diffs: Sequence[float],
+    band: tuple[float, float],
+    effect: float,
+    threshold: float | None = None,
+) -> float:
+    """The share of Δ = effect + δ (δ over ``null_diffs``) within [lower, upper], or with
+    ``threshold`` (the paired rule) within (threshold, upper]."""
     d = float(effect) + np.asarray(null_diffs, np.float64)
     if not len(d):
         return float("nan")
-    return float(np.mean((d >= band[0]) & (d <= band[1])))
+    above = d >= band[0] if threshold is None else d > float(threshold)
+    return float(np.mean(above & (d <= band[1])))
+
+
+def paired_null_diffs(pairs: Sequence[tuple[Sequence[float], Sequence[float]]]) -> list[float]:
+    """δ = mean(placebo) − mean(unguided) (points) per (unguided, placebo) pair of groups on
+    shared seeds; pairs with an undefined mean are left out."""
+    out = []
+    for control, placebo in pairs:
+        a, b = _mean_points(control), _mean_points(placebo)
+        if np.isfinite(a) and np.isfinite(b):
+            out.append(b - a)
+    return out
+
+
+def paired_band(
+    null_diffs: Sequence[float],
+    upper: float,
+    floor: float,
+    *,
+    alpha: float = PAIRED_ALPHA,
+    power: float = PAIRED_POWER,
+) -> tuple[float, tuple[float, float]]:
+    """(threshold t, (lower, upper)) of the paired rule: t = the (1 − alpha) quantile of the
+    signed null δ; lower = t − the (1 − power) quantile of δ, the smallest effect d with
+    P(d + δ > t) ≥ power under the null's spread; then the band floor."""
+    d = np.asarray(null_diffs, np.float64)
+    if not len(d):
+        raise ValueError("cold start: no task gave a paired null difference")
+    t = float(np.quantile(d, 1.0 - alpha))
+    lower = t - float(np.quantile(d, 1.0 - power))
+    return t, floored_band(lower, upper, floor)
 
 
 def floored_band(lower: float, upper: float, floor: float) -> tuple[float, float]:
@@ -138,11 +191,15 @@ def run_cold_start(
     samples_per_task: int,
     deterministic_floor: float,
     band_floor: float = 0.0,
+    paired_samples: int = 0,
+    placebo: Any = None,
 ) -> dict[str, Any]:
     """The cold start through ``Services``: ``groups`` independent groups of the current
     (warm-started) policy on ``n_tasks`` training tasks under their seed rubrics, and
     ``regradings`` fresh gradings (no verdict cache) of one group per task. Returns the levels,
-    the two bands (points) and what produced them."""
+    the two bands (points) and what produced them. ``paired_samples`` > 0 (with ``placebo``:
+    task -> its prompt with the placebo field) calibrates the rollout band for the paired rule
+    instead (module docstring); the unpaired band is reported beside it."""
     from rubric_rl.methods.harness_rl.attributor import discriminative_mass, satisfied
     from rubric_rl.methods.harness_rl.state import met_matrix, row_reward
 
@@ -184,8 +241,15 @@ def run_cold_start(
     # An upper bound below its lower bound would accept nothing: it is raised (band_floor).
     roll = floored_band(roll_lo, upper, band_floor)
     null = signed_pair_diffs(by_task)
-    return {
+    unpaired_power = {
+        "at_lower": acceptance_at(null, roll, roll[0]),
+        "at_zero": acceptance_at(null, roll, 0.0),
+        "null_sd": float(np.std(null)) if null else float("nan"),
+        "pairs": len(null) // 2,
+    }
+    out = {
         "source": "cold_start",
+        "measurement": "unpaired",
         "tasks": n,
         "groups": int(groups),
         "levels": list(levels),
@@ -194,20 +258,66 @@ def run_cold_start(
         "rubric_lower_floored": floored,
         "rollout_null_p95": roll_lo,
         "median_range": upper,
+        "rollout_power": unpaired_power,
+    }
+    if int(paired_samples) > 0:
+        out.update(_paired(services, pick, int(paired_samples), placebo, upper, band_floor))
+        out["unpaired"] = {"rollout_band": list(roll), "rollout_power": unpaired_power}
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _paired(services, tasks, n_samples: int, placebo, upper: float, floor: float) -> dict:
+    """The paired rule's threshold, band and power from unguided vs placebo groups of each
+    task on shared seeds (tasks whose placebo prompt is too long are left out)."""
+    from rubric_rl.methods.harness_rl.state import row_reward
+    from rubric_rl.services import stream_base
+
+    fit, prompts = [], []
+    for t in tasks:
+        try:
+            m = placebo(t)
+            services.encode_prompt(m, f"task {t.id}")
+        except ValueError:
+            continue
+        fit.append(t)
+        prompts.append(m)
+    seeds = [stream_base(PAIRED_NULL_STREAM) + i for i in range(len(fit))] * 2
+    _, trajs = services.generate(
+        [t.messages for t in fit] + prompts, n_samples, stream=PAIRED_NULL_STREAM,
+        names=[t.id for t in fit] * 2, seed_indices=seeds,
+    )  # fmt: skip
+    both = fit + fit
+    verdicts = services.judge(both, [[x.response for x in ts] for ts in trajs])
+    rewards = [
+        [row_reward(t.rubric.evaluated().criteria, row) for row in vs]
+        for t, vs in zip(both, verdicts, strict=True)
+    ]
+    null = paired_null_diffs(list(zip(rewards[: len(fit)], rewards[len(fit) :], strict=True)))
+    t, band = paired_band(null, upper, floor)
+    return {
+        "measurement": "paired",
+        "paired_samples": n_samples,
+        "rollout_band": list(band),
+        "rollout_threshold": t,
         "rollout_power": {
-            "at_lower": acceptance_at(null, roll, roll[0]),
-            "at_zero": acceptance_at(null, roll, 0.0),
-            "null_sd": float(np.std(null)) if null else float("nan"),
-            "pairs": len(null) // 2,
+            "at_lower": acceptance_at(null, band, band[0], threshold=t),
+            "at_zero": acceptance_at(null, band, 0.0, threshold=t),
+            "null_sd": float(np.std(null)),
+            "pairs": len(null),
         },
-        "seconds": time.perf_counter() - t0,
     }
 
 
 __all__ = [
     "COLD_START_STREAM",
+    "PAIRED_ALPHA",
+    "PAIRED_POWER",
+    "PLACEBO_TEXT",
     "acceptance_at",
     "floored_band",
+    "paired_band",
+    "paired_null_diffs",
     "signed_pair_diffs",
     "run_cold_start",
     "MIN_LEVEL",

@@ -101,6 +101,10 @@ ROLLOUT_RULES = ("harness", "ruscarl")
 RUBRIC_RULES = ("harness", evorubric.RULE)
 EVOLVERS = ("programmatic", "llm")
 RECALIBRATE = ("quarter", "never")
+MEASUREMENTS = ("paired", "unpaired")
+# The paired rule's seed indices: one per (candidate, round) within a step, shared by the
+# candidate's group and its control group.
+PAIRED_STREAM = "harness_critic_paired"
 REVERSAL_WINDOW = 100  # steps (the seed's reversal rate is per 100-step window)
 
 
@@ -128,6 +132,11 @@ class HarnessConfig:
     # "quarter" (ours): the bands are re-measured on the current policy at the start of each
     # training quarter (the levels stay); "never": the seed's bands, frozen at the cold start.
     recalibrate: str = "quarter"
+    # "paired" (ours): a rollout candidate's group and the current harness's group re-sampled on
+    # shared seeds, paired_samples (J') each; "unpaired": the seed's re-sampled group (J) against
+    # the recorded one (critic.py).
+    measurement: str = "paired"
+    paired_samples: int = 16
     attributor: AttributorConfig = dataclasses.field(default_factory=AttributorConfig)
     sampling_rule: str = "harness"  # harness | sec (the p_t <- SEC switching arm)
     rollout_rule: str = "harness"  # harness | ruscarl (the g_t <- RuscaRL switching arm)
@@ -146,6 +155,12 @@ class HarnessConfig:
                 raise ValueError(
                     f"harness.{field}={getattr(self, field)!r}: expected one of {allowed}"
                 )
+        if self.measurement not in MEASUREMENTS:
+            raise ValueError(
+                f"harness.measurement={self.measurement!r}: expected one of {MEASUREMENTS}"
+            )
+        if self.measurement == "paired" and self.paired_samples < 2:
+            raise ValueError(f"harness.paired_samples={self.paired_samples}: must be >= 2")
         if self.recalibrate not in RECALIBRATE:
             raise ValueError(
                 f"harness.recalibrate={self.recalibrate!r}: expected one of {RECALIBRATE}"
@@ -242,6 +257,8 @@ class HarnessController(Controller):
         self.levels = tuple(config.levels)
         self.rollout_band = Band(*config.rollout_band)
         self.rubric_band = Band(*config.rubric_band)
+        # The paired rule's decision threshold (points; None: the band's lower bound decides).
+        self.rollout_threshold: float | None = None
         self.calibrated: dict[str, Any] | None = None
         self.state: dict[str, TaskHarness] = {}
         self.last_label: dict[str, str] = {}  # "task/criterion" -> its latest label
@@ -380,6 +397,8 @@ class HarnessController(Controller):
             groups=cfg.cold_start_groups, regradings=cfg.cold_start_regradings,
             samples_per_task=cfg.samples_per_task, deterministic_floor=cfg.deterministic_floor,
             band_floor=cfg.band_floor,
+            paired_samples=cfg.paired_samples if cfg.measurement == "paired" else 0,
+            placebo=lambda t: self.style.mount(t, {"criterion": cs.PLACEBO_TEXT}),
         )  # fmt: skip
 
     def _quarter(self, step: int) -> int:
@@ -402,6 +421,7 @@ class HarnessController(Controller):
         out = self._measure_cold_start()
         self.rollout_band = Band(*out["rollout_band"])
         self.rubric_band = Band(*out["rubric_band"])
+        self.rollout_threshold = out.get("rollout_threshold")
         self.calibrated = {**out, "levels": list(self.levels), "quarter": q, "step": int(step)}
         self._events.append({"event": "recalibrate", **self.calibrated})
 
@@ -416,6 +436,7 @@ class HarnessController(Controller):
         self.levels = validate_levels(cal["levels"], "cold start levels")
         self.rollout_band = Band(*cal["rollout_band"])
         self.rubric_band = Band(*cal["rubric_band"])
+        self.rollout_threshold = cal.get("rollout_threshold")
         self.calibrated = dict(cal)
         self._events.append({"event": "cold_start", **self.calibrated})
 
@@ -680,7 +701,7 @@ class HarnessController(Controller):
         results: list[Any] = []
         if rollout_todo:
             try:
-                results = self._resample(rollout_todo)
+                results = self._measure_rollout(rollout_todo)
             except Exception as e:  # noqa: BLE001 - no measurement rejects (§3)
                 results = [e] if len(rollout_todo) == 1 else [
                     self._resample_one(x) for x in rollout_todo
@@ -689,14 +710,55 @@ class HarnessController(Controller):
                 if isinstance(res, Exception):
                     out[(task.id, "rollout")] = Verdict(False, None, f"no measurement: {res!r}")
                     continue
-                delta = None if res is None or baseline is None else res - baseline
+                if self.config.measurement == "paired":
+                    delta = res  # the candidate's group − the current harness's, paired
+                    threshold = self.rollout_threshold
+                else:
+                    delta = None if res is None or baseline is None else res - baseline
+                    threshold = None
                 out[(task.id, "rollout")] = rollout_verdict(
-                    delta, self.rollout_band, drop_only=c.drop_only
+                    delta, self.rollout_band, drop_only=c.drop_only, threshold=threshold
                 )
         for task, _, _, cands, _, _ in work:
             if cands.get("rollout") is not None and (task.id, "rollout") not in out:
                 out[(task.id, "rollout")] = Verdict(False, None, DEFERRED)
         return out
+
+    def _measure_rollout(self, todo) -> list[float | None]:
+        """Per candidate: the paired Δ (points), or the unpaired rule's re-sampled mean."""
+        if self.config.measurement == "paired":
+            return self._resample_paired(todo)
+        return self._resample(todo)
+
+    def _resample_paired(self, todo) -> list[float | None]:
+        """Δ = mean reward of J' samples with each candidate's fields − that of J' samples with
+        the task's current fields, sample j of both on one seed (points, current rubric)."""
+        from rubric_rl.services import stream_base
+
+        control, treated = [], []
+        for task, st, c, _ in todo:
+            now = {f: v["text"] for f, v in st.fields.items()}
+            after = {f: v["text"] for f, v in fields_after(st.fields, c).items()}
+            control.append(self.style.mount(task, now) if now else task.messages)
+            treated.append(self.style.mount(task, after) if after else task.messages)
+        base = stream_base(PAIRED_STREAM)
+        seeds = [base + self.index[task.id] for task, *_ in todo]
+        names = [t.id for t, *_ in todo]
+        _, trajs = self.services.generate(
+            control + treated, self.config.paired_samples, stream=CRITIC_STREAM,
+            names=names + names, seed_indices=seeds + seeds,
+        )  # fmt: skip
+        tasks = [self.harness_task(t) for t, *_ in todo]
+        vs = self.services.judge(tasks + tasks, [[x.response for x in ts] for ts in trajs])
+        means = [
+            mean_points([row_reward(t.rubric.criteria, row) for row in rows])
+            for t, rows in zip(tasks + tasks, vs, strict=True)
+        ]
+        n = len(todo)
+        return [
+            None if a is None or b is None else b - a
+            for a, b in zip(means[:n], means[n:], strict=True)
+        ]
 
     def _resample(self, todo) -> list[float | None]:
         """The mean reward (points) of a group re-sampled with each candidate's fields, under the
@@ -718,7 +780,7 @@ class HarnessController(Controller):
 
     def _resample_one(self, item) -> float | None | Exception:
         try:
-            return self._resample([item])[0]
+            return self._measure_rollout([item])[0]
         except Exception as e:  # noqa: BLE001 - no measurement rejects this candidate only
             return e
 
@@ -915,6 +977,8 @@ class HarnessController(Controller):
         m["reversal_rate"] = self.totals["reversals"] / max(1, self.totals["accepted_rubric"])
         m["critic/rollout_band_lower"] = self.rollout_band.lower
         m["critic/rollout_band_upper"] = self.rollout_band.upper
+        if self.rollout_threshold is not None:
+            m["critic/rollout_threshold"] = float(self.rollout_threshold)
         power = (self.calibrated or {}).get("rollout_power") or {}
         for k in ("at_lower", "at_zero"):
             if k in power:
@@ -944,6 +1008,7 @@ class HarnessController(Controller):
             "levels": list(self.levels),
             "rollout_band": [self.rollout_band.lower, self.rollout_band.upper],
             "rubric_band": [self.rubric_band.lower, self.rubric_band.upper],
+            "rollout_threshold": self.rollout_threshold,
             "calibrated": self.calibrated,
             "tasks": {
                 tid: {
@@ -970,6 +1035,7 @@ class HarnessController(Controller):
         self.levels = validate_levels(state["levels"], "checkpoint harness levels")
         self.rollout_band = Band(*state["rollout_band"])
         self.rubric_band = Band(*state["rubric_band"])
+        self.rollout_threshold = state.get("rollout_threshold")
         self.calibrated = state.get("calibrated")
         self.state = {
             tid: TaskHarness(

@@ -7,6 +7,12 @@ effect on the current frozen policy, in reward points (Λ·r̄ with Λ = 100).
   drops fields is accepted when Δ ≥ −lower: reward stays within tolerance without them (§4: the
   harness "withdraws [a field] … once the target criterion leaves blind and reward stays within
   tolerance without it").
+- **Paired rule** (ours, ``harness.measurement = "paired"``, the default): the candidate's
+  group and the task's current-harness group (unguided for a first field) are both re-sampled,
+  ``J'`` samples each on shared seeds; Δ = the candidate's mean − the current one's. Accepted
+  when threshold < Δ ≤ upper, the threshold calibrated for 5 % false acceptance and the lower
+  bound the effect accepted with 80 % power (``cold_start.paired_band``). ``"unpaired"`` keeps
+  the seed's rule above (one re-sampled group against the recorded one, lower ≤ Δ ≤ upper).
 - **Rubric update**: re-grade the recorded group under the candidate rubric (unchanged criteria
   are verdict-cache hits); accepted when lower ≤ |Δ| ≤ upper (the rubric band): the update must
   change the reward measurably, and not by more than a group's own spread.
@@ -69,8 +75,11 @@ def _in_band(x: float, delta: float, band: Band, name: str, which: str) -> Verdi
     return Verdict(True, delta, f"{name} {x:+.1f} within [{lo:.1f}, {hi:.1f}]")
 
 
-def rollout_verdict(delta: float | None, band: Band, *, drop_only: bool = False) -> Verdict:
-    """The rollout band's decision on a re-sampled group's Δ (points)."""
+def rollout_verdict(
+    delta: float | None, band: Band, *, drop_only: bool = False, threshold: float | None = None
+) -> Verdict:
+    """The rollout band's decision on a re-sampled group's Δ (points); ``threshold`` (the
+    paired rule): accepted when threshold < Δ ≤ upper."""
     if not _measured(delta):
         return Verdict(False, None, "no measurement")
     d = float(delta)
@@ -78,7 +87,16 @@ def rollout_verdict(delta: float | None, band: Band, *, drop_only: bool = False)
         ok = d >= -band.lower
         why = f"drop: Δ {d:+.1f} {'≥' if ok else '<'} −{band.lower:.1f}"
         return Verdict(ok, d, why)
-    return _in_band(d, d, band, "Δ", "rollout")
+    if threshold is None:
+        return _in_band(d, d, band, "Δ", "rollout")
+    t = float(threshold)
+    if d <= t:
+        return Verdict(False, d, f"paired Δ {d:+.1f} not above the threshold {t:.1f}")
+    if d > band.upper:
+        return Verdict(
+            False, d, f"paired Δ {d:+.1f} above the rollout band's upper bound {band.upper:.1f}"
+        )
+    return Verdict(True, d, f"paired Δ {d:+.1f} within ({t:.1f}, {band.upper:.1f}]")
 
 
 def rubric_verdict(delta: float | None, band: Band) -> Verdict:

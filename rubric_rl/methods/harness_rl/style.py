@@ -1,12 +1,14 @@
-"""How a domain writes HarnessRL's guidance, reads surface features, and proposes criteria.
+"""How HarnessRL writes its guidance into a domain's prompts and reads surface features.
 
-The embedded constraint domain writes guidance exactly as its warm-start corpus does
-(``constraint_corpus``: ``<criterion> … </criterion>`` blocks appended to the last user message,
-``guidance_hint``, ``format_reference``, ``format_critique``), so mounted guidance is a prompt
-shape the policy has seen; its checker library proposes rule criteria from the prompt text. Any
-other domain gets the generic style: the same blocks, plain-English texts, and surface features
-read from common praise / compliance / refusal phrases; no library (rubric operations then
-reweight and delete only, unless an LLM proposer is configured).
+The guidance texts and how they are mounted come from the domain's ``Style`` (the Domain
+contract's renderer family, ``Domain.style``): the embedded constraint domain writes guidance
+exactly as its warm-start corpus does (``<criterion> … </criterion>`` blocks, "avoid : …" hints),
+so mounted guidance is a prompt shape the policy has seen; the instruction-following domain
+writes titled plain-English lists; any other domain gets the generic style. The criteria a rubric
+operation may propose come from the domain's checker library (``Domain.criteria_library``; none:
+rubric operations reweight and delete only, unless an LLM proposer is configured). Surface
+features: the embedded domain's own praise / compliance forms and word count, else common
+praise / compliance / refusal phrases.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 
-from rubric_rl.envs.base import SurfaceFeatures
-from rubric_rl.rubrics.types import Criterion, Task, append_to_last_user
+from rubric_rl.envs.base import GENERIC_STYLE, Style, SurfaceFeatures
+from rubric_rl.rubrics.types import Criterion, Task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,23 +30,6 @@ class GuidanceStyle:
     critique: Callable[[Sequence[str]], str]
     features: Callable[[str], SurfaceFeatures]
     library: Callable[[Task], Sequence[Criterion]] | None = None
-
-
-def embedded_style(
-    library: Callable[[Task], Sequence[Criterion]] | None,
-    features: Callable[[str], SurfaceFeatures] | None = None,
-) -> GuidanceStyle:
-    from rubric_rl.envs.constraint_corpus import decorate_prompt, format_critique, format_reference
-    from rubric_rl.envs.constraint_spec import guidance_hint
-
-    return GuidanceStyle(
-        mount=lambda task, fields: decorate_prompt(task, dict(fields)),
-        hint=guidance_hint,
-        reference=format_reference,
-        critique=format_critique,
-        features=features or generic_features,
-        library=library,
-    )
 
 
 _FLUFF = re.compile(
@@ -63,66 +48,33 @@ def generic_features(response: str) -> SurfaceFeatures:
     )
 
 
-def _generic_mount(task: Task, fields: Mapping[str, str]) -> list[dict]:
-    from rubric_rl.methods.harness_rl.interfaces import ordered_fields
-
-    def text(v) -> str:  # several texts (RuscaRL's shown criteria) share one block
-        return v if isinstance(v, str) else " ; ".join(x for x in v if x.strip())
-
-    blocks = [f"<{f}> {text(fields[f])} </{f}>" for f in ordered_fields(fields)
-              if text(fields[f]).strip()]  # fmt: skip
-    if not blocks:
-        return task.messages
-    return append_to_last_user(task.messages, "\n".join(blocks), what=f"task {task.id!r}")
-
-
-def generic_style() -> GuidanceStyle:
-    def reference(good: str | None, bad: str | None) -> str:
-        parts = ([f"A good response: {good}"] if good else []) + (
-            [f"A poor response: {bad}"] if bad else []
-        )
-        return "\n".join(parts)
-
+def guidance_style(
+    style: Style,
+    features: Callable[[str], SurfaceFeatures] = generic_features,
+    library: Callable[[Task], Sequence[Criterion]] | None = None,
+) -> GuidanceStyle:
+    """HarnessRL's view of a domain's ``Style``: its field mounting and texts."""
     return GuidanceStyle(
-        mount=_generic_mount,
-        hint=lambda text, weight: text if weight > 0 else f"Avoid: {text}",
-        reference=reference,
-        critique=lambda missed: "The previous answers missed: " + "; ".join(missed),
-        features=generic_features,
-    )
-
-
-def instruct_style(library: Callable[[Task], Sequence[Criterion]] | None) -> GuidanceStyle:
-    """The English instruction-following domain's: titled plain-English lists
-    (``envs/instruct_guidance.py``), for a pretrained chat policy."""
-    from rubric_rl.envs import instruct_guidance as ig
-
-    return GuidanceStyle(
-        mount=ig.mount,
-        hint=ig.hint,
-        reference=ig.format_reference,
-        critique=ig.format_critique,
-        features=generic_features,
+        mount=style.mount,
+        hint=style.hint,
+        reference=style.reference,
+        critique=style.critique,
+        features=features,
         library=library,
     )
 
 
+def generic_style() -> GuidanceStyle:
+    """The generic style (``envs.base.Style``), generic surface features, no library."""
+    return guidance_style(GENERIC_STYLE)
+
+
 def style_for(domain) -> GuidanceStyle:
-    """The embedded domain's style for ``constraints``, the English one for ``instruct``, else
-    the generic one."""
-    name = getattr(domain, "name", "")
-    if name == "constraints":
-        return embedded_style(domain.criteria_library, domain.surface_features)
-    if name == "instruct":
-        return instruct_style(domain.criteria_library)
-    return generic_style()
+    """The domain's own style, checker library and surface features (``Domain.surface_features``;
+    a domain without its own: common English praise / compliance / refusal phrases)."""
+    return guidance_style(
+        domain.style, domain.surface_features or generic_features, domain.criteria_library
+    )
 
 
-__all__ = [
-    "GuidanceStyle",
-    "embedded_style",
-    "generic_features",
-    "generic_style",
-    "instruct_style",
-    "style_for",
-]
+__all__ = ["GuidanceStyle", "generic_features", "generic_style", "guidance_style", "style_for"]

@@ -21,17 +21,8 @@ from rubric_rl.methods.method import Method, register_method
 def rised_controllers(config: Any, domain: Any) -> list[Any]:
     """The per-environment quota sampler (over ``_rised_train``'s tasks) and the RISED
     controller (tagger, selection, anti-patterns, per-rollout teacher contexts)."""
-    from rubric_rl.builders import tool_env_names
-    from rubric_rl.envs.base import is_tool_env
     from rubric_rl.methods.grpo import task_sampler
-    from rubric_rl.methods.rised.rised import (
-        RisedConfig,
-        RisedController,
-        embedded_description,
-        embedded_renderer,
-        generic_renderer,
-        mixed_renderer,
-    )
+    from rubric_rl.methods.rised.rised import RisedConfig, RisedController
     from rubric_rl.methods.rised.rised_tagger import (
         LLMTagger,
         ProgrammaticTagger,
@@ -40,8 +31,6 @@ def rised_controllers(config: Any, domain: Any) -> list[Any]:
     from rubric_rl.rubrics.vocabulary import Vocabulary
 
     rc = RisedConfig.from_config(config)
-    embedded = domain.name == "constraints"
-    tools = tool_env_names(config.domain) if embedded else ()
     behaviours = domain.behaviours
     if rc.vocabulary:
         vocab = Vocabulary.load(rc.vocabulary)
@@ -71,20 +60,8 @@ def rised_controllers(config: Any, domain: Any) -> list[Any]:
             outcome_threshold=0.5 if rc.tagging == "outcome" else None,
             max_failure_rate=role_max_failure_rate(config),
         )  # fmt: skip
-    describe = embedded_description if embedded else None
-    if tools:  # a tool environment's task in the domain's own words, any other the corpus's
-        tool_describe = behaviours.describe
-
-        def describe(rubric_id: str, task: Any) -> str | None:
-            if is_tool_env(task.env_name):
-                return tool_describe(rubric_id, task)
-            return embedded_description(rubric_id, task)
-
-    ctl = RisedController(
-        rc, vocab, tagger,
-        render=(mixed_renderer if tools else embedded_renderer) if embedded else generic_renderer,
-        describe=describe,
-    )  # fmt: skip
+    # anti-patterns, teacher contexts and rubric descriptions in the domain's own style
+    ctl = RisedController(rc, vocab, tagger, style=domain.style)
     return [*task_sampler(config, domain, _rised_train(rc, domain)), ctl]
 
 

@@ -52,6 +52,7 @@ import numpy as np
 
 from rubric_rl import run_files
 from rubric_rl.controllers.base import Controller
+from rubric_rl.envs.base import GENERIC_STYLE, Style
 from rubric_rl.methods.rised import rised_selection as sel
 from rubric_rl.methods.rised.rised_tags import (
     PROFILE_COUNTS,
@@ -64,7 +65,7 @@ from rubric_rl.methods.rised.rised_tags import (
     top_positive,
 )
 from rubric_rl.rollout.batch import Messages, Rollouts
-from rubric_rl.rubrics.types import Task, append_to_last_user
+from rubric_rl.rubrics.types import Task
 from rubric_rl.rubrics.vocabulary import Vocabulary
 
 SELECTIONS = ("profile", "none", "random", "top_variance", "variance_targeted")
@@ -214,83 +215,15 @@ class RisedConfig:
 
 
 # A renderer writes RISED's blocks into a prompt: (task, positive descriptions, anti-pattern
-# descriptions) -> messages. The embedded domain's is its corpus's own (<criterion> and
-# <anti_patterns> blocks, the wording the warm start teaches); any other domain's appends plain
-# blocks to the last user message.
+# descriptions) -> messages: the domain's ``Style.show_and_avoid`` (the embedded domain's are its
+# corpus's own <criterion> and <anti_patterns> blocks, the wording the warm start teaches).
 Renderer = Callable[[Task, Sequence[str], Sequence[str]], Messages]
-
-
-def embedded_renderer(task: Task, positives: Sequence[str], negatives: Sequence[str]) -> Messages:
-    from rubric_rl.envs.constraint_corpus import decorate_prompt
-
-    return decorate_prompt(
-        task, {"criterion": list(positives) or None, "anti_patterns": list(negatives) or None}
-    )
-
-
-def generic_renderer(task: Task, positives: Sequence[str], negatives: Sequence[str]) -> Messages:
-    blocks = []
-    if positives:
-        blocks.append("Behaviours to show:\n" + "\n".join(f"- {p}" for p in positives))
-    if negatives:
-        blocks.append("Anti-patterns to avoid:\n" + "\n".join(f"- {n}" for n in negatives))
-    if not blocks:
-        return [dict(m) for m in task.messages]
-    return append_to_last_user(task.messages, "\n\n".join(blocks), what=f"task {task.id!r}")
-
-
-def mixed_renderer(task: Task, positives: Sequence[str], negatives: Sequence[str]) -> Messages:
-    """The embedded domain with tool environments mixed in: a tool environment's task gets the
-    generic blocks (its episodes start from that prompt), any other the corpus's own."""
-    from rubric_rl.envs.base import is_tool_env
-
-    render = generic_renderer if is_tool_env(task.env_name) else embedded_renderer
-    return render(task, positives, negatives)
 
 
 # Rubrics of this skill describe the outcome, not a behaviour: they count in the profiles (the
 # seed's tagger is reward-informed, E.4) but are never shown as a teacher's context or an
 # anti-pattern ("meet every requirement" is no behaviour to imitate or avoid). Ours.
 OUTCOME_SKILL = "outcome"
-
-
-def embedded_description(rubric_id: str, task: Task) -> str | None:
-    """A rubric of the embedded vocabulary (``envs/constraint_behaviours.catalogue``) stated for
-    ``task`` in the domain's own words (the wording the warm-start corpus teaches, every word in
-    the policy's vocabulary): a followed check as its guidance hint with the task's values ("the
-    response lists exactly 3 items"), a violated one as an anti-pattern item ("breaking the rule :
-    …"), fluff as the corpus's anti-pattern phrases. None: a stated check the task does not have
-    (an environment's anti-pattern taken from another task)."""
-    from rubric_rl.envs.constraint_corpus import FLUFF_ANTI_PATTERNS, anti_pattern_text
-    from rubric_rl.envs.constraint_lexicon import CRITERION_TEMPLATES as T
-    from rubric_rl.envs.constraint_library import library_constraints
-    from rubric_rl.envs.constraint_spec import guidance_hint
-
-    fixed = {
-        "distinct_items": T["distinct"],
-        "repeated_item": anti_pattern_text(T["distinct"], 1.0),
-        "answer_alone": T["plain"],
-        "praise_opener": FLUFF_ANTI_PATTERNS["praise"],
-        "compliance_claim": FLUFF_ANTI_PATTERNS["claim"],
-        "filler": FLUFF_ANTI_PATTERNS["pad"],
-        "overlong": anti_pattern_text(T["plain"], 1.0),
-        "empty_answer": anti_pattern_text(T["non_empty"], 1.0),
-        "task_solved": T["all_of"],
-        "task_failed": anti_pattern_text(T["all_of"], 1.0),
-    }
-    if rubric_id in fixed:
-        return fixed[rubric_id]
-    kind, _, outcome = rubric_id.rpartition("_")
-    if outcome not in ("followed", "violated") or not kind:
-        raise ValueError(f"rised: {rubric_id!r} is not a rubric of the embedded vocabulary")
-    c = next((c for c in library_constraints(task) if c.kind == kind), None)
-    if c is None:
-        return None
-    return (
-        guidance_hint(c.text, c.weight)
-        if outcome == "followed"
-        else anti_pattern_text(c.text, c.weight)
-    )
 
 
 class RisedController(Controller):
@@ -303,17 +236,20 @@ class RisedController(Controller):
         tagger: Any,
         *,
         quotas: Mapping[str, int] | None = None,
-        render: Renderer = generic_renderer,
+        style: Style = GENERIC_STYLE,
         describe: Callable[[str, Task], str | None] | None = None,
     ):
         self.config = config
         self.vocab = vocabulary
         self.tagger = tagger
         self.quotas = dict(quotas) if quotas else None
-        self.render = render
-        # A rubric's description for one task (the embedded domain states it with the task's own
-        # values: "the response lists exactly 3 items"); default: the vocabulary's text.
-        self.describe = describe or (lambda rid, task: self.vocab.entry(rid).description)
+        self.render: Renderer = style.show_and_avoid  # the domain's Style
+        # A rubric's description for one task, by the domain's style (the embedded domain states
+        # it with the task's own values: "the response lists exactly 3 items"; the generic style:
+        # the vocabulary's text); ``describe`` overrides it.
+        self.describe = describe or (
+            lambda rid, task: style.describe(rid, task, self.vocab.entry(rid).description)
+        )
         self.anti: dict[str, list[str]] = {}  # env -> negative rubric ids for the next prompts
         self._tags: list[list[Tags]] = []
         self._keep: np.ndarray | None = None
@@ -655,9 +591,5 @@ __all__ = [
     "RisedConfig",
     "RisedLLM",
     "RisedController",
-    "embedded_description",
-    "embedded_renderer",
-    "generic_renderer",
-    "mixed_renderer",
     "teacher_stage",
 ]

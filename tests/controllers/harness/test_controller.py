@@ -43,8 +43,10 @@ def test_the_attributor_finds_the_scripts_failures(report):
     assert f["harness/attributor/spurious/precision"] >= 0.6
     assert f["harness/attributor/spurious/recall"] >= 0.25
     # Blind: every never-reachable criterion is found; genuine ones unmet so far are also blind
-    # (correctly, on the evidence), which bounds the precision.
-    assert f["harness/attributor/blind/recall"] >= 0.7
+    # (correctly, on the evidence), which bounds the precision. The truth tags `all_rules` blind
+    # throughout, but guidance stating its failing parts makes it reachable, and met it is
+    # labelled agree (24 of its 57 labels here), which bounds the recall.
+    assert f["harness/attributor/blind/recall"] >= 0.65
     assert f["harness/attributor/blind/precision"] >= 0.3
 
 
@@ -173,6 +175,7 @@ def test_no_memory_and_no_critic_run_through_the_check(tmp_path):
     assert f["harness/updates/rollout/accepted"] == f["harness/updates/rollout/proposed"]
 
 
+@pytest.mark.slow
 def test_trainer_resume_of_a_harness_run_equals_the_uninterrupted_run(tmp_path):
     """Through the real trainer (policy, engine, orbax checkpoint): a harness run resumed from
     its step-2 checkpoint replays step 3's harness metrics and memory exactly."""
@@ -373,14 +376,22 @@ def test_recalibration_tracks_a_scripted_entropy_drop(tmp_path):
         for k, v in DEFAULT_SCRIPT.items()
     }
     lows = {}
-    for mode in ("quarter", "never"):
+    # The unpaired rule's band has a closed form in the null it records; the paired rule's
+    # (coupling 1/2: the placebo redraws half of the requirements) must follow it down too.
+    for mode, measurement in (
+        ("quarter", "unpaired"),
+        ("never", "unpaired"),
+        ("quarter", "paired"),
+    ):
         c = small_config()
         c.unlock()
         c.train.steps = 8  # quarters start at steps 1, 3, 5, 7
         c.harness.cold_start.update(tasks=16, groups=3)
         c.harness.recalibrate = mode
+        c.harness.measurement = measurement
         c.lock()
-        run = scripted_run(c, ScriptedPolicy(script, seed=0), str(tmp_path / mode))
+        policy = ScriptedPolicy(script, seed=0, coupling=0.5)
+        run = scripted_run(c, policy, str(tmp_path / f"{mode}-{measurement}"))
         ctl = run.controllers.sampler
         rng = np.random.default_rng(0)
         seen = []
@@ -389,6 +400,13 @@ def test_recalibration_tracks_a_scripted_entropy_drop(tmp_path):
             ctl.sample_tasks(step, rng)
             seen.append((ctl.rollout_band.lower, (ctl.calibrated or {}).get("rollout_null_p95")))
         events = run.controllers.pop_events()["harness"]
+        if measurement == "paired":
+            assert seen[0][0] > seen[-1][0] and seen[-1][0] >= c.harness.cold_start.band_floor
+            recal = [e for e in events if e["event"] == "recalibrate"]
+            assert [e["measurement"] for e in recal] == ["paired"] * 3
+            null_sd = [e["rollout_power"]["null_sd"] for e in recal]
+            assert null_sd[0] > null_sd[-1]
+            continue
         lows[mode] = seen
         if mode == "quarter":
             recal = [e for e in events if e["event"] == "recalibrate"]

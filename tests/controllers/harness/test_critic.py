@@ -123,3 +123,41 @@ def test_band_floor_and_power_at_calibration_against_references():
     # candidates whose true effect equals it are accepted, and ~2.5 % of null candidates.
     assert 0.4 <= acceptance_at(null, band, band[0]) <= 0.6
     assert acceptance_at(null, band, 0.0) <= 0.05
+
+
+def test_paired_band_and_verdict_against_references():
+    from rubric_rl.methods.harness_rl.cold_start import (
+        acceptance_at,
+        paired_band,
+        paired_null_diffs,
+    )
+
+    rng = np.random.default_rng(5)
+    pairs = [(rng.random(16).tolist(), rng.random(16).tolist()) for _ in range(300)]
+    pairs.append(([float("nan")] * 16, rng.random(16).tolist()))  # undefined: left out
+    null = paired_null_diffs(pairs)
+    ref = np.array([100 * np.mean(b) - 100 * np.mean(a) for a, b in pairs[:-1]])
+    assert null == pytest.approx(ref.tolist())
+    t, (lo, hi) = paired_band(null, 60.0, 3.1, alpha=0.05, power=0.8)
+    assert t == pytest.approx(np.quantile(ref, 0.95))
+    assert lo == pytest.approx(t - np.quantile(ref, 0.2))
+    assert hi == 60.0
+    # Under the null's spread: 5 % false acceptance (strictly above t), 80 % power at d = lo.
+    assert acceptance_at(null, (lo, hi), 0.0, threshold=t) == pytest.approx(
+        np.mean((ref > t) & (ref <= hi))
+    )
+    assert acceptance_at(null, (lo, hi), 0.0, threshold=t) <= 0.05
+    assert acceptance_at(null, (lo, hi), lo, threshold=t) >= 0.8
+    # A null with no spread (seed-shared samples, no effect) floors the band; Δ = 0 rejects.
+    t0, band0 = paired_band([0.0] * 50, 40.0, 3.1)
+    assert t0 == 0.0 and band0 == (3.1, 40.0)
+    with pytest.raises(ValueError, match="paired null"):
+        paired_band([], 40.0, 3.1)
+    band = Band(12.0, 40.0)
+    assert not rollout_verdict(0.0, Band(*band0), threshold=t0).accepted
+    assert rollout_verdict(5.0, band, threshold=4.9).accepted  # above t, though below lower
+    assert not rollout_verdict(4.9, band, threshold=4.9).accepted
+    assert not rollout_verdict(40.5, band, threshold=4.9).accepted
+    assert rollout_verdict(40.0, band, threshold=4.9).accepted
+    v = rollout_verdict(-20.0, band, drop_only=True, threshold=4.9)
+    assert not v.accepted and v.reason.startswith("drop")  # a drop keeps its tolerance rule

@@ -1,4 +1,5 @@
-"""ARISE-RL's generator role on the embedded constraint domain (seed 002 §3.1, App. D.5, E.1).
+"""The embedded constraint domain's task writer: a policy writing new tasks of the domain (the
+generator role of ARISE-RL, seed 002 §3.1, App. D.5, E.1; ``Domain.task_writer``).
 
 The generator writes a new task of the embedded benchmark, after a tool call, as its final answer::
 
@@ -27,10 +28,10 @@ exception (``REASONS``).
 
 **Tool** (R_tool means something): ``lookup(category)`` answers the members of a category from
 the lexicon. :class:`GeneratorEnv` serves it through the agent loop (``rollout/agent.run_agent``);
-:func:`episode_outcome` reads an episode's transcript into the ``GeneratorOutcome`` the rewards
-take. The tool observation counts (``arise_rl_rewards.tool_observed``) when it came before the final
-answer and, for a question naming a category, looked that category up (seed eq. 2: "the
-corresponding tool observation").
+:func:`episode_outcome` reads an episode's transcript into the parsed task and whether its
+tool observation counts: the method's event (``observed``: ARISE-RL's ``tool_observed``, a tool
+observation before the final answer) over the ``lookup`` calls, and for a question naming a
+category, over the lookups of that category (seed eq. 2: "the corresponding tool observation").
 
 **Word-level tokenizer.** The embedded tokenizer decodes units joined by spaces, so a tool call
 comes back as ``{ " name " : " lookup " , … }``; :class:`GeneratorEnv` strips the spaces inside
@@ -49,12 +50,12 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-from rubric_rl.envs.base import Env, StepResult, ToolOutput
+from rubric_rl.envs.base import Env, StepResult, ToolEvent, ToolOutput
 from rubric_rl.envs.constraint_domain import ConstraintDomain, render_response, verify
 from rubric_rl.envs.constraint_lexicon import (
     CATEGORIES,
@@ -83,16 +84,17 @@ from rubric_rl.envs.tool_calls import (
     strip_reasoning,
 )
 from rubric_rl.envs.trajectory import Transcript, transcript_of
-from rubric_rl.methods.arise_rl.arise_rl_rewards import GeneratorOutcome, tool_observed
 from rubric_rl.rubrics.types import Message, Rubric, Task
 
 __all__ = [
+    "COACH_HINTS",
     "GENERATOR_ENV",
     "GENERATOR_UNITS",
     "LOOKUP_TOOL",
     "REASONS",
     "GeneratedTask",
     "IMPLICIT_RATE",
+    "ConstraintTaskWriter",
     "GeneratorEnv",
     "demonstration_turns",
     "episode_outcome",
@@ -279,10 +281,6 @@ class GeneratedTask:
     def num_criteria(self) -> int:
         return 0 if self.task is None else len(self.task.rubric.criteria)
 
-    def outcome(self, tool_seen: bool) -> GeneratorOutcome:
-        """The R_fmt / R_tool gates' input (``arise_rl_rewards.GeneratorOutcome``)."""
-        return GeneratorOutcome(self.question, self.num_criteria, tool_seen, self.reason)
-
 
 def _failed(reason: str, question: str = "", num_listed: int = 0, **kw: Any) -> GeneratedTask:
     return GeneratedTask(None, question, num_listed, reason=reason, **kw)
@@ -464,8 +462,8 @@ class GeneratorEnv(Env):
         return turns
 
 
-# Demonstrations (used by GeneratorEnv.reference_turns and generator_corpus, which re-exports
-# them): the share of the implicit requirements a demonstration's rubric lists.
+# Demonstrations (used by GeneratorEnv.reference_turns and constraint_writer_corpus, which
+# re-exports them): the share of the implicit requirements a demonstration's rubric lists.
 # Parsing completes a rubric with the question's library criteria (``parse_generated``), so a
 # demonstration listing only some keeps its answer short without making the task laxer.
 IMPLICIT_RATE = 0.5
@@ -511,14 +509,18 @@ def _source_tasks(task_type: str) -> tuple[Task, ...]:
 
 
 def episode_outcome(
-    response: str | Transcript, *, forbidden: frozenset[str] = frozenset(), complete: bool = True
-) -> tuple[GeneratedTask, GeneratorOutcome]:
-    """(parsed task, the gates' input) of one generator episode, from its transcript
-    (``Trajectory.response`` / ``Env.response()``).
+    response: str | Transcript,
+    *,
+    observed: ToolEvent,
+    forbidden: frozenset[str] = frozenset(),
+    complete: bool = True,
+) -> tuple[GeneratedTask, bool]:
+    """(parsed task, whether its tool observation counts) of one generator episode, from its
+    transcript (``Trajectory.response`` / ``Env.response()``).
 
-    R_tool's event: a ``lookup`` returned an observation in a turn before the final answer
-    (``tool_observed``), and for a question naming categories, every named category was looked
-    up that way."""
+    The tool observation counts when ``observed`` holds for the ``lookup`` calls, given the
+    final answer's turn; for a question naming categories, for the lookups of every named
+    category."""
     tr = response if isinstance(response, Transcript) else transcript_of(response)
     if tr.final_answer is None or tr.status != "answered":
         parsed = _failed("no_final_answer")
@@ -530,14 +532,14 @@ def episode_outcome(
     needed = question_categories(parsed.question)
     if needed:
         seen = all(
-            tool_observed(
+            observed(
                 [r for r in lookups if r.arguments.get("category") == c], final_turn=final_turn
             )
             for c in needed
         )
     else:
-        seen = tool_observed(lookups, final_turn=final_turn)
-    return parsed, parsed.outcome(seen)
+        seen = observed(lookups, final_turn=final_turn)
+    return parsed, seen
 
 
 @functools.cache
@@ -551,3 +553,93 @@ def generator_vocabulary() -> list[str]:
     """``domain_vocabulary()`` then ``GENERATOR_UNITS`` it lacks, appended (not sorted in): the
     embedded tokenizer of a run with the generator role. Every domain unit keeps its id."""
     return list(_generator_vocabulary())
+
+
+# --- the task writer (``Domain.task_writer``) ----------------------------------------------------
+
+# The generator coach's hints (``arise_rl.generator_memory``). Every word is in the generator's
+# vocabulary (the role prompt's and the domain's); tested. Ours (the seed's coach is an LLM).
+COACH_HINTS: dict[str, str] = {
+    "format": (
+        "write the question in <question> </question> and each rule in <criterion> </criterion> "
+        ", all in <rubric> </rubric>"
+    ),
+    "tool": "first use the tool lookup to see the words of each category you use",
+    "too_easy": "write a question with many requirements",
+    "too_hard": "write a question with only one rule",
+    # no failure in the group: its best episode's question, restated (``{question}``)
+    "keep": "first use the tool lookup and write a question like <question> {question} </question>",
+}
+
+
+class ConstraintTaskWriter:
+    """The embedded constraint domain's ``TaskWriter`` (``envs/base.py``): generator-role tasks
+    over the training task types, the ``lookup`` environment, the parse of an episode, task
+    signatures and pool records. ``complete``: a parsed task's rubric also gets the library
+    criteria the question implies (``parse_generated``); ``observed``: the method's tool event
+    (``episode_outcome``)."""
+
+    name = "constraint"
+    env_name = GENERATOR_ENV
+    solver_agent = False
+    hints: dict[str, str] = COACH_HINTS
+
+    def __init__(self, *, observed: ToolEvent, complete: bool = True):
+        self.observed = observed
+        self.complete = bool(complete)
+
+    def generator_tasks(
+        self,
+        rng: np.random.Generator,
+        n: int,
+        recent: Sequence[str],
+        *,
+        first_index: int,
+        n_negatives: int,
+    ) -> list[Task]:
+        types = rng.choice(len(GENERATOR_TASK_TYPES), size=n)
+        return [
+            generator_task(
+                GENERATOR_TASK_TYPES[int(t)], recent, index=first_index + g,
+                n_negatives=n_negatives,
+            )
+            for g, t in enumerate(types)
+        ]  # fmt: skip
+
+    def make_env(self, task: Task) -> GeneratorEnv:
+        return GeneratorEnv()
+
+    def episode_outcome(self, response: str, *, forbidden: frozenset[str]):
+        return episode_outcome(
+            response, observed=self.observed, forbidden=forbidden, complete=self.complete
+        )
+
+    def signature(self, task: Task) -> str:
+        params = (task.raw or {}).get("params")
+        return task_signature(params) if params is not None else task.id
+
+    def forbidden_signatures(self, tasks: Iterable[Task]) -> frozenset[str]:
+        return forbidden_signatures(tasks)
+
+    def task_record(self, task: Task) -> dict[str, Any]:
+        """A generated task by its answer text (re-parsed on load), a domain task by id."""
+        if (task.raw or {}).get("split") == GENERATED_SPLIT:
+            question = [m.content for m in task.prompt if m.role == "user"][-1]
+            # the criteria the generator listed (those parsing added come back on re-parsing)
+            listed = [c.text for c in task.rubric.criteria if c.origin != "implied"]
+            return {"question": question, "criteria": listed}
+        return {"id": task.id}
+
+    def task_from_record(self, rec: Mapping[str, Any], forbidden: frozenset[str]) -> Task | None:
+        """A generated pool task back from its record (None: the record is a domain task's)."""
+        if "id" in rec:
+            return None
+        parsed = parse_generated(
+            format_generated(rec["question"], rec["criteria"]), forbidden=forbidden,
+            complete=self.complete,
+        )  # fmt: skip
+        if parsed.task is None:
+            raise ValueError(
+                f"arise_rl state: pool task {rec['question']!r} no longer parses ({parsed.reason})"
+            )
+        return parsed.task

@@ -1,5 +1,6 @@
-"""ARISE-RL generator domain: the output format round trip, malformed answers, the lookup tool
-through the agent loop (R_tool), and the generator's vocabulary."""
+"""The constraint domain's task writer (ARISE-RL's generator domain): the output format round
+trip, malformed answers, the lookup tool through the agent loop (R_tool), and the generator's
+vocabulary."""
 
 import dataclasses
 
@@ -15,22 +16,12 @@ from rubric_rl.envs.constraint_domain import (
 )
 from rubric_rl.envs.constraint_lexicon import CATEGORIES, domain_vocabulary, units
 from rubric_rl.envs.constraint_library import library_criteria
-from rubric_rl.envs.tool_calls import render_tool_call
-from rubric_rl.methods.arise_rl.arise_rl_rewards import r_fmt, r_tool
-from rubric_rl.methods.arise_rl.generator_corpus import (
-    EMBEDDED_TURN_END,
-    add_generator_demonstrations,
-    demonstration_turns,
-    generator_corpus,
-    generator_demonstration,
-    with_generator_demonstrations,
-)
-from rubric_rl.methods.arise_rl.generator_domain import (
+from rubric_rl.envs.constraint_writer import (
     GENERATOR_TASK_TYPES,
     GENERATOR_UNITS,
     REASONS,
+    ConstraintTaskWriter,
     GeneratorEnv,
-    episode_outcome,
     forbidden_signatures,
     format_generated,
     generator_task,
@@ -41,11 +32,25 @@ from rubric_rl.methods.arise_rl.generator_domain import (
     role_prompt,
     source_question,
 )
+from rubric_rl.envs.constraint_writer_corpus import (
+    EMBEDDED_TURN_END,
+    add_generator_demonstrations,
+    demonstration_turns,
+    generator_corpus,
+    generator_demonstration,
+    with_generator_demonstrations,
+)
+from rubric_rl.envs.tool_calls import render_tool_call
+from rubric_rl.methods.arise_rl.arise_rl_domain import GeneratorRole, gate_outcome
+from rubric_rl.methods.arise_rl.arise_rl_rewards import r_fmt, r_tool, tool_observed
 from rubric_rl.rollout.agent import AgentConfig, ChatFormat, run_agent
 from rubric_rl.rollout.engine import SamplingParams
 from rubric_rl.rollout.scripted import TurnScriptEngine
 
 SPECIALS = ("<|eos|>", "<|tool|>", "<|assistant|>", "<|system|>", "<|user|>")
+
+# An episode's parse with the gates' input, as ARISE-RL's controller sees it.
+episode_outcome = GeneratorRole(ConstraintTaskWriter(observed=tool_observed)).episode_outcome
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +111,7 @@ def test_demonstrations_parse_back_to_their_source_task(train_tasks):
                 lib[c.id].verifier,
             )
         assert {c.kind for c in hard_constraints(source)} <= {c.title for c in task.rubric.criteria}
-        assert g.num_unknown == 0 and r_fmt(g.outcome(True)) == 1.0
+        assert g.num_unknown == 0 and r_fmt(gate_outcome(g, True)) == 1.0
 
 
 def test_parsed_task_is_stable_and_has_a_reference(train_tasks):
@@ -174,7 +179,7 @@ MALFORMED = [
 def test_malformed_answers_give_r_fmt_zero_with_their_reason(text, reason):
     g = parse_generated(text)
     assert g.task is None and g.reason == reason and reason in REASONS
-    out = g.outcome(True)
+    out = gate_outcome(g, True)
     assert r_fmt(out) == 0.0 and out.fmt_reason == reason and out.num_criteria == 0
 
 
@@ -222,7 +227,7 @@ def test_unknown_criteria_are_dropped_and_counted():
     assert [c.id for c in g.task.rubric.criteria] == ["count", "distinct"]
     assert g.num_unknown == 2 and g.num_duplicates == 1
     assert g.unknown == ("every word is in lowercase", "the list is nice")
-    assert r_fmt(g.outcome(False)) == 1.0 and g.outcome(False).num_criteria == 2
+    assert r_fmt(gate_outcome(g, False)) == 1.0 and gate_outcome(g, False).num_criteria == 2
 
 
 # --- the tool and the agent loop --------------------------------------------------------------

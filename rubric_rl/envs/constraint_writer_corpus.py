@@ -1,7 +1,8 @@
-"""Warm-start demonstrations of ARISE-RL's generator role on the embedded constraint domain.
+"""Warm-start demonstrations of the embedded constraint domain's task writer (ARISE-RL's
+generator role).
 
 A demonstration episode is made from a training task of ``ConstraintDomain`` (so it is valid by
-construction): the generator's role prompt (``generator_domain.role_prompt``, with 0-10 other
+construction): the generator's role prompt (``constraint_writer.role_prompt``, with 0-10 other
 training questions as in-context negatives), a ``lookup`` of the category the question names,
 the tool's answer, and the final answer ``<question> the task's prompt </question> <rubric>
 <criterion> … </criterion> … </rubric>`` listing the library's criteria for it (every stated
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from rubric_rl.envs.constraint_domain import ConstraintDomain
-from rubric_rl.methods.arise_rl.generator_domain import (
+from rubric_rl.envs.constraint_writer import (
     GENERATOR_TASK_TYPES,
     IMPLICIT_RATE,
     N_NEGATIVES,

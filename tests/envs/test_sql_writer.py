@@ -1,4 +1,4 @@
-"""ARISE-RL's generator domain over the SQL env (envs/sql_generator.py): parsing of good and
+"""The SQL env's task writer, ARISE-RL's generator domain (envs/sql_writer.py): parsing of good and
 malformed answers with their reasons, grounding (R_tool) on the episode's own observations, the
 produced solver task's verifier and rubric on right and wrong SQL-env answers, deduplication."""
 
@@ -6,15 +6,11 @@ import pytest
 
 from rubric_rl.envs.sql import SqlEnv
 from rubric_rl.envs.sql_data import database_rows
-from rubric_rl.envs.tool_calls import render_tool_call
-from rubric_rl.envs.tool_domain import verify_sql
-from rubric_rl.envs.trajectory import score_rules
-from rubric_rl.methods.arise_rl.sql_generator import (
+from rubric_rl.envs.sql_writer import (
     REASONS,
     SQL_GENERATOR_ENV,
-    SqlGeneratorDomain,
     SqlGeneratorEnv,
-    episode_outcome,
+    SqlTaskWriter,
     forbidden_signatures,
     format_generated,
     generator_task,
@@ -22,6 +18,20 @@ from rubric_rl.methods.arise_rl.sql_generator import (
     role_prompt,
     task_signature,
 )
+from rubric_rl.envs.tool_calls import render_tool_call
+from rubric_rl.envs.tool_domain import verify_sql
+from rubric_rl.envs.trajectory import score_rules
+from rubric_rl.methods.arise_rl.arise_rl_domain import GeneratorRole, gate_outcome
+from rubric_rl.methods.arise_rl.arise_rl_rewards import tool_observed
+
+
+def SqlGeneratorDomain(*args, **kw):  # noqa: N802 - the writer as ARISE-RL's controller sees it
+    return GeneratorRole(SqlTaskWriter(*args, observed=tool_observed, **kw))
+
+
+# An episode's parse with the gates' input, as ARISE-RL's controller sees it (any db seed: the
+# writer reads it from the transcript).
+episode_outcome = SqlGeneratorDomain([0]).episode_outcome
 
 DB = 7
 N_EMP = len(database_rows(DB)["employees"])  # 22 on db 7
@@ -85,7 +95,7 @@ def test_parse_good_answer_makes_a_checkable_sql_task():
 def test_malformed_answers_give_a_reason_never_an_exception(text, reason):
     p = parse_generated(text, db_seed=DB)
     assert p.task is None and p.reason == reason and reason in REASONS
-    assert p.outcome(True).reason == reason  # R_fmt = 0 with the reason
+    assert gate_outcome(p, True).reason == reason  # R_fmt = 0 with the reason
 
 
 def _episode(turns, db=DB):
@@ -153,7 +163,9 @@ def test_signature_deduplicates_and_forbids():
     assert parse_generated(text, db_seed=h.raw["db_seed"], forbidden=forbidden).reason == (
         "heldout_task"
     )
-    dom = SqlGeneratorDomain.from_tasks(SqlEnv.task_bank("train", 16, 0))
+    dom = GeneratorRole(
+        SqlTaskWriter.from_tasks(SqlEnv.task_bank("train", 16, 0), observed=tool_observed)
+    )
     assert dom.signature(a) == task_signature(a)
     # a pool record re-parses to the same task
     assert dom.task_from_record(dom.task_record(a), frozenset()) == a

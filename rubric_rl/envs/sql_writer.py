@@ -1,5 +1,6 @@
-"""ARISE-RL's generator role over the SQL environment (seed 002 §3.1, App. D.5, E.1):
-the same role prompts, on a real model on a GPU, with the SQL env as the tool.
+"""The SQL environment's task writer (``Domain.task_writer``): ARISE-RL's generator role over
+the SQL environment (seed 002 §3.1, App. D.5, E.1), the same role prompts, on a real model on a
+GPU, with the SQL env as the tool.
 
 The generator gets a role prompt and a database (a db seed of the domain's training split), explores
 it with the SQL env's read-only tools (``list_tables``, ``describe``, ``sql``: the same
@@ -61,7 +62,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rubric_rl.envs.base import check_split, derive_seed
+from rubric_rl.envs.base import ToolEvent, check_split, derive_seed
+from rubric_rl.envs.constraint_writer import (  # the constraint domain's tags
+    _CRITERION_RE,
+    _QUESTION_RE,
+    _RUBRIC_RE,
+    GeneratedTask,
+)
 from rubric_rl.envs.sql import SqlEnv
 from rubric_rl.envs.sql_data import SYSTEM_PROMPT, database_rows
 from rubric_rl.envs.tool_calls import render_tool_call, strip_reasoning
@@ -73,13 +80,6 @@ from rubric_rl.envs.trajectory import (
     transcript_of,
     value_matches,
 )
-from rubric_rl.methods.arise_rl.arise_rl_rewards import GeneratorOutcome, tool_observed
-from rubric_rl.methods.arise_rl.generator_domain import (  # the constraint domain's tags
-    _CRITERION_RE,
-    _QUESTION_RE,
-    _RUBRIC_RE,
-    GeneratedTask,
-)
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verifier
 
 __all__ = [
@@ -88,6 +88,7 @@ __all__ = [
     "SQL_GENERATOR_ENV",
     "GeneratedSqlTask",
     "SqlGeneratorEnv",
+    "SqlTaskWriter",
     "episode_outcome",
     "forbidden_signatures",
     "format_generated",
@@ -434,13 +435,20 @@ def observed_cells(record: ToolRecord) -> list[str]:
     return []
 
 
-def grounded(records: Sequence[ToolRecord], expected: Sequence[Any], *, final_turn: int | None):
-    """Seed eq. 2 for an SQL task: every expected value was shown by a successful tool
-    observation in a turn before ``final_turn`` (``arise_rl_rewards.tool_observed``)."""
+def grounded(
+    records: Sequence[ToolRecord],
+    expected: Sequence[Any],
+    *,
+    final_turn: int | None,
+    observed: ToolEvent,
+) -> bool:
+    """Seed eq. 2 for an SQL task: every expected value was shown by a tool observation that
+    counts (``observed``: the method's event, e.g. a successful call in a turn before
+    ``final_turn``)."""
     if not expected:
-        return tool_observed(records, final_turn=final_turn)
+        return observed(records, final_turn=final_turn)
     return all(
-        tool_observed(
+        observed(
             [r for r in records if any(value_matches(c, v) for c in observed_cells(r))],
             final_turn=final_turn,
         )
@@ -451,11 +459,13 @@ def grounded(records: Sequence[ToolRecord], expected: Sequence[Any], *, final_tu
 def episode_outcome(
     response: str | Transcript,
     *,
+    observed: ToolEvent,
     forbidden: frozenset[str] = frozenset(),
     db_seed: int | None = None,
-) -> tuple[GeneratedSqlTask, GeneratorOutcome]:
-    """(parsed task, the gates' input) of one generator episode from its transcript; the db seed
-    from the transcript's state (:class:`SqlGeneratorEnv`) unless given."""
+) -> tuple[GeneratedSqlTask, bool]:
+    """(parsed task, whether its answer is grounded in tool observations that count) of one
+    generator episode from its transcript; the db seed from the transcript's state
+    (:class:`SqlGeneratorEnv`) unless given."""
     tr = response if isinstance(response, Transcript) else transcript_of(response)
     db = db_seed if db_seed is not None else tr.state.get("db_seed")
     if tr.final_answer is None or tr.status != "answered" or db is None:
@@ -464,31 +474,43 @@ def episode_outcome(
     else:
         parsed = parse_generated(tr.final_answer, db_seed=int(db), forbidden=forbidden)
         final_turn = len(tr.turns)
-    seen = grounded(tr.tool_calls, parsed.expected, final_turn=final_turn)
-    return parsed, parsed.outcome(seen)
+    seen = grounded(tr.tool_calls, parsed.expected, final_turn=final_turn, observed=observed)
+    return parsed, seen
 
 
-# --- the generator domain (controllers/arise_rl_domain.py's interface) ---------------------------
+# --- the task writer (``Domain.task_writer``) ----------------------------------------------------
 
 
-class SqlGeneratorDomain:
-    """ARISE-RL's generator domain over the SQL env: ``db_seeds`` are the databases the
+class SqlTaskWriter:
+    """The SQL env's ``TaskWriter`` (``envs/base.py``): ``db_seeds`` are the databases the
     generator writes tasks about (ours: the domain's training-split databases, so generated tasks
-    never touch a held-out database). Solver attempts run as agent episodes in the SQL env."""
+    never touch a held-out database); ``observed``: the method's tool event (``grounded``).
+    Solver attempts run as agent episodes in the SQL env. An SQL task's rubric items are checks
+    the generator grounded itself: there is no library to complete it from (``complete`` is
+    accepted and ignored)."""
 
     name = "sql"
     env_name = SQL_GENERATOR_ENV
     solver_agent = True
     hints: Mapping[str, str] = COACH_HINTS
 
-    def __init__(self, db_seeds: Iterable[int]):
+    def __init__(self, db_seeds: Iterable[int], *, observed: ToolEvent, complete: bool = True):
         self.db_seeds = tuple(sorted({int(s) for s in db_seeds}))
         if not self.db_seeds:
-            raise ValueError("SqlGeneratorDomain: no databases (db_seeds is empty)")
+            raise ValueError("SqlTaskWriter: no databases (db_seeds is empty)")
+        self.observed = observed
 
     @classmethod
-    def from_tasks(cls, tasks: Iterable[Task]) -> SqlGeneratorDomain:
-        return cls(t.raw["db_seed"] for t in tasks if "db_seed" in (t.raw or {}))
+    def from_tasks(cls, tasks: Iterable[Task], **kw: Any) -> SqlTaskWriter:
+        """Over the databases of ``tasks`` (the SQL domain's training split); ValueError when
+        none has one."""
+        seeds = [t.raw["db_seed"] for t in tasks if "db_seed" in (t.raw or {})]
+        if not seeds:
+            raise ValueError(
+                "the SQL task writer needs the SQL domain's training tasks (their databases), "
+                "got none with a db seed"
+            )
+        return cls(seeds, **kw)
 
     def generator_tasks(
         self,
@@ -510,18 +532,13 @@ class SqlGeneratorDomain:
         return SqlGeneratorEnv()
 
     def episode_outcome(self, response: str, *, forbidden: frozenset[str]):
-        return episode_outcome(response, forbidden=forbidden)
+        return episode_outcome(response, observed=self.observed, forbidden=forbidden)
 
     def signature(self, task: Task) -> str:
         return task_signature(task) if "db_seed" in (task.raw or {}) else task.id
 
     def forbidden_signatures(self, tasks: Iterable[Task]) -> frozenset[str]:
         return forbidden_signatures(tasks)
-
-    def render_memory(self, memory: str) -> str:
-        """The ``<coach>`` block as written (ours: the constraint domain's canonical spacing
-        would split SQL words)."""
-        return f"<coach> {memory.strip()} </coach>"
 
     def task_record(self, task: Task) -> dict[str, Any]:
         raw = task.raw or {}
