@@ -110,6 +110,25 @@ def get_arise_rl_section() -> common.ConfigDict:
     # The coach writes memory for every group (the seed's); "majority": only the criteria most of
     # a group missed (rgsed_coach.py).
     a.coach_rule = "every_group"
+    # Who writes the memory: "rule" (rgsed_coach.py, the default on the embedded domain: its
+    # policy was warm-started on the rule coach's wording) or "llm" (rgsed_llm_coach.py: one call
+    # per group, as the seed's coach; coach_rule is then unused).
+    a.coach = "rule"
+    a.coach_llm = dict(
+        # The coach model's client; an empty field takes judge.llm's.
+        backend="",
+        model="",
+        base_url="",
+        api_key_env="",
+        solver_template="arise_rl_coach_solver",
+        generator_template="arise_rl_coach_generator",
+        temperature=0.0,
+        max_tokens=512,
+        max_attempts=8,  # attempts of a group shown (the first ones)
+        max_chars=800,  # characters of each quoted text (response, question, criterion)
+        max_notes=2,  # notes per memory (the rule coach's MAX_HINTS)
+        note_chars=200,  # longest note; a longer one rejects the reply (counted as failed)
+    )
     # Warm-up/decay clock: "phase" restarts at each role phase (ours: the seed is ambiguous),
     # "global" runs on the training step.
     a.schedule_clock = "phase"
