@@ -5,10 +5,12 @@ named, its state round trip, and one generator and one solver step of the real p
 server."""
 
 import json
+import re
 
 import pytest
 
 from rubric_rl.envs.base import GENERIC_STYLE
+from rubric_rl.envs.constraint_writer import COACH_HINTS
 from rubric_rl.methods.arise_rl.arise_rl import (
     AriseRLConfig,
     AriseRLController,
@@ -25,7 +27,6 @@ from rubric_rl.methods.arise_rl.rgsed_llm_coach import (
 )
 from rubric_rl.rubrics.llm import LLMRoleError, LocalEngineClient
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verdict
-from rubric_rl.envs.constraint_writer import COACH_HINTS
 from tests.controllers.test_arise_rl import (
     CRITERION,
     J,
@@ -144,8 +145,6 @@ def test_the_generator_prompt_shows_each_tasks_outcome_and_caps_attempts_and_len
 def test_an_invalid_reply_is_rejected_whole(reply, error):
     notes, why = parse_notes(reply, max_notes=2, note_chars=200, style=GENERIC_STYLE)
     assert notes is None and why is not None
-    import re
-
     assert re.search(error, why), why
 
 
