@@ -122,21 +122,22 @@ GENERATOR_TEMPLATE = COACH_TEMPLATES.register("arise_rl_coach_generator")(
 
 @dataclasses.dataclass(frozen=True)
 class CoachLLMConfig:
-    """``config.arise_rl.coach_llm``: the LLM coach's client (an empty field: judge.llm's) and
-    prompt limits (configs/arise_rl.py documents each)."""
+    """``config.arise_rl.coach_llm``: the LLM coach's client and prompt limits (each field's
+    comment; all ours)."""
 
+    # The coach model's client, as judge.llm's fields; an empty one takes judge.llm's.
     backend: str = ""
     model: str = ""
     base_url: str = ""
     api_key_env: str = ""
-    solver_template: str = "arise_rl_coach_solver"
+    solver_template: str = "arise_rl_coach_solver"  # COACH_TEMPLATES names
     generator_template: str = "arise_rl_coach_generator"
     temperature: float = 0.0
     max_tokens: int = 512
-    max_attempts: int = 8  # attempts shown per group (the first ones)
-    max_chars: int = 800  # characters of each quoted text shown
-    max_notes: int = 2  # the rule-based coach's MAX_HINTS
-    note_chars: int = 200
+    max_attempts: int = 8  # attempts of a group shown (the first ones)
+    max_chars: int = 800  # characters of each quoted text (response, question, criterion)
+    max_notes: int = 2  # notes per memory (the rule coach's MAX_HINTS)
+    note_chars: int = 200  # the longest note; a longer one rejects the reply (a failed call)
 
     def __post_init__(self):
         where = "config.arise_rl.coach_llm"
