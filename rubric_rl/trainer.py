@@ -662,6 +662,9 @@ class Trainer:
                     self.ckpt.check()  # a failed asynchronous save stops the run here
                     m = self.train_one_step()
                     m.update(self._evaluate_due(final=self.step == total))
+                    # The previous step's save runs while this step trains: one that failed
+                    # meanwhile stops the run before this step is recorded as trained.
+                    self.ckpt.check()
                     # Row first, then the checkpoint: a kill in between replays this step on resume
                     # (rows after the restored step are dropped), so no row is ever lost.
                     rows.append(self.metrics.write(self.step, m))

@@ -49,10 +49,10 @@ def test_verify_names_a_missing_file_a_short_event_log_and_lost_records(tmp_path
     assert run_files.verify(root, saved, {})[-1].startswith(f"{root}/harness: 0 memory")
 
 
-def _resume(w, env, *extra):
+def _resume(w, env, *extra, config="configs/harness_rl.py:smoke"):
     return subprocess.run(
         [
-            sys.executable, "-m", "rubric_rl.launch", "--config=configs/harness_rl.py:smoke",
+            sys.executable, "-m", "rubric_rl.launch", f"--config={config}",
             "--config.train.steps=3", "--config.checkpoint.every=1", f"--workdir={w}",
             "--resume", "--allow_config_change=train.steps", *extra,
         ],
@@ -60,6 +60,7 @@ def _resume(w, env, *extra):
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_harness_resume_with_its_memory_deleted_is_refused_then_rebuilt_on_request(tmp_path):
     """Real processes: a 2-step HarnessRL smoke run, its memory directory deleted, ``--resume``
     for a third step. It used to exit 0 on an empty memory (the next step's metrics diverged);
@@ -97,6 +98,31 @@ def test_a_harness_resume_with_its_memory_deleted_is_refused_then_rebuilt_on_req
     assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
     assert "--rebuild_controller_files: continuing without" in rebuilt.stderr
     assert [r["step"] for r in read_metrics(str(w / "metrics.jsonl"))] == [0, 1, 2, 3]
+
+
+@pytest.mark.slow
+def test_an_arise_resume_with_its_event_log_cut_short_is_refused_naming_it(tmp_path):
+    """Real processes: a 2-step ARISE smoke run, its event log ``controllers/arise.jsonl`` cut to
+    its first row, ``--resume`` for a third step. It used to exit 0 with the log silently short
+    (its pool lifecycle and calibration gone, so aggregate.py left the run out); now it exits 1
+    naming the file and both row counts, and trains nothing."""
+    w = tmp_path / "w"
+    launch_train(w, 2, "--config=configs/arise.py:smoke")
+    with open(w / "checkpoints" / "2" / "run_state" / "metadata") as f:
+        rows = json.load(f)["controller_files"]["files"]["arise.jsonl"]
+    log = w / "controllers" / "arise.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    assert rows == len(lines) > 1, (rows, len(lines))
+    log.write_text(lines[0])
+
+    refused = _resume(w, launch_env(tmp_path / "jax_cache"), config="configs/arise.py:smoke")
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    assert "the controllers' files do not match checkpoint step 2" in refused.stderr
+    assert f"  {log}: 1 rows, the checkpoint was written with {rows}\n" in refused.stderr
+    assert "--rebuild_controller_files" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert [r["step"] for r in read_metrics(str(w / "metrics.jsonl"))] == [0, 1, 2]
+    assert log.read_text() == lines[0]  # the evidence left as it was
 
 
 def test_a_damaged_chroma_file_is_named(tmp_path):

@@ -1,6 +1,6 @@
 """No import cycles in the package and its layer rules hold (tools/import_cycles.py): envs/
 imports no method or controller, methods and controllers import of envs/ only the Domain contract
-(envs/base.py) beyond the listed pending crossings; the checker sees every import form."""
+(envs/base.py), with no pending crossing left; the checker sees every import form."""
 
 import textwrap
 
@@ -26,8 +26,8 @@ def test_layer_rules_hold_in_the_package():
     broken, gone = layer_violations(graph)
     assert not broken, "\n".join(broken)
     assert not gone, f"remove from PENDING_CROSSINGS (they no longer exist): {gone}"
-    # envs/ imports nothing of the methods or controllers: no pending pair starts there
-    assert not [a for a, _ in PENDING_CROSSINGS if a.startswith("rubric_rl.envs")]
+    # every method -> domain import is behind the Domain contract: nothing is tolerated
+    assert PENDING_CROSSINGS == frozenset()
 
 
 def test_layer_rules_name_each_new_crossing(tmp_path):

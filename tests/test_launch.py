@@ -1,5 +1,8 @@
 """Configs: variants, locking, start-up validation naming the field."""
 
+import os
+import sys
+
 import pytest
 
 from configs import common, grpo
@@ -147,3 +150,22 @@ def test_library_info_lines_are_filtered_and_warnings_kept():
         root.removeHandler(handler)
         root.setLevel(level)
     assert [r.getMessage() for r in records] == ["kept", "kept too"]
+
+
+def test_launch_refuses_server_gpus_the_process_cannot_see(tmp_path):
+    """rollout.sglang.gpus naming a GPU the process does not see (CUDA_VISIBLE_DEVICES lists one):
+    one line naming the key, exit 1, no run directory."""
+    import subprocess
+
+    from tests.launch_env import launch_env
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(launch_env(tmp_path / "cache"), CUDA_VISIBLE_DEVICES="0")
+    cmd = [sys.executable, "-m", "rubric_rl.launch", "--config=configs/grpo.py:smoke",
+           "--config.rollout.engine=sglang", "--config.rollout.sglang.gpus=1",
+           f"--workdir={tmp_path / 'run'}"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    want = "rubric_rl.launch: config.rollout.sglang.gpus='1': index 1 but this process sees 1 GPUs"
+    assert want in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "run").exists()

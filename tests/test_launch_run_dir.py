@@ -170,3 +170,45 @@ def test_no_intact_checkpoint_is_an_error_naming_each_file(run, tmp_path):
         assert f"  step {step}: {path}: not valid JSON (" in r.stderr
     assert "Traceback" not in r.stderr
     assert sorted(os.listdir(w / "checkpoints")) == ["2", "3"]  # nothing moved or deleted
+
+
+@pytest.mark.slow
+def test_a_save_that_fails_on_a_full_disk_stops_the_run_with_one_error(run, tmp_path):
+    """A real write failure during a run: resumed from step 2 under a file-size limit
+    (RLIMIT_FSIZE) below the checkpoint's largest file and above every other file the run
+    writes, so step 3's save fails with EFBIG as on a full disk. The run exits 1 with one
+    error naming step 3, the cause and step 2 as the resume point, no traceback, and records
+    no step past the one that was training while the save failed. (It used to print 26
+    tracebacks and train on; orbax's background threads still printed 9 tracebacks, 360
+    lines, after the error existed.)"""
+    import resource
+
+    w = tmp_path / "w"
+    shutil.copytree(run["w"], w)
+    shutil.rmtree(w / "checkpoints" / "3")
+    files = glob.glob(str(w / "checkpoints" / "2" / "**" / "*"), recursive=True)
+    largest = max(os.path.getsize(f) for f in files if os.path.isfile(f))
+    limit = largest // 2
+    tb = max(glob.glob(str(w / "tb" / "*")), key=os.path.getsize)
+    assert os.path.getsize(tb) * 3 < limit, (largest, os.path.getsize(tb))
+    # A copy of the compilation cache: an entry the limit cuts short is read by no other test.
+    cache = tmp_path / "jax_cache"
+    shutil.copytree(run["env"]["JAX_COMPILATION_CACHE_DIR"], cache)
+    env = dict(run["env"], JAX_COMPILATION_CACHE_DIR=str(cache))
+    r = subprocess.run(
+        [*_cmd(w, "--resume", "--allow_config_change=train.steps"), "--config.train.steps=5"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr[-3000:]
+    err = r.stderr
+    (line,) = [x for x in err.splitlines() if "could not be saved" in x]
+    assert line.startswith("rubric_rl.launch: checkpoint step 3 could not be saved (")
+    assert "File too large" in line or "/checkpoints/3.orbax-checkpoint-tmp/" in line, line
+    assert line.endswith("then resume from step 2, the last complete checkpoint, with --resume")
+    assert "Traceback" not in err and "Event loop is closed" not in err, err[-5000:]
+    assert len(err.splitlines()) < 20, err[-5000:]
+    # The step whose save failed was recorded; at most the one training meanwhile came after.
+    steps = [row["step"] for row in read_metrics(str(w / "metrics.jsonl"))]
+    assert steps in ([0, 1, 2, 3], [0, 1, 2, 3, 4]), steps
+    assert sorted(os.listdir(w / "checkpoints")) == ["2", "3.orbax-checkpoint-tmp"]

@@ -23,18 +23,25 @@ def _load(name: str, rel: str):
     return mod
 
 
-@pytest.mark.slow  # ~1-2 min: four train steps and three engines compile
-def test_tiny_run_prints_consistent_figures(tmp_path, capsys):
+def _tiny(tmp_path):
     writer = _load("test_gguf_writer", "tests/models/test_gguf.py")
-    bench = _load("smollm2_speed", "benchmarks/smollm2_speed.py")
     path = str(tmp_path / "tiny.gguf")
     writer.write_gguf(path, qtype="Q8_0")
+    return path
+
+
+@pytest.mark.slow  # ~2-3 min: eight train steps and six engines compile
+def test_tiny_run_prints_consistent_figures(tmp_path, capsys):
+    bench = _load("smollm2_speed", "benchmarks/smollm2_speed.py")
+    path = _tiny(tmp_path)
     argv = ["--model", path, "--prompt-bucket", "128", "--batch", "2", "--new", "4"]
-    argv += ["--train-batch", "2", "--seq", "32", "--tasks", "2", "--rollouts", "2"]
+    argv += ["--train-batch", "2", "--seq", "32", "--tasks", "2", "--rollouts", "3"]
     argv += ["--step-new", "4", "--trainable-layers", "1", "--rounds", "1"]
+    argv += ["--step-micro-batches", "2"]
     out = bench.main(argv)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out
     assert out["model"] == path and out["params"] > 0
+    assert out["stages"] == ["decode", "train", "step"]
     for k in ("ours", "hf", "ours_bf16"):
         assert out[f"decode_tokens_per_s_{k}"] > 0
     for k in ("ours", "ours_top1", "ours_bf16", "hf"):
@@ -45,7 +52,36 @@ def test_tiny_run_prints_consistent_figures(tmp_path, capsys):
     assert out["ratio_decode"] == pytest.approx(ratio, rel=0.1)
     ratio = out["train_tokens_per_s_ours"] / out["train_tokens_per_s_hf"]
     assert out["ratio_train"] == pytest.approx(ratio, rel=0.1)
-    train = 2 * 2 * (128 + 4) / out["train_tokens_per_s_ours"]
-    assert out["step_train_s_est"] == pytest.approx(train, abs=0.06)
-    assert out["step_s_est"] == pytest.approx(out["step_rollout_s"] + train, abs=0.11)
-    assert out["prefill_s_all_rows"] > 0 and out["prefill_s_one_per_task"] > 0
+    # The step: 2 tasks x 3 rollouts; group prefill prefills 2 prompt rows, not 6.
+    assert out["step_train_tokens"] == 2 * 3 * (128 + 4)
+    assert out["step_prefill_rows_group_prefill"] == 2
+    assert out["step_prefill_rows_no_group_prefill"] == 6
+    r, t = out["step_rollout_s_default"], out["step_train_s_default"]
+    assert out["step_s"] == pytest.approx(r + t, abs=0.011)
+    assert out["step_s_no_group_prefill"] == pytest.approx(
+        out["step_rollout_s_no_group_prefill"] + t, abs=0.011
+    )
+    assert out["step_s_top1"] == pytest.approx(r + out["step_train_s_top1"], abs=0.011)
+    assert out["step_s_bf16"] == pytest.approx(
+        out["step_rollout_s_bf16"] + out["step_train_s_bf16"], abs=0.011
+    )
+    assert out["step_s_all_options"] == pytest.approx(
+        out["step_rollout_s_bf16"] + out["step_train_s_bf16_top1"], abs=0.011
+    )
+    assert out["ratio_step_top1"] == pytest.approx(out["step_s"] / out["step_s_top1"], rel=0.02)
+
+
+@pytest.mark.slow  # ~1 min: three engines and four train steps compile
+def test_stage_selection_runs_only_those_stages(tmp_path):
+    """``--stages step`` measures the step alone (no transformers model is loaded); a stage
+    name outside the three is an error naming the flag."""
+    bench = _load("smollm2_speed", "benchmarks/smollm2_speed.py")
+    path = _tiny(tmp_path)
+    argv = ["--model", path, "--prompt-bucket", "128", "--tasks", "2", "--rollouts", "2"]
+    argv += ["--step-new", "4", "--trainable-layers", "1", "--step-micro-batches", "1"]
+    out = bench.main(argv + ["--stages", "step"])
+    assert out["stages"] == ["step"]
+    assert "load_s_transformers" not in out and "ratio_decode" not in out
+    assert "ratio_train" not in out and out["step_prefill_rows_group_prefill"] == 2
+    with pytest.raises(ValueError, match="--stages"):
+        bench.main(argv + ["--stages", "decode,prefill"])

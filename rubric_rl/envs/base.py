@@ -381,9 +381,9 @@ class Style:
     ``critique`` (the criteria earlier answers missed), ``coach`` / ``coach_notes`` (ARISE-RL's
     memory from its notes, and back). Prompts: ``mount`` (HarnessRL's guidance fields on a
     task's prompt), ``add_block`` (one block appended to an already-decorated prompt: ARISE's
-    skills, ARISE-RL's coach memory), ``behaviours`` (RISED's behaviours to show and anti-patterns
-    to avoid: its decorated prompts and teacher contexts), ``describe`` (a RISED vocabulary
-    rubric stated for one task)."""
+    skills, ARISE-RL's coach memory), ``show_and_avoid`` (RISED's behaviours to show and
+    anti-patterns to avoid: its decorated prompts and teacher contexts), ``describe`` (a RISED
+    vocabulary rubric stated for one task)."""
 
     # -- texts ----------------------------------------------------------------------------------
 
@@ -443,7 +443,7 @@ class Style:
             raise ValueError(f"add_block: placement must be last_user or system, got {placement!r}")
         return append_to_last_user(messages, self.block(kind, text), what=f"task {task.id!r}")
 
-    def behaviours(
+    def show_and_avoid(
         self, task: Task, positives: Sequence[str], negatives: Sequence[str]
     ) -> list[dict]:
         """The task's prompt with behaviours to show (``positives``) and anti-patterns to avoid

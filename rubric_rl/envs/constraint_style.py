@@ -57,7 +57,7 @@ class ConstraintStyle(Style):
     def mount(self, task: Task, fields: Mapping[str, str | Sequence[str] | None]) -> list[dict]:
         return decorate_prompt(task, dict(fields))
 
-    def behaviours(
+    def show_and_avoid(
         self, task: Task, positives: Sequence[str], negatives: Sequence[str]
     ) -> list[dict]:
         return decorate_prompt(
@@ -84,8 +84,8 @@ class MixedStyle(ConstraintStyle):
     def add_block(self, task, messages, kind, text, *, placement="last_user"):
         return self._for(task).add_block(task, messages, kind, text, placement=placement)
 
-    def behaviours(self, task, positives, negatives):
-        return self._for(task).behaviours(task, positives, negatives)
+    def show_and_avoid(self, task, positives, negatives):
+        return self._for(task).show_and_avoid(task, positives, negatives)
 
     def describe(self, rubric_id, task, description):
         # a tool environment's behaviour stated in its own words (``tool_behaviours.describe``)

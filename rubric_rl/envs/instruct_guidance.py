@@ -172,7 +172,7 @@ class InstructStyle(Style):
         msgs[users[-1]]["content"] += "\n\n" + block
         return msgs
 
-    def behaviours(
+    def show_and_avoid(
         self, task: Task, positives: Sequence[str], negatives: Sequence[str]
     ) -> list[dict]:
         return mount(task, {"criterion": list(positives), "anti_patterns": list(negatives)})

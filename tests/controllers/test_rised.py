@@ -92,7 +92,7 @@ def test_teacher_context_is_the_rollouts_top_n_with_its_groups_and_none_without_
     # group 0's profile: p_b 3, p_a 1, p_c 1 -> top-2 = [p_b, p_a] (p_a before p_c: vocab order)
     want = [["do b", "do a"], ["do c", "do b", "do a"], ["do b", "do a"], ["do b", "do a"]]
     for prompt, pos in zip(ctx[0], want, strict=True):
-        assert prompt[-1]["content"] == GENERIC_STYLE.behaviours(t0, pos, ())[-1]["content"]
+        assert prompt[-1]["content"] == GENERIC_STYLE.show_and_avoid(t0, pos, ())[-1]["content"]
     # No positive rubric in the rollout nor its group: no teacher, so the SD term is exactly 0.
     assert ctx[1] == [None, None]
     # An unselected group is not trained: no teacher prompt.
@@ -108,7 +108,8 @@ def test_all_rubric_teacher_shows_negatives_and_never_outcome_rubrics():
     first, second = ctl.teacher_contexts(r)[0]
     # top-2 of any polarity without the outcome skill: n_x (5), p_a (1); the group's the same
     assert (
-        first[-1]["content"] == GENERIC_STYLE.behaviours(t0, ["do a"], ["doing x"])[-1]["content"]
+        first[-1]["content"]
+        == GENERIC_STYLE.show_and_avoid(t0, ["do a"], ["doing x"])[-1]["content"]
     )
     assert second == first  # the second rollout has only an outcome tag: the group's top-2
 
@@ -132,14 +133,14 @@ def test_anti_patterns_are_injected_per_environment_then_withdrawn():
     ]))  # fmt: skip
     assert ctl.anti == {"ea": ["n_y"]}
     out = ctl.decorate([a, b], [a.messages, b.messages])
-    assert out[0] == GENERIC_STYLE.behaviours(a, (), ["doing y"])
+    assert out[0] == GENERIC_STYLE.show_and_avoid(a, (), ["doing y"])
     assert out[1] == b.messages
     # The teacher keeps the student's anti-patterns and adds its positives.
     r = rollouts(2, [(a, [{"p_c": 1}])])
     r.groups[0].prompt = out[0]
     ctl.observe(r)
     (prompt,) = ctl.teacher_contexts(r)[0]
-    assert prompt == GENERIC_STYLE.behaviours(a, ["do c"], ["doing y"])
+    assert prompt == GENERIC_STYLE.show_and_avoid(a, ["do c"], ["doing y"])
     # Re-decided every step: ea now shows more positives than negatives -> withdrawn.
     assert ctl.anti == {}
     assert ctl.decorate([a], [a.messages]) == [a.messages]
@@ -200,7 +201,7 @@ def test_embedded_descriptions_use_the_domains_words_and_the_tasks_values():
     with pytest.raises(ValueError, match="not a rubric"):
         embedded_description("nonsense", lst)
     # The embedded renderer writes the corpus's blocks, in its order.
-    p = ConstraintStyle().behaviours(lst, ["a b"], ["c"])[-1]["content"]
+    p = ConstraintStyle().show_and_avoid(lst, ["a b"], ["c"])[-1]["content"]
     assert p.endswith("<criterion> a b </criterion> <anti_patterns> c </anti_patterns>")
 
 

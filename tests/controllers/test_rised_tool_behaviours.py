@@ -137,7 +137,7 @@ def test_descriptions_and_renderer(sql_task):
     assert tool_description("order_correct", sql_task) is None  # an inventory criterion
     constraint = constraint_tasks("train", 1, seed=0)[0]
     style = MixedStyle()  # the constraint domain's with tool environments mixed in
-    mixed_renderer = style.behaviours
+    mixed_renderer = style.show_and_avoid
     assert style.describe("read_required_tables", sql_task, "unused").startswith("Successfully")
     assert style.describe("task_solved", constraint, "unused") == embedded_description(
         "task_solved", constraint

@@ -58,13 +58,15 @@ def test_the_constraint_style_writes_the_corpus_bytes(list_task):
         "bad : bad one </reference> <critique> the last answers missed : x y </critique>"
     )
     # RISED's behaviours and a vocabulary rubric stated with the task's values
-    rised = s.behaviours(t, ["the response lists exactly 3 items"], ["opening with great question"])
+    rised = s.show_and_avoid(
+        t, ["the response lists exactly 3 items"], ["opening with great question"]
+    )
     assert _last(rised) == (
         f"{PROMPT} <criterion> the response lists exactly 3 items </criterion> "
         "<anti_patterns> opening with great question </anti_patterns>"
     )
     assert s.describe("count_followed", t, "unused") == "the response lists exactly 5 items"
-    assert s.behaviours(t, [], []) == t.messages and s.mount(t, {}) == t.messages
+    assert s.show_and_avoid(t, [], []) == t.messages and s.mount(t, {}) == t.messages
     # ARISE-RL's coach memory, written and mounted
     missed = [{c.id: False for c in t.rubric.criteria}] * 2
     memory = coach_memory(t, ["r"] * 2, missed, style=s)
@@ -87,7 +89,7 @@ def test_the_generic_style_keeps_the_plain_formats(list_task):
         f"{PROMPT} <criterion> a ; b </criterion>\n<critique> The previous answers missed: x "
         "</critique>"
     )
-    assert _last(s.behaviours(t, ["p"], ["n"])) == (
+    assert _last(s.show_and_avoid(t, ["p"], ["n"])) == (
         f"{PROMPT} Behaviours to show:\n- p\n\nAnti-patterns to avoid:\n- n"
     )
     assert s.hint("x", -0.5) == "Avoid: x" and s.hint("x", 1.0) == "x"
@@ -129,11 +131,15 @@ def test_the_mixed_style_gives_a_tool_task_the_generic_prompts(list_task):
 
     sql_task = SqlEnv.task_bank("train", 1, 0)[0]
     s = MixedStyle()
-    assert s.behaviours(sql_task, ["p"], []) == GENERIC_STYLE.behaviours(sql_task, ["p"], [])
+    assert s.show_and_avoid(sql_task, ["p"], []) == GENERIC_STYLE.show_and_avoid(
+        sql_task, ["p"], []
+    )
     assert s.add_block(sql_task, sql_task.messages, "skills", "k") == GENERIC_STYLE.add_block(
         sql_task, sql_task.messages, "skills", "k"
     )
-    assert s.behaviours(list_task, ["p"], []) == ConstraintStyle().behaviours(list_task, ["p"], [])
+    assert s.show_and_avoid(list_task, ["p"], []) == ConstraintStyle().show_and_avoid(
+        list_task, ["p"], []
+    )
 
 
 # --- a new domain with only the generic style --------------------------------------------------

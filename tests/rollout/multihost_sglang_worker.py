@@ -4,6 +4,7 @@ engine from the config (pointed at the test's recording servers), then export ->
 generate -> score; writes what this process saw to ``<out>/p<index>.json``.
 
 Usage: python multihost_sglang_worker.py COORDINATOR PROCESS_ID OUT_DIR ROUTER_URL UPDATE_URLS
+[real]  ("real": a real SGLang server, which has no refused prompt to try)
 """
 
 import json
@@ -13,6 +14,7 @@ import sys
 import jax
 
 coordinator, pid, out, router, update_urls = sys.argv[1:6]
+real_server = sys.argv[6:] == ["real"]
 jax.distributed.initialize(coordinator, num_processes=2, process_id=int(pid))
 
 from configs import grpo  # noqa: E402
@@ -44,9 +46,10 @@ for version in (1, 2):
 requests = [GenerationRequest((5, 6, 7), f"task{i}", step=2, task_index=i) for i in range(3)]
 gens = engine.generate(requests, SamplingParams(max_new_tokens=3, n=2))
 scores = engine.score([((5, 6), (7, 8)), ((9,), (3,))])
-try:  # the servers refuse prompt (99,): process 0's error reaches every process
-    engine.generate([GenerationRequest((99,), "refused")], SamplingParams(max_new_tokens=1))
-    failure = None
+failure = None
+try:  # the recording servers refuse prompt (99,): process 0's error reaches every process
+    if not real_server:
+        engine.generate([GenerationRequest((99,), "refused")], SamplingParams(max_new_tokens=1))
 except Exception as exc:  # noqa: BLE001 - recorded for the test
     failure = f"{type(exc).__name__}: {exc}"
 from rubric_rl.core.sharding import make_mesh  # noqa: E402

@@ -108,16 +108,26 @@ def test_rollout_group_prefill_flag_reaches_the_engine(model):
         validate_config(config)
 
 
-def test_group_prefill_on_a_hybrid_model():
-    """Qwen3.5's cache also holds each linear-attention layer's conv and recurrent state (batch
-    first like the K/V): copied with it, the samples equal a prefill of every row."""
-    from tests.rollout.test_qwen3_5_engine import _sharpened_model
+def _other_model(kind: str):
+    if kind == "hybrid":
+        from tests.rollout.test_qwen3_5_engine import _sharpened_model
 
-    hybrid = _sharpened_model(0)  # peaked logits: a wrong row's cache would change the samples
+        return _sharpened_model(0)  # peaked logits: a wrong row's cache would change samples
+    return Qwen3ForCausalLM(
+        dataclasses.replace(PRESETS["tiny"], scan_layers=True), rngs=nnx.Rngs(0)
+    )
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "scanned"])
+def test_group_prefill_on_other_cache_layouts(kind):
+    """Qwen3.5's cache also holds each linear-attention layer's conv and recurrent state; a
+    scanned Qwen3 stacks every layer's K/V on axis 1. Both are batch first, so the copy is the
+    same gather: the samples equal a prefill of every row."""
+    model = _other_model(kind)
     params = SamplingParams(n=3, max_new_tokens=N_NEW, temperature=1.0)
-    want = JaxEngine(hybrid, dataclasses.replace(CFG, group_prefill=False))
+    want = JaxEngine(model, dataclasses.replace(CFG, group_prefill=False))
     want = want.generate(_requests(), params)
-    eng = JaxEngine(hybrid, CFG)
+    eng = JaxEngine(model, CFG)
     got = eng.generate(_requests(), params)
     assert eng.stats == {"rows": 9, "prefill_rows": 2}
     _assert_same(got, want)

@@ -18,9 +18,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from rubric_rl.models.hf_io import SafetensorsFile
+from rubric_rl.rollout.sglang_server import SGLangServer, SGLangServerConfig
 from tests.launch_env import launch_env
+from tests.rollout.sglang_env import require_sglang_venv
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("multihost_sglang_worker.py")
@@ -100,7 +103,8 @@ def _free_port() -> int:
 
 
 def _reference_export(tmp_path) -> Path:
-    """The same model built in this process (8 CPU devices) and exported in bf16."""
+    """The same model built in this process (8 CPU devices) and exported in bf16 to
+    ``<tmp_path>/ref``."""
     from configs import grpo
     from rubric_rl import builders
     from rubric_rl.models import save_pretrained
@@ -112,27 +116,47 @@ def _reference_export(tmp_path) -> Path:
     return tmp_path / "ref"
 
 
-def test_two_processes_export_once_update_every_server_and_sample_once(tmp_path):
-    router, worker = RecordingServer(), RecordingServer()
+def _run_two_processes(tmp_path, router: str, update_urls: str, *extra: str):
+    """The worker on 2 processes x 2 CPU devices; returns what each process saw."""
+    env = dict(launch_env(tmp_path / "jax_cache"),
+               XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               PYTHONPATH=str(REPO))  # fmt: skip
+    coordinator = f"127.0.0.1:{_free_port()}"
+    procs = []
+    for i in range(2):
+        log = open(tmp_path / f"p{i}.log", "w")
+        cmd = [sys.executable, str(WORKER), coordinator, str(i), str(tmp_path), router,
+               update_urls, *extra]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log,
+                                      stderr=subprocess.STDOUT))  # fmt: skip
     try:
-        env = dict(launch_env(tmp_path / "jax_cache"),
-                   XLA_FLAGS="--xla_force_host_platform_device_count=2",
-                   PYTHONPATH=str(REPO))  # fmt: skip
-        coordinator = f"127.0.0.1:{_free_port()}"
-        update_urls = f"{router.url},{worker.url}"
-        procs = []
-        for i in range(2):
-            log = open(tmp_path / f"p{i}.log", "w")
-            cmd = [sys.executable, str(WORKER), coordinator, str(i), str(tmp_path), router.url,
-                   update_urls]  # fmt: skip
-            procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log,
-                                          stderr=subprocess.STDOUT))  # fmt: skip
         for i, p in enumerate(procs):
             assert p.wait(timeout=600) == 0, (tmp_path / f"p{i}.log").read_text()[-4000:]
     finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return [json.loads((tmp_path / f"p{i}.json").read_text()) for i in range(2)]
+
+
+def _assert_bf16_export_equals_the_model(tmp_path) -> None:
+    got = SafetensorsFile(str(tmp_path / "weights" / "v2" / "model.safetensors"))
+    ref = SafetensorsFile(str(_reference_export(tmp_path) / "model.safetensors"))
+    assert got.names() == ref.names() and len(got.names()) > 5
+    for name in ref.names():
+        a, b = got.array(name), ref.array(name)
+        assert a.dtype == b.dtype and str(a.dtype) == "bfloat16", name
+        np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=name)
+    assert not list((tmp_path / "weights").glob("*.tmp"))
+
+
+def test_two_processes_export_once_update_every_server_and_sample_once(tmp_path):
+    router, worker = RecordingServer(), RecordingServer()
+    try:
+        p0, p1 = _run_two_processes(tmp_path, router.url, f"{router.url},{worker.url}")
+    finally:
         router.close()
         worker.close()
-    p0, p1 = (json.loads((tmp_path / f"p{i}.json").read_text()) for i in range(2))
     assert p0["devices"] == p1["devices"] == 4
     assert (p0["engine"], p0["inner"]) == ("BroadcastEngine", "SGLangEngine")
     assert (p1["engine"], p1["inner"]) == ("BroadcastEngine", "NoneType")  # no client of its own
@@ -170,11 +194,26 @@ def test_two_processes_export_once_update_every_server_and_sample_once(tmp_path)
 
     # One export per version (written once, the last two kept), in bf16, equal to the model.
     assert p0["exports"] == p1["exports"] == ["v1", "v2"]  # no init: the servers run
-    got = SafetensorsFile(str(tmp_path / "weights" / "v2" / "model.safetensors"))
-    ref = SafetensorsFile(str(_reference_export(tmp_path) / "model.safetensors"))
-    assert got.names() == ref.names() and len(got.names()) > 5
-    for name in ref.names():
-        a, b = got.array(name), ref.array(name)
-        assert a.dtype == b.dtype and str(a.dtype) == "bfloat16", name
-        np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=name)
-    assert not list((tmp_path / "weights").glob("*.tmp"))
+    _assert_bf16_export_equals_the_model(tmp_path)
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_two_processes_with_a_real_sglang_server(tmp_path):
+    """The same two processes against a real (CPU) SGLang server started from the model's bf16
+    export: both versions served in turn, the samples the same on both processes."""
+    require_sglang_venv()
+    start = _reference_export(tmp_path / "start")
+    cfg = SGLangServerConfig(model_path=str(start), device="cpu", dtype="float32",
+                             log_path=str(tmp_path / "server.log"))  # fmt: skip
+    with SGLangServer(cfg) as server:
+        p0, p1 = _run_two_processes(tmp_path, server.url, server.url, "real")
+    assert p0["versions"] == p1["versions"] == [1, 2]
+    assert (p0["inner"], p1["inner"]) == ("SGLangEngine", "NoneType")
+    assert p0["generations"] == p1["generations"]
+    gens = [s for g in p0["generations"] for s in g]
+    assert len(gens) == 6 and all(s[3] == 2 for s in gens)  # the server reports version 2
+    assert all(len(s[0]) == len(s[1]) >= 1 and all(lp <= 0 for lp in s[1]) for s in gens)
+    assert p0["scores"] == p1["scores"] and [len(s) for s in p0["scores"]] == [2, 1]
+    assert all(lp <= 0 for s in p0["scores"] for lp in s)
+    _assert_bf16_export_equals_the_model(tmp_path)

@@ -96,7 +96,7 @@ def test_every_llm_role_takes_the_configured_limit():
     from its method's config as a run builds it, stop at ``llm_roles.max_failure_rate``."""
     from configs import arise, harness_rl, rised
     from rubric_rl.builders import build_domain
-    from rubric_rl.methods.arise.arise import make_arise_controller
+    from rubric_rl.methods.arise.arise import domain_kwargs, make_arise_controller
     from rubric_rl.methods.arise.arise_config import arise_controller_kwargs
     from rubric_rl.methods.harness_rl.builder import make_harness_controller
     from rubric_rl.methods.rised import rised_controllers
@@ -126,7 +126,9 @@ def test_every_llm_role_takes_the_configured_limit():
     c = configured(arise, arise__reflection="llm")
     domain = build_domain(c)
     kw = arise_controller_kwargs(c)
-    ctl = make_arise_controller(domain.train, 4, seed=0, llm_client=client, **kw)
+    ctl = make_arise_controller(
+        domain.train, 4, seed=0, llm_client=client, **kw, **domain_kwargs(domain)
+    )
     assert ctl.reflection.failure_stop.max_rate == 0.25
 
 
@@ -168,7 +170,7 @@ def test_a_resumed_role_remembers_its_recent_failures():
 def test_the_harness_and_arise_controllers_checkpoint_their_roles_windows():
     from configs import arise, harness_rl
     from rubric_rl.builders import build_domain
-    from rubric_rl.methods.arise.arise import make_arise_controller
+    from rubric_rl.methods.arise.arise import domain_kwargs, make_arise_controller
     from rubric_rl.methods.arise.arise_config import arise_controller_kwargs
     from rubric_rl.methods.harness_rl.builder import make_harness_controller
 
@@ -193,9 +195,13 @@ def test_the_harness_and_arise_controllers_checkpoint_their_roles_windows():
     c.arise.reflection = "llm"
     domain = build_domain(c)
     kw = arise_controller_kwargs(c)
-    ctl = make_arise_controller(domain.train, 4, seed=0, llm_client=client, **kw)
+    ctl = make_arise_controller(
+        domain.train, 4, seed=0, llm_client=client, **kw, **domain_kwargs(domain)
+    )
     ctl.reflection.reject("bad reply")
-    resumed = make_arise_controller(domain.train, 4, seed=0, llm_client=client, **kw)
+    resumed = make_arise_controller(
+        domain.train, 4, seed=0, llm_client=client, **kw, **domain_kwargs(domain)
+    )
     resumed.load_state_dict(_roundtrip(ctl.state_dict()))
     assert resumed.reflection.failure_stop.outcomes.count(False) == 1
     assert resumed.reflection.last_error == "bad reply"

@@ -18,15 +18,11 @@ from rubric_rl.methods.method import Method, register_method
 
 
 def arise_rl_config(config: Any) -> Any:
-    """``config.arise_rl`` as an ``AriseRLConfig`` (an unknown field names the section)."""
+    """``config.arise_rl`` as an ``AriseRLConfig`` (``AriseRLConfig.from_config``: a missing,
+    unknown or wrong-typed field names ``config.arise_rl.<field>``)."""
     from rubric_rl.methods.arise_rl.arise_rl import AriseRLConfig
 
-    a = config.arise_rl.to_dict()
-    a["rgsed_roles"] = tuple(a["rgsed_roles"])
-    try:
-        return AriseRLConfig(**a)
-    except TypeError as e:
-        raise ValueError(f"config.arise_rl: {e}") from e
+    return AriseRLConfig.from_config(config)
 
 
 def arise_rl_controllers(config: Any, domain: Any) -> list[Any]:

@@ -91,6 +91,7 @@ from rubric_rl.methods.arise_rl.arise_rl_domain import (
     GeneratorDomain,
 )
 from rubric_rl.methods.arise_rl.rgsed_coach import COACH_RULES, coach_memory
+from rubric_rl.methods.method import complete_section
 from rubric_rl.rollout.batch import Group, Messages, Rollouts, Trajectory
 from rubric_rl.rubrics.types import (
     Message,
@@ -147,48 +148,80 @@ BASE_PROBE_STREAM = "arise_rl/base_probe"
 
 @dataclasses.dataclass(frozen=True)
 class AriseRLConfig:
-    """``config.arise_rl`` (configs/arise_rl.py documents each field and what is ours)."""
+    """``config.arise_rl``: each field's comment says what is the seed's and what is ours."""
 
-    cycles: int = 3
-    generator_steps: int = 20
-    solver_steps: int = 120
-    pool_size: int = 500
-    pool_min: int = 16
-    pool_fill: str = "domain"
-    refresh_rollouts: int = 1000
+    # The one default of each field: configs/arise_rl.py builds the section from
+    # ``section_defaults(AriseRLConfig)`` and sets only what a variant changes.
+    cycles: int = 3  # seed App. D.5: three rounds of generator-solver evolution
+    generator_steps: int = 10  # ours: the seed does not say how long the generator trains
+    solver_steps: int = 30  # seed: 120 (``seed_scale``); ours on the embedded default
+    pool_size: int = 128  # seed: 500 (``seed_scale``)
+    pool_min: int = 16  # ours: below this, pool_fill tops the pool up
+    pool_fill: str = "domain"  # ours: "domain" (the domain's training tasks) | "none" (an error)
+    refresh_rollouts: int = 256  # ours: generator rollouts per refresh (one rollout per prompt)
     refresh_batch: int = 64
-    n_negatives: int = 10
-    generator_max_new_tokens: int = 112
-    solver_policy: str = "current"
-    base_probe_tasks: int = 0
-    k_attempts: int = rw.K_ATTEMPTS
-    gamma: float = rw.SUCCESS_THRESHOLD
-    alpha: float = 0.8
-    shape: str = "arise_rl"
+    n_negatives: int = 3  # seed: 10 (``seed_scale``); ours on the tiny policy (prompt length)
+    generator_max_new_tokens: int = 96  # ours: a generator turn (question + rubric) fits
+    # K attempts against the solver frozen at the start of each cycle's generator phase
+    # (the default; "current": the live policy). Both roles share one parameter set: "frozen"
+    # holds a second one (the JAX engine) during the generator phase only.
+    solver_policy: str = "frozen"
+    # The frozen base policy's single-shot pass rate on up to this many fresh generated tasks at
+    # each refresh (seed Fig. 4; 0 = off): holds the warm-start parameters for the whole run.
+    base_probe_tasks: int = 64
+    k_attempts: int = rw.K_ATTEMPTS  # seed §5.1
+    gamma: float = rw.SUCCESS_THRESHOLD  # seed §5.1
+    alpha: float = 0.8  # seed §5.1
+    shape: str = "arise_rl"  # arise_rl | dr_zero | absolute_zero (R_diff's place)
     difficulty: bool = True
     tool_grounding: bool = True
-    rgsed_roles: tuple[str, ...] = ROLES
-    memory_rollouts: int = 0  # J'; 0 = J (the group's size)
+    rgsed_roles: tuple[str, ...] = ROLES  # seed: both roles
+    # J' memory rollouts per group; 0 = J, the group's own size (the authors' scripts: 8 + 8).
+    memory_rollouts: int = 0
+    # The placebo arm: J' more rollouts per group with another task's memory (shuffled); its Δr,
+    # logged beside the real one, is the null (ours).
     placebo: bool = True
+    # Seeds of the memory rollouts: "placebo" (the real and placebo arms share fresh seeds: a
+    # paired contrast, and Δr unbiased), "standard" (memory j on standard j's seed: biased up
+    # when the memory names the standard rollouts' misses), "none".
     paired_seeds: str = "placebo"
+    # The coach writes memory for every group (the seed's); "majority": only the criteria most of
+    # a group missed (rgsed_coach.py).
     coach_rule: str = "every_group"
+    # Warm-up/decay clock: "phase" restarts at each role phase (ours: the seed is ambiguous),
+    # "global" runs on the training step.
     schedule_clock: str = "phase"
-    satisfaction: str = "unweighted"
-    pool_filter: str = "parsed"
+    satisfaction: str = "unweighted"  # eq. 7's mean; "weighted" by |λ|
+    pool_filter: str = "parsed"  # the seed keeps every task it can extract; "grounded": R_tool = 1
+    # A generated rubric is completed with every library criterion its question implies (the
+    # task verifier's requirement set, which the solver is evaluated on); "as_written".
     rubric_completion: str = "library"
+    # Generator SD only on steps where its memory helps on average (mean Δr > 0): its warm start
+    # never showed the generator a memory; "always": the per-group gate alone.
     generator_sd: str = "after_positive"
-    proposer_reward: str = "arise_rl"
-    advantage_grouping: str = "group"
-    memory_placement: str = "system"
-    gate: str = "soft"
+    proposer_reward: str = "arise_rl"  # arise_rl | dr_zero | absolute_zero (their own rewards)
+    advantage_grouping: str = "group"  # group | hrpo (Dr. Zero) | trr++ (Absolute Zero)
+    memory_placement: str = "system"  # seed App. E: the memory sits at the system prompt's tail
+    gate: str = "soft"  # the authors' code; "hard" is the seed's eq. 12; "none" = w/o gating
     tau: float = rgsed.TAU
     temperature: float = rgsed.TEMPERATURE
     warmup_steps: int = rgsed.WARMUP_STEPS
     decay_steps: int = rgsed.DECAY_STEPS
     decay_floor: float = rgsed.DECAY_FLOOR
-    sd_scope: str = "all"
+    sd_scope: str = "all"  # all | final_turn
+    # RG-SED ("self") or a distillation baseline with an external teacher: "opcd" | "gkd"
+    # (config.teacher.model and .params).
     teacher: str = "self"
+    # Where the generator writes tasks (arise_rl_domain.py): "constraint" (the embedded
+    # constraint domain) | "sql" (the SQL env; the ``sql`` variant sets the rest).
     generator_domain: str = "constraint"
+
+    @classmethod
+    def from_config(cls, config: Any) -> AriseRLConfig:
+        """``config.arise_rl`` as an ``AriseRLConfig``: every field present, none unknown, each
+        of its default's type (``method.complete_section``), then ``__post_init__``'s checks;
+        each error names ``config.arise_rl.<field>``."""
+        return complete_section(cls, config, "arise_rl")
 
     def __post_init__(self):
         object.__setattr__(self, "rgsed_roles", tuple(self.rgsed_roles))

@@ -26,12 +26,11 @@ import dataclasses
 import functools
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from rubric_rl.envs.constraint_spec import guidance_hint
 from rubric_rl.rollout.scripted import ScriptedEngine, sample_rng
 from rubric_rl.rubrics.judges import Judge, JudgeItem
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verdict
@@ -86,8 +85,11 @@ def memory_notes(prompt_text: str) -> tuple[str, set[str]]:
 class MemoryEffectEngine(ScriptedEngine):
     """The stand-in policy (module docstring)."""
 
-    def __init__(self, tok, tasks: Sequence[Task], *, d: float, p: float):
+    def __init__(
+        self, tok, tasks: Sequence[Task], *, d: float, p: float, hint: Callable[[str, float], str]
+    ):
         super().__init__(tok)
+        self.hint = hint  # how the coach states a criterion (the domain's ``style.hint``)
         self.d, self.p = float(d), float(p)
         self.tasks = list(tasks)
         self.requests: list[tuple[str, int, int, int]] = []  # id, step, task index, offset
@@ -102,7 +104,7 @@ class MemoryEffectEngine(ScriptedEngine):
     def probabilities(self, task: Task, notes: set[str]) -> np.ndarray:
         """Per criterion, P(satisfied) under a memory holding ``notes``."""
         crits = task.rubric.criteria
-        named = np.array([guidance_hint(c.text, c.weight) in notes for c in crits])
+        named = np.array([self.hint(c.text, c.weight) in notes for c in crits])
         p = np.full(len(crits), self.p)
         if named.any():
             p = p + named * self.d * len(crits) / named.sum()
@@ -201,7 +203,7 @@ def run_check(
         tok = builders.build_tokenizer(config, domain, wd)
         # the stand-in's tasks have no domain verifier (the judge is the only reward)
         domain = dataclasses.replace(domain, verify=None)
-        engine = MemoryEffectEngine(tok, tasks, d=d, p=p)
+        engine = MemoryEffectEngine(tok, tasks, d=d, p=p, hint=domain.style.hint)
         services = Services(
             config, engine, tok, ScriptedJudge(), domain, wd,
             functools.partial(builders.prompt_buckets, config),

@@ -12,10 +12,15 @@ silent, and the LLM proposer makes the same choices with a judge model):
   not rejected for this criterion within the task's last ``retry_after`` draws and whose
   prompt fits the model's prompt length (``ProposalContext.fits``) (rejected
   candidates return with their measurement: the next proposal tries the next field).
-  ``<criterion>`` states the target criterion (``hint``); ``<reference>`` needs a donor — a
+  ``<criterion>`` states the target criterion (``hint``) — a conjunction criterion (a rule
+  whose checker takes ``parts``, e.g. "meets every rule of the task at once") is stated by its
+  failing parts instead (``conjunction_parts``: the rubric's criteria that check a part, least
+  satisfied first, at most 3), since its own text names no behaviour; ``<reference>`` needs a
+  donor — a
   response that satisfied the target in this task's history or, from the memory, a related
   criterion of another task (cross-task donor), with a failing rollout of this group as the
-  negative; ``<critique>`` names the criteria most of the previous group missed. Secondary: a
+  negative; ``<critique>`` names the criteria most of the previous group missed (a
+  conjunction's failing parts in its place). Secondary: a
   ``drop(f)`` of every mounted field whose target criterion has left blind. With no blind
   criterion, the drops alone are the candidate.
 - **Rubric** (a spurious criterion; the most confident first): an anchor is only reweighted
@@ -146,6 +151,46 @@ def expected_gain(weight: float, reach: float) -> float:
     return float(weight) * (1.0 - r)
 
 
+MAX_PARTS = 3  # a conjunction's failing parts stated in one field (ours)
+
+
+def _same_args(a, b) -> bool:
+    try:
+        return dict(a) == dict(b)
+    except (TypeError, ValueError):
+        return a == b
+
+
+def conjunction_parts(
+    target: Criterion,
+    criteria: Sequence[Criterion],
+    satisfied: Mapping[str, Sequence[float]],
+) -> list[Criterion]:
+    """The criteria of ``criteria`` that check a part of the conjunction ``target`` (a rule
+    whose checker takes ``parts``: (checker, args) pairs; a negative criterion checks the part
+    with its arguments whatever the part's checker, which states the exclusion) and that some
+    rollout of the group missed, least satisfied first (then rubric order); [] when ``target``
+    is not a conjunction."""
+    parts = target.verifier.kwargs.get("parts") if target.verifier.checker else None
+    if not parts:
+        return []
+    out = []
+    for k, c in enumerate(criteria):
+        if c.id == target.id or not c.verifier.checker:
+            continue
+        hit = any(
+            _same_args(c.verifier.args, args) and (c.verifier.checker == checker or c.weight < 0)
+            for checker, args in parts
+        )
+        if not hit:
+            continue
+        s = [x for x in satisfied.get(c.id, ()) if x == x]
+        reach = sum(s) / len(s) if s else 0.0
+        if reach < 1.0:
+            out.append((reach, k, c))
+    return [c for _, _, c in sorted(out, key=lambda x: x[:2])]
+
+
 def blind_targets(
     att: TaskAttribution, criteria: Sequence[Criterion], min_points: float = 0.0
 ) -> list:
@@ -235,9 +280,14 @@ class ProgrammaticProposer:
             return Candidate("rollout", ctx.task.id, "agree", drops[0].target, drops)
         return None
 
+    def _stated(self, c: Criterion, ctx: ProposalContext) -> list[str]:
+        """The hints that state ``c``: its failing parts' for a conjunction, else its own."""
+        parts = conjunction_parts(c, ctx.criteria, ctx.satisfied)[:MAX_PARTS]
+        return [self.hint(x.text, x.weight) for x in (parts or [c])]
+
     def _add(self, field: str, target: Criterion, ctx: ProposalContext) -> GuidanceOp | None:
         if field == "criterion":
-            return GuidanceOp("add", field, self.hint(target.text, target.weight), target.id)
+            return GuidanceOp("add", field, " ; ".join(self._stated(target, ctx)), target.id)
         if field == "reference":
             good = ctx.donors.get(target.id)
             if good is None:
@@ -251,12 +301,8 @@ class ProgrammaticProposer:
             s = [x for x in ctx.satisfied.get(c.id, ()) if x == x]
             if c.id != target.id and s and sum(s) / len(s) < 0.5:
                 missed.append(c)
-        return GuidanceOp(
-            "add",
-            field,
-            self.critique([self.hint(c.text, c.weight) for c in missed[:3]]),
-            target.id,
-        )
+        hints = [h for c in missed for h in self._stated(c, ctx)]
+        return GuidanceOp("add", field, self.critique(list(dict.fromkeys(hints))[:3]), target.id)
 
     # ------------------------------------------------------------------ rubric
 
@@ -356,6 +402,7 @@ __all__ = [
     "ProgrammaticProposer",
     "ProposalContext",
     "blind_targets",
+    "conjunction_parts",
     "criterion_state",
     "expected_gain",
 ]

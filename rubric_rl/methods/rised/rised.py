@@ -215,7 +215,7 @@ class RisedConfig:
 
 
 # A renderer writes RISED's blocks into a prompt: (task, positive descriptions, anti-pattern
-# descriptions) -> messages: the domain's ``Style.behaviours`` (the embedded domain's are its
+# descriptions) -> messages: the domain's ``Style.show_and_avoid`` (the embedded domain's are its
 # corpus's own <criterion> and <anti_patterns> blocks, the wording the warm start teaches).
 Renderer = Callable[[Task, Sequence[str], Sequence[str]], Messages]
 
@@ -243,7 +243,7 @@ class RisedController(Controller):
         self.vocab = vocabulary
         self.tagger = tagger
         self.quotas = dict(quotas) if quotas else None
-        self.render: Renderer = style.behaviours  # the domain's Style
+        self.render: Renderer = style.show_and_avoid  # the domain's Style
         # A rubric's description for one task, by the domain's style (the embedded domain states
         # it with the task's own values: "the response lists exactly 3 items"; the generic style:
         # the vocabulary's text); ``describe`` overrides it.

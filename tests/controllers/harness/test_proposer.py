@@ -238,3 +238,43 @@ def test_a_field_that_overflows_the_prompt_is_skipped_for_the_next():
     assert [g.field for g in cand.guidance] == ["critique"]
     cand = PROP.propose(ctx(c, fits=lambda f: False), att({target.id: "blind"}))["rollout"]
     assert cand is None
+
+
+def test_a_blind_conjunction_is_stated_by_its_failing_parts():
+    from rubric_rl.methods.harness_rl.proposer import conjunction_parts
+
+    task = next(
+        t for t in task_bank("train", n=200, seed=0)
+        if any(c.id == "all_rules" for c in t.rubric.criteria)
+        and any(c.weight < 0 for c in t.rubric.criteria)
+    )  # fmt: skip
+    c = tuple(task.rubric.criteria)
+    conj = next(x for x in c if x.id == "all_rules")
+    parts = {p for p in conj.verifier.kwargs["parts"]}
+    # Each stated rule (the negative one through its exclusion part) is a part; cues are not.
+    rules = [x for x in c if x.id != "all_rules" and ("class:genuine" in x.tags or x.weight < 0)]
+    assert len(parts) == len(rules) >= 3
+    none_met = {x.id: (0.0, 0.0) for x in c}
+    assert {x.id for x in conjunction_parts(conj, c, none_met)} == {x.id for x in rules}
+    # Reach per rule over 4 rollouts: all met but two, one of them missed by more.
+    reach = {x.id: (1.0, 1.0, 1.0, 1.0) for x in c}
+    a, b = rules[0].id, rules[-1].id
+    reach[a], reach[b], reach["all_rules"] = (1.0, 0.0, 1.0, 1.0), (0.0, 0.0, 0.0, 1.0), (0,) * 4
+    got = conjunction_parts(conj, c, reach)
+    assert [x.id for x in got] == [b, a]  # least satisfied first; met parts left out
+    assert conjunction_parts(rules[0], c, reach) == []  # not a conjunction
+    base = dict(task=task, criteria=c, fields={}, level=0, n_levels=4, cap=3,
+                responses=("a", "b", "c", "d"), satisfied=reach)  # fmt: skip
+    labels = TaskAttribution(
+        task.id, (CriterionLabel("all_rules", "blind", 0.5, 0.0, ""),), 0.3, False
+    )
+    cand = PROP.propose(ProposalContext(**base), labels)["rollout"]
+    (op,) = cand.guidance
+    assert cand.target == "all_rules" and op.field == "criterion"
+    by_id = {x.id: x for x in c}
+    want = [guidance_hint(by_id[i].text, by_id[i].weight) for i in (b, a)]
+    assert op.text == " ; ".join(want)
+    assert conj.text not in op.text  # its own text names no behaviour
+    # A critique names the parts in the conjunction's place.
+    crit = PROP._add("critique", conj, ProposalContext(**base))
+    assert crit.text == format_critique(want)
