@@ -60,6 +60,8 @@ without the copy phase (the generator's parse rate: benchmarks/protocol_arise_rl
 from __future__ import annotations
 
 from configs import common, grpo
+from rubric_rl.methods.arise_rl.arise_rl import AriseRLConfig
+from rubric_rl.methods.method import section_defaults
 
 VARIANTS = (
     "smoke", "model", "protocol", "seed_scale", "no_rgsed", "no_gate", "no_tool", "no_difficulty",
@@ -73,68 +75,9 @@ ARMS = (
 
 
 def get_arise_rl_section() -> common.ConfigDict:
-    a = common.ConfigDict()
-    a.cycles = 3  # seed App. D.5: three rounds of generator-solver evolution
-    a.generator_steps = 10  # ours: the seed does not say how long the generator trains per cycle
-    a.solver_steps = 30  # seed: 120 (``seed_scale``); ours on the embedded default
-    a.pool_size = 128  # seed: 500 (``seed_scale``)
-    a.pool_min = 16  # ours: below this, pool_fill tops the pool up
-    a.pool_fill = "domain"  # ours: "domain" (the domain's training tasks) | "none" (an error)
-    a.refresh_rollouts = 256  # ours: generator rollouts per refresh (single rollout per prompt)
-    a.refresh_batch = 64
-    a.n_negatives = 3  # seed: 10 (``seed_scale``); ours on the tiny policy (prompt length)
-    a.generator_max_new_tokens = 96  # ours: a generator turn (question + rubric) fits
-    # K attempts against the solver frozen at the start of each cycle's generator phase
-    # (the default; "current": the live policy). Both roles share one parameter set: "frozen"
-    # holds a second one (the JAX engine) during the generator phase only.
-    a.solver_policy = "frozen"
-    # The frozen base policy's single-shot pass rate on up to this many fresh generated tasks at
-    # each refresh (seed Fig. 4; 0 = off): holds the warm-start parameters for the whole run.
-    a.base_probe_tasks = 64
-    a.k_attempts = 8  # seed §5.1
-    a.gamma = 0.9  # seed §5.1
-    a.alpha = 0.8  # seed §5.1
-    a.shape = "arise_rl"  # arise_rl | dr_zero | absolute_zero (R_diff's place)
-    a.difficulty = True
-    a.tool_grounding = True
-    a.rgsed_roles = ("generator", "solver")  # seed: both roles
-    # J' memory rollouts per group; 0 = J, the group's own size (the authors' scripts: 8 + 8).
-    a.memory_rollouts = 0
-    # The placebo arm: J' more rollouts per group with another task's memory (shuffled); its Δr,
-    # logged beside the real one, is the null (ours).
-    a.placebo = True
-    # Seeds of the memory rollouts: "placebo" (the real and placebo arms share fresh seeds: a
-    # paired contrast, and Δr unbiased), "standard" (memory j on standard j's seed: biased up
-    # when the memory names the standard rollouts' misses), "none".
-    a.paired_seeds = "placebo"
-    # The coach writes memory for every group (the seed's); "majority": only the criteria most of
-    # a group missed (rgsed_coach.py).
-    a.coach_rule = "every_group"
-    # Warm-up/decay clock: "phase" restarts at each role phase (ours: the seed is ambiguous),
-    # "global" runs on the training step.
-    a.schedule_clock = "phase"
-    a.satisfaction = "unweighted"  # eq. 7's mean; "weighted" by |λ|
-    a.pool_filter = "parsed"  # the seed keeps every task it can extract; "grounded": R_tool = 1 too
-    # A generated rubric is completed with every library criterion its question implies (the
-    # task verifier's requirement set, which the solver is evaluated on); "as_written".
-    a.rubric_completion = "library"
-    # Generator SD only on steps where its memory helps on average (mean Δr > 0): its warm start
-    # never showed the generator a memory; "always": the per-group gate alone.
-    a.generator_sd = "after_positive"
-    a.proposer_reward = "arise_rl"  # arise_rl | dr_zero | absolute_zero (their own rewards)
-    a.advantage_grouping = "group"  # group | hrpo (Dr. Zero) | trr++ (Absolute Zero)
-    a.memory_placement = "system"  # seed App. E: the memory sits at the system prompt's tail
-    a.gate = "soft"  # the authors' code; "hard" is the seed's eq. 12; "none" = w/o gating
-    a.tau = 0.05
-    a.temperature = 0.0125
-    a.warmup_steps = 20
-    a.decay_steps = 120
-    a.decay_floor = 0.1
-    a.sd_scope = "all"  # all | final_turn
-    # Where the generator writes tasks (controllers/arise_rl_domain.py): "constraint" (the
-    # embedded constraint domain) | "sql" (the SQL env; the ``sql`` variant sets the rest).
-    a.generator_domain = "constraint"
-    return a
+    """``config.arise_rl``: ``AriseRLConfig``'s defaults (each field's comment in
+    rubric_rl/methods/arise_rl/arise_rl.py says what is the seed's and what is ours)."""
+    return common.ConfigDict(section_defaults(AriseRLConfig))
 
 
 def get_config(arg: str | None = None) -> common.ConfigDict:

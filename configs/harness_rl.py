@@ -107,6 +107,10 @@ def get_harness_section() -> common.ConfigDict:
     # is the seed's rule (one re-sampled group of J against the recorded group).
     h.measurement = "paired"
     h.paired_samples = 16
+    # The in-step proposer-critic loop: proposals per task and step; a rollout candidate rejected
+    # on its measurement returns to the proposer, which tries the next field or target (within
+    # max_rollout_measurements). 1 = one proposal per draw.
+    h.in_step_rounds = 1
     h.attributor = dict(
         saturated_window=2, fluff_gap=0.5, length_gap=0.3, coverage_gap=0.2, quality_margin=0.05
     )

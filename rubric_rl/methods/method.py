@@ -91,6 +91,49 @@ def from_section(cls: type, config: Any, name: str, **fixed: Any) -> Any:
         raise ValueError(f"config.{name}: {e}") from e
 
 
+def complete_section(cls: type, config: Any, name: str) -> Any:
+    """``cls(**config.<name>)`` for a section that holds every field of ``cls`` (a config file
+    builds it from ``section_defaults(cls)``): a missing or unknown field, or a value not of its
+    default's type (an int is a float too; a tuple of strings may be a list), is an error naming
+    ``config.<name>.<field>`` before ``cls``'s own checks run. For sections of scalars, tuples of
+    strings and nested dataclasses given as mappings (which ``cls`` converts)."""
+    section = config.get(name)
+    if section is None:
+        raise ValueError(f"config.{name}: the section is missing")
+    given = dict(section.to_dict() if hasattr(section, "to_dict") else section)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(given) - set(fields))
+    if unknown:
+        raise ValueError(f"config.{name}: unknown field(s) {unknown}; known {sorted(fields)}")
+    missing = sorted(set(fields) - set(given))
+    if missing:
+        raise ValueError(f"config.{name}: missing field(s) {missing}")
+    for key, f in fields.items():
+        default, value = f.default, given[key]
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, (int, float)):
+            number = (int,) if isinstance(default, int) else (int, float)
+            ok = isinstance(value, number) and not isinstance(value, bool)
+        elif dataclasses.is_dataclass(default):
+            # a nested section (``section_defaults`` writes it as a dict): ``cls`` converts and
+            # checks it, naming its keys
+            ok = isinstance(value, Mapping | type(default))
+        elif isinstance(default, tuple):
+            ok = isinstance(value, (tuple, list)) and all(isinstance(x, str) for x in value)
+            given[key] = tuple(value) if ok else value
+        else:
+            ok = isinstance(value, type(default))
+        if not ok:
+            raise ValueError(
+                f"config.{name}.{key} must be of type {type(default).__name__} (its default is "
+                f"{default!r}), got {value!r} ({type(value).__name__})"
+            )
+        if isinstance(default, float):
+            given[key] = float(value)
+    return cls(**given)
+
+
 def section_defaults(cls: type, *fixed: str) -> dict[str, Any]:
     """The defaults of ``cls``'s fields less ``fixed`` (those set from other sections), as a
     config file starts the section from (a nested dataclass as a dict). Read from the fields,
@@ -139,6 +182,7 @@ __all__ = [
     "BUILTIN",
     "Method",
     "default_pipeline",
+    "complete_section",
     "from_section",
     "get_method",
     "method_names",

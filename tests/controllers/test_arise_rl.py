@@ -13,6 +13,7 @@ import pytest
 
 from configs import arise_rl as arise_rl_config
 from rubric_rl import builders
+from rubric_rl.config_validation import validate_config
 from rubric_rl.controller_check import scripted_run
 from rubric_rl.envs.constraint_lexicon import units
 from rubric_rl.envs.constraint_writer import COACH_HINTS as GENERATOR_HINTS
@@ -22,6 +23,7 @@ from rubric_rl.envs.constraint_writer import (
     lookup_text,
 )
 from rubric_rl.envs.tool_calls import render_tool_call
+from rubric_rl.methods.arise_rl import arise_rl_config as section_of
 from rubric_rl.methods.arise_rl import rgsed
 from rubric_rl.methods.arise_rl.arise_rl import (
     SIGNAL,
@@ -78,6 +80,48 @@ def test_phase_schedule_hand_values():
 def test_config_errors_name_the_field(kw, match):
     with pytest.raises(ValueError, match=match):
         AriseRLConfig(**kw)
+
+
+def test_section_defaults_are_the_dataclass_defaults():
+    # One source of each default: the base section is AriseRLConfig's fields, and the run's
+    # config object is AriseRLConfig() itself (a second default in the config file would differ).
+    c = arise_rl_config.get_config()
+    assert c.arise_rl.to_dict() == dataclasses.asdict(AriseRLConfig())
+    assert section_of(c) == AriseRLConfig()
+    smoke = section_of(arise_rl_config.get_config("smoke"))
+    assert smoke != AriseRLConfig() and isinstance(smoke.tau, float)
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda a: a.pop("pool_min"), r"config\.arise_rl: missing field\(s\) \['pool_min'\]"),
+        (lambda a: a.update(pool_mni=3), r"config\.arise_rl: unknown field\(s\) \['pool_mni'\]"),
+        (lambda a: a.update(cycles="3"), r"config\.arise_rl\.cycles must be of type int"),
+        (lambda a: a.update(placebo=1), r"config\.arise_rl\.placebo must be of type bool"),
+        (lambda a: a.update(n_negatives=2.0), r"config\.arise_rl\.n_negatives must be of type int"),
+        (lambda a: a.update(tau="0.1"), r"config\.arise_rl\.tau must be of type float"),
+        (
+            lambda a: a.update(rgsed_roles="solver"),
+            r"config\.arise_rl\.rgsed_roles must be of type tuple",
+        ),
+        (lambda a: a.update(gate=None), r"config\.arise_rl\.gate must be of type str"),
+        (lambda a: a.update(gate="sometimes"), r"config\.arise_rl\.gate must be one of"),
+    ],
+)
+def test_section_field_errors_name_the_field(edit, match):
+    section = dataclasses.asdict(AriseRLConfig())
+    edit(section)
+    with pytest.raises(ValueError, match=match):
+        AriseRLConfig.from_config({"arise_rl": section})
+
+
+def test_start_up_validation_names_an_unknown_field():
+    c = arise_rl_config.get_config("smoke")
+    c.unlock()
+    c.arise_rl.solver_step = 3
+    with pytest.raises(ValueError, match=r"config\.arise_rl: unknown field\(s\) \['solver_step'\]"):
+        validate_config(c)
 
 
 def test_every_config_variant_builds():

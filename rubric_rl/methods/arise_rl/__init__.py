@@ -18,15 +18,11 @@ from rubric_rl.methods.method import Method, register_method
 
 
 def arise_rl_config(config: Any) -> Any:
-    """``config.arise_rl`` as an ``AriseRLConfig`` (an unknown field names the section)."""
+    """``config.arise_rl`` as an ``AriseRLConfig`` (``AriseRLConfig.from_config``: a missing,
+    unknown or wrong-typed field names ``config.arise_rl.<field>``)."""
     from rubric_rl.methods.arise_rl.arise_rl import AriseRLConfig
 
-    a = config.arise_rl.to_dict()
-    a["rgsed_roles"] = tuple(a["rgsed_roles"])
-    try:
-        return AriseRLConfig(**a)
-    except TypeError as e:
-        raise ValueError(f"config.arise_rl: {e}") from e
+    return AriseRLConfig.from_config(config)
 
 
 def arise_rl_controllers(config: Any, domain: Any) -> list[Any]:
@@ -56,6 +52,16 @@ def arise_rl_controllers(config: Any, domain: Any) -> list[Any]:
         )
     # Generated tasks train the solver, which is evaluated on these: never generate one of them.
     forbidden = generator_domain.forbidden_signatures([*domain.heldout, *domain.validation])
+    llm_coach = None
+    if cfg.coach == "llm":
+        from rubric_rl.methods.arise_rl.rgsed_llm_coach import LLMCoach
+        from rubric_rl.rubrics.llm import client_from_settings, role_max_failure_rate
+
+        client = client_from_settings(config.arise_rl.coach_llm, config.judge.llm)
+        llm_coach = LLMCoach(
+            client, cfg.coach_llm, style=domain.style,
+            max_failure_rate=role_max_failure_rate(config),
+        )  # fmt: skip
     return [
         AriseRLController(
             cfg,
@@ -65,6 +71,7 @@ def arise_rl_controllers(config: Any, domain: Any) -> list[Any]:
             seed=int(config.train.seed),
             generator_domain=generator_domain,
             style=domain.style,
+            llm_coach=llm_coach,
         )  # fmt: skip
     ]
 

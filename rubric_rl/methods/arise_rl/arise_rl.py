@@ -35,7 +35,8 @@ verdicts excluded).
 turns each group's feedback into memory m for EVERY group (``coach_rule="every_group"``; solver:
 ``rgsed_coach.coach_memory``, the criteria the group missed, most-missed first, or its best
 rollout's behaviours when none was missed; generator: :func:`generator_memory`, the group's
-authoring failures or its best episode's question), J' = ``memory_rollouts`` (0: J)
+authoring failures or its best episode's question; ``coach="llm"``: ``rgsed_llm_coach``, one LLM
+call per group), J' = ``memory_rollouts`` (0: J)
 memory-augmented rollouts (m in the system message, or ``memory_placement``) measure
 ``Δr = R̄_memory − R̄_standard`` (never trained; a generator memory rollout gets its own K solver
 attempts), and a placebo arm (another task's memory, hints shuffled: ``placebo_memories``) on
@@ -91,6 +92,14 @@ from rubric_rl.methods.arise_rl.arise_rl_domain import (
     GeneratorDomain,
 )
 from rubric_rl.methods.arise_rl.rgsed_coach import COACH_RULES, coach_memory
+from rubric_rl.methods.arise_rl.rgsed_llm_coach import (
+    COACHES,
+    CoachLLMConfig,
+    LLMCoach,
+    generator_attempt,
+    solver_attempts,
+)
+from rubric_rl.methods.method import complete_section
 from rubric_rl.rollout.batch import Group, Messages, Rollouts, Trajectory
 from rubric_rl.rubrics.types import (
     Message,
@@ -147,51 +156,98 @@ BASE_PROBE_STREAM = "arise_rl/base_probe"
 
 @dataclasses.dataclass(frozen=True)
 class AriseRLConfig:
-    """``config.arise_rl`` (configs/arise_rl.py documents each field and what is ours)."""
+    """``config.arise_rl``: each field's comment says what is the seed's and what is ours."""
 
-    cycles: int = 3
-    generator_steps: int = 20
-    solver_steps: int = 120
-    pool_size: int = 500
-    pool_min: int = 16
-    pool_fill: str = "domain"
-    refresh_rollouts: int = 1000
+    # The one default of each field: configs/arise_rl.py builds the section from
+    # ``section_defaults(AriseRLConfig)`` and sets only what a variant changes.
+    cycles: int = 3  # seed App. D.5: three rounds of generator-solver evolution
+    generator_steps: int = 10  # ours: the seed does not say how long the generator trains
+    solver_steps: int = 30  # seed: 120 (``seed_scale``); ours on the embedded default
+    pool_size: int = 128  # seed: 500 (``seed_scale``)
+    pool_min: int = 16  # ours: below this, pool_fill tops the pool up
+    pool_fill: str = "domain"  # ours: "domain" (the domain's training tasks) | "none" (an error)
+    refresh_rollouts: int = 256  # ours: generator rollouts per refresh (one rollout per prompt)
     refresh_batch: int = 64
-    n_negatives: int = 10
-    generator_max_new_tokens: int = 112
-    solver_policy: str = "current"
-    base_probe_tasks: int = 0
-    k_attempts: int = rw.K_ATTEMPTS
-    gamma: float = rw.SUCCESS_THRESHOLD
-    alpha: float = 0.8
-    shape: str = "arise_rl"
+    n_negatives: int = 3  # seed: 10 (``seed_scale``); ours on the tiny policy (prompt length)
+    generator_max_new_tokens: int = 96  # ours: a generator turn (question + rubric) fits
+    # K attempts against the solver frozen at the start of each cycle's generator phase
+    # (the default; "current": the live policy). Both roles share one parameter set: "frozen"
+    # holds a second one (the JAX engine) during the generator phase only.
+    solver_policy: str = "frozen"
+    # The frozen base policy's single-shot pass rate on up to this many fresh generated tasks at
+    # each refresh (seed Fig. 4; 0 = off): holds the warm-start parameters for the whole run.
+    base_probe_tasks: int = 64
+    k_attempts: int = rw.K_ATTEMPTS  # seed §5.1
+    gamma: float = rw.SUCCESS_THRESHOLD  # seed §5.1
+    alpha: float = 0.8  # seed §5.1
+    shape: str = "arise_rl"  # arise_rl | dr_zero | absolute_zero (R_diff's place)
     difficulty: bool = True
     tool_grounding: bool = True
-    rgsed_roles: tuple[str, ...] = ROLES
-    memory_rollouts: int = 0  # J'; 0 = J (the group's size)
+    rgsed_roles: tuple[str, ...] = ROLES  # seed: both roles
+    # J' memory rollouts per group; 0 = J, the group's own size (the authors' scripts: 8 + 8).
+    memory_rollouts: int = 0
+    # The placebo arm: J' more rollouts per group with another task's memory (shuffled); its Δr,
+    # logged beside the real one, is the null (ours).
     placebo: bool = True
+    # Seeds of the memory rollouts: "placebo" (the real and placebo arms share fresh seeds: a
+    # paired contrast, and Δr unbiased), "standard" (memory j on standard j's seed: biased up
+    # when the memory names the standard rollouts' misses), "none".
     paired_seeds: str = "placebo"
+    # The coach writes memory for every group (the seed's); "majority": only the criteria most of
+    # a group missed (rgsed_coach.py).
     coach_rule: str = "every_group"
+    # Who writes the memory: "rule" (rgsed_coach.py; the default on the embedded domain, whose
+    # tokenizer keeps only its own vocabulary and whose policy was warm-started on the rule
+    # coach's wording) or "llm" (rgsed_llm_coach.py: one call per group, as the seed's coach;
+    # coach_rule is then unused).
+    coach: str = "rule"
+    # The LLM coach's client (an empty field takes judge.llm's), prompts and limits
+    # (rgsed_llm_coach.CoachLLMConfig documents each).
+    coach_llm: CoachLLMConfig = CoachLLMConfig()
+    # Warm-up/decay clock: "phase" restarts at each role phase (ours: the seed is ambiguous),
+    # "global" runs on the training step.
     schedule_clock: str = "phase"
-    satisfaction: str = "unweighted"
-    pool_filter: str = "parsed"
+    satisfaction: str = "unweighted"  # eq. 7's mean; "weighted" by |λ|
+    pool_filter: str = "parsed"  # the seed keeps every task it can extract; "grounded": R_tool = 1
+    # A generated rubric is completed with every library criterion its question implies (the
+    # task verifier's requirement set, which the solver is evaluated on); "as_written".
     rubric_completion: str = "library"
+    # Generator SD only on steps where its memory helps on average (mean Δr > 0): its warm start
+    # never showed the generator a memory; "always": the per-group gate alone.
     generator_sd: str = "after_positive"
-    proposer_reward: str = "arise_rl"
-    advantage_grouping: str = "group"
-    memory_placement: str = "system"
-    gate: str = "soft"
+    proposer_reward: str = "arise_rl"  # arise_rl | dr_zero | absolute_zero (their own rewards)
+    advantage_grouping: str = "group"  # group | hrpo (Dr. Zero) | trr++ (Absolute Zero)
+    memory_placement: str = "system"  # seed App. E: the memory sits at the system prompt's tail
+    gate: str = "soft"  # the authors' code; "hard" is the seed's eq. 12; "none" = w/o gating
     tau: float = rgsed.TAU
     temperature: float = rgsed.TEMPERATURE
     warmup_steps: int = rgsed.WARMUP_STEPS
     decay_steps: int = rgsed.DECAY_STEPS
     decay_floor: float = rgsed.DECAY_FLOOR
-    sd_scope: str = "all"
+    sd_scope: str = "all"  # all | final_turn
+    # RG-SED ("self") or a distillation baseline with an external teacher: "opcd" | "gkd"
+    # (config.teacher.model and .params).
     teacher: str = "self"
+    # Where the generator writes tasks (arise_rl_domain.py): "constraint" (the embedded
+    # constraint domain) | "sql" (the SQL env; the ``sql`` variant sets the rest).
     generator_domain: str = "constraint"
+
+    @classmethod
+    def from_config(cls, config: Any) -> AriseRLConfig:
+        """``config.arise_rl`` as an ``AriseRLConfig``: every field present, none unknown, each
+        of its default's type (``method.complete_section``), then ``__post_init__``'s checks;
+        each error names ``config.arise_rl.<field>``."""
+        return complete_section(cls, config, "arise_rl")
 
     def __post_init__(self):
         object.__setattr__(self, "rgsed_roles", tuple(self.rgsed_roles))
+        if isinstance(self.coach_llm, Mapping):
+            object.__setattr__(self, "coach_llm", CoachLLMConfig.from_mapping(self.coach_llm))
+        elif not isinstance(self.coach_llm, CoachLLMConfig):
+            raise ValueError(
+                f"config.arise_rl.coach_llm must be a mapping of the LLM coach's options, got "
+                f"{self.coach_llm!r}"
+            )
         ints = dict(
             cycles=1, solver_steps=1, pool_size=1, k_attempts=1, refresh_batch=1,
             generator_max_new_tokens=1,
@@ -212,6 +268,7 @@ class AriseRLConfig:
             ("teacher", self.teacher, TEACHERS),
             ("shape", self.shape, tuple(rw.DIFFICULTY_SHAPES.names())),
             ("coach_rule", self.coach_rule, COACH_RULES),
+            ("coach", self.coach, COACHES),
             ("paired_seeds", self.paired_seeds, PAIRINGS),
             ("schedule_clock", self.schedule_clock, SCHEDULE_CLOCKS),
             ("satisfaction", self.satisfaction, SATISFACTIONS),
@@ -431,9 +488,17 @@ class AriseRLController(Controller):
         seed: int = 0,
         generator_domain: GeneratorDomain | None = None,
         style: Style = GENERIC_STYLE,
+        llm_coach: LLMCoach | None = None,
     ):
         self.cfg = cfg
         self.style = style  # the solver domain's: how coach memory is written and mounted
+        if (cfg.coach == "llm") != (llm_coach is not None):
+            raise ValueError(
+                f"AriseRLController: config.arise_rl.coach={cfg.coach!r} "
+                f"{'needs' if cfg.coach == 'llm' else 'takes no'} llm_coach "
+                "(arise_rl_controllers builds it from config.arise_rl.coach_llm)"
+            )
+        self.llm_coach = llm_coach
         self.fallback_tasks = tuple(fallback_tasks)
         # the generator domain (arise_rl_domain.build_generator_domain: the solver domain's task
         # writer, config.arise_rl.generator_domain's)
@@ -742,13 +807,16 @@ class AriseRLController(Controller):
 
     def memories(self, rollouts: Rollouts) -> dict[int, str]:
         """Group index -> the coach's memory m, for the groups of the roles in ``rgsed_roles``
-        (``coach_rule``: every group by default)."""
+        (``coach_rule``: every group by default; ``coach="llm"``: one LLM coach call per group,
+        a failed call leaving its group without memory)."""
         out: dict[int, str] = {}
         rule = self.cfg.coach_rule
         for gi, g in enumerate(rollouts.groups):
             if g.role not in self.cfg.rgsed_roles or not g.trajectories:
                 continue
-            if g.role == "generator":
+            if self.llm_coach is not None:
+                text = self._llm_memory(rollouts.step, gi, g)
+            elif g.role == "generator":
                 scores = [_score_of(t) for t in g.trajectories]
                 text = generator_memory(
                     scores, self.cfg.k_attempts, self.generator_domain.hints, rule=rule,
@@ -762,6 +830,34 @@ class AriseRLController(Controller):
             if text:
                 out[gi] = text
         return out
+
+    def _llm_memory(self, step: int, gi: int, g: Group) -> str | None:
+        """The LLM coach's memory of one group; its call's seed from (run seed, step, group)."""
+        ts = g.trajectories
+        if g.role == "generator":
+            attempts = [
+                generator_attempt(t.response, _score_of(t), self.cfg.k_attempts) for t in ts
+            ]
+        else:
+            attempts = solver_attempts(
+                g.task, [t.response for t in ts], [t.verdicts for t in ts], [t.reward for t in ts]
+            )
+        seed = int(np.random.default_rng([self.seed, step, gi, 0xC0AC]).integers(2**31))
+        return self.llm_coach.memory(g.role, g.task, attempts, seed=seed)
+
+    def _coach_memories(self, rollouts: Rollouts) -> tuple[dict[int, str], dict[str, float]]:
+        """``memories`` and, with the LLM coach, its calls and failed calls this step and the
+        failed calls so far (``rgsed/coach_*``)."""
+        if self.llm_coach is None:
+            return self.memories(rollouts), {}
+        before = dict(self.llm_coach.counts)
+        memory = self.memories(rollouts)
+        after = self.llm_coach.counts
+        return memory, {
+            "rgsed/coach_calls": float(after["calls"] - before["calls"]),
+            "rgsed/coach_failed": float(after["rejected"] - before["rejected"]),
+            "rgsed/coach_failed_total": float(after["rejected"]),
+        }
 
     def placebo_memories(self, rollouts: Rollouts, memory: Mapping[int, str]) -> dict[int, str]:
         """The placebo arm's memories: each group with memory gets the memory of ANOTHER task of
@@ -852,9 +948,11 @@ class AriseRLController(Controller):
         n_groups = max(len(rollouts.groups), 1)
         self._dr = self._placebo_dr = None
         if cfg.teacher != "self":
-            self._memory = self.memories(rollouts) if cfg.teacher == "opcd" else {}
-            return {"rgsed/memory_frac": len(self._memory) / n_groups}
-        self._memory = self.memories(rollouts)
+            self._memory, coach_m = (
+                self._coach_memories(rollouts) if cfg.teacher == "opcd" else ({}, {})
+            )
+            return {"rgsed/memory_frac": len(self._memory) / n_groups, **coach_m}
+        self._memory, coach_m = self._coach_memories(rollouts)
         dr = np.full(len(rollouts.groups), np.nan)
         placebo = np.full(len(rollouts.groups), np.nan)
         paired = np.full(len(rollouts.groups), np.nan)
@@ -873,7 +971,7 @@ class AriseRLController(Controller):
                 partner = rollouts.groups[gi].trajectories if check == 1 else ptrajs.get(gi)
                 paired[gi] = _seed_match(ts, partner) if check else np.nan
         self._dr, self._placebo_dr = dr, placebo
-        m = {"rgsed/memory_frac": len(self._memory) / n_groups}
+        m = {"rgsed/memory_frac": len(self._memory) / n_groups, **coach_m}
         defined = dr[~np.isnan(dr)]
         if defined.size:
             m["rgsed/delta_r"] = float(defined.mean())
@@ -1016,6 +1114,7 @@ class AriseRLController(Controller):
             "pool_stats": dict(self.pool_stats),
             "recent": list(self.recent),
             "history": list(self.history),
+            **({"llm_coach": self.llm_coach.state_dict()} if self.llm_coach else {}),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -1028,6 +1127,15 @@ class AriseRLController(Controller):
         self.pool_stats = {k: float(v) for k, v in dict(state.get("pool_stats", {})).items()}
         self.recent = [str(q) for q in state.get("recent", [])]
         self.history = list(state.get("history", []))
+        if self.llm_coach is not None:
+            # its counts and failure window; a checkpoint without them starts both empty
+            coach = state.get("llm_coach")
+            if coach is not None:
+                self.llm_coach.load_state_dict(coach)
+            else:
+                self.llm_coach.load_state_dict(
+                    {"counts": {k: 0 for k in self.llm_coach.counts}, "failure_stop": None}
+                )
 
 
 # Absolute Zero's −1 goes to a format error (the output cannot be read as a task at all), its −0.5

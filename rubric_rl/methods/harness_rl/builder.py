@@ -47,6 +47,7 @@ def harness_config(config: Any) -> HarnessConfig:
             recalibrate=str(h.get("recalibrate", "never")),
             measurement=str(h.get("measurement", "unpaired")),
             paired_samples=int(h.get("paired_samples", 16)),
+            in_step_rounds=int(h.get("in_step_rounds", 1)),
             attributor=AttributorConfig(**dict(h.attributor)),
             sampling_rule=str(h.get("sampling_rule", "harness")),
             rollout_rule=str(h.get("rollout_rule", "harness")),

@@ -137,6 +137,11 @@ class HarnessConfig:
     # the recorded one (critic.py).
     measurement: str = "paired"
     paired_samples: int = 16
+    # The in-step proposer-critic loop (§1: rejected updates "return with their measurements to
+    # the proposer"): a rollout candidate rejected on a measurement is re-proposed with that
+    # (field, target) excluded, up to in_step_rounds proposals per task and step, within the
+    # step's measurement budget. 1 = one proposal per draw.
+    in_step_rounds: int = 1
     attributor: AttributorConfig = dataclasses.field(default_factory=AttributorConfig)
     sampling_rule: str = "harness"  # harness | sec (the p_t <- SEC switching arm)
     rollout_rule: str = "harness"  # harness | ruscarl (the g_t <- RuscaRL switching arm)
@@ -161,6 +166,8 @@ class HarnessConfig:
             )
         if self.measurement == "paired" and self.paired_samples < 2:
             raise ValueError(f"harness.paired_samples={self.paired_samples}: must be >= 2")
+        if self.in_step_rounds < 1:
+            raise ValueError(f"harness.in_step_rounds={self.in_step_rounds}: must be >= 1")
         if self.recalibrate not in RECALIBRATE:
             raise ValueError(
                 f"harness.recalibrate={self.recalibrate!r}: expected one of {RECALIBRATE}"
@@ -449,6 +456,7 @@ class HarnessController(Controller):
         rewards = rollouts.signal("rubric")
         seen: set[str] = set()
         records, label_rows, work = [], [], []
+        ctxs: dict[str, ProposalContext] = {}  # the proposal context of each task, for retries
         not_attributed = 0  # tasks whose LLM attribution failed this step
         sec_metrics = self._update_sec(rollouts) if self.sec is not None else {}
         self.last_attributions = []
@@ -528,6 +536,7 @@ class HarnessController(Controller):
                 fits=self._fits(task),
             )  # fmt: skip
             cands = self.proposer.propose(ctx, att, **seeded)
+            ctxs[task.id] = ctx
             if self.config.rubric_rule == evorubric.RULE and "rubric" in self.config.interfaces:
                 cands = {**cands, "rubric": self._evorubric(task, st, ids, met, responses)}
             self.last_attributions.append(att)
@@ -550,15 +559,60 @@ class HarnessController(Controller):
         times["critic"] += time.perf_counter() - t0
         update_rows = self._apply(step, work, verdicts)
         t0 = time.perf_counter()
+        retry_rows = self._in_step_rounds(step, work, verdicts, ctxs, seeded)
+        update_rows += retry_rows
+        times["critic"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
         if self.memory is not None:
             self.memory.record_many(step, records + label_rows + update_rows)
             self._index_criteria(step, [w[0] for w in work])
         times["memory"] += time.perf_counter() - t0
         metrics = self._metrics(work, verdicts, times, mounted, not_attributed)
+        if self.config.in_step_rounds > 1:
+            metrics["updates/rollout/in_step_proposed"] = float(len(retry_rows))
+            metrics["updates/rollout/in_step_accepted"] = float(
+                sum(r["status"] == "accepted" for _, _, r in retry_rows)
+            )
         if repeat:
             metrics["guidance/repeat_draw_guided_share"] = float(np.mean(repeat))
         metrics.update(self._reversal_window(step, update_rows))
         return {**metrics, **sec_metrics, **guidance_tokens}
+
+    def _in_step_rounds(self, step, work, verdicts, ctxs, seeded) -> list[tuple[str, str, dict]]:
+        """Rounds 2.. of the proposer-critic loop: each rollout candidate rejected on a
+        measurement goes back to the proposer with its (field, target) pairs excluded; the next
+        candidate is measured within the step's remaining budget and applied as round 1's."""
+        if self.config.in_step_rounds <= 1 or not self.config.critic:
+            return []
+        measured = sum(
+            1 for (_, i), v in verdicts.items() if i == "rollout" and v.reason != DEFERRED
+        )
+        budget = self.config.max_rollout_measurements - measured
+        last = [(w, verdicts.get((w[0].id, "rollout"))) for w in work]
+        rows: list[tuple[str, str, dict]] = []
+        for round_ in range(2, self.config.in_step_rounds + 1):
+            again = []
+            for (task, st, att, cands, responses, baseline), v in last:
+                c = cands.get("rollout")
+                if c is None or v is None or v.accepted or v.delta is None or c.drop_only:
+                    continue
+                tried = {(g.field, g.target) for g in c.guidance if g.op == "add"}
+                ctx = dataclasses.replace(
+                    ctxs[task.id], criteria=st.criteria, fields=st.fields,
+                    rejected=ctxs[task.id].rejected | tried,
+                )  # fmt: skip
+                ctxs[task.id] = ctx
+                new = self.proposer.propose(ctx, att, **seeded).get("rollout")
+                if new is not None and not new.drop_only:
+                    again.append((task, st, att, {"rollout": new}, responses, baseline))
+            again = again[: max(0, budget)]
+            if not again:
+                break
+            v_round = self._critic(step, again)
+            budget -= sum(1 for v in v_round.values() if v.reason != DEFERRED)
+            rows += self._apply(step, again, v_round, round_=round_)
+            last = [(w, v_round.get((w[0].id, "rollout"))) for w in again]
+        return rows
 
     def _reversal_window(self, step: int, update_rows) -> dict[str, float]:
         """The reversal rate over the last ``REVERSAL_WINDOW`` steps' accepted rubric updates (the
@@ -844,7 +898,7 @@ class HarnessController(Controller):
 
     # ------------------------------------------------------------------ apply
 
-    def _apply(self, step: int, work, verdicts) -> list[tuple[str, str, dict]]:
+    def _apply(self, step: int, work, verdicts, round_: int = 1) -> list[tuple[str, str, dict]]:
         rows = []
         for task, st, att, cands, _, baseline in work:
             for iface in INTERFACES:
@@ -859,6 +913,8 @@ class HarnessController(Controller):
                     "candidate": c.to_json(), "verdict": v.to_json(), "draw": st.draws,
                     "critic": self.config.critic,
                 }  # fmt: skip
+                if round_ > 1:
+                    row["round"] = round_  # the in-step loop's retry
                 if v.accepted:
                     row.update(self._accept(step, task, st, c))
                     lab = None if att is None else next(

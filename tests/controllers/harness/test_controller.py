@@ -501,3 +501,46 @@ def test_a_task_bank_makes_tasks_recur(tmp_path):
     # 3 steps x 8 draws over a bank of 8: tasks recur (a task's draws count once per step).
     draws = [st.draws for st in ctl.state.values()]
     assert sum(draws) == distinct and max(draws) >= 2
+
+
+def test_in_step_loop_retries_a_rejected_candidate_with_the_next_option(tmp_path):
+    """A rollout candidate rejected on its measurement returns to the proposer within the step:
+    the next candidate for the task excludes every (field, target) already tried, is measured,
+    and the step's measurements stay within the budget."""
+    c = small_config()
+    c.unlock()
+    c.harness.in_step_rounds = 3
+    c.harness.max_rollout_measurements = 6
+    c.lock()
+    run = scripted_run(c, ScriptedPolicy(seed=0, coupling=0.5), str(tmp_path))
+    retries = accepted = 0
+    for step in range(1, 6):
+        _, ctx = run.step(step)
+        events = run.controllers.pop_events()["harness"]
+        rows = [e for e in events if e["event"] == "update"
+                and e["candidate"]["interface"] == "rollout"]  # fmt: skip
+        assert sum(r["verdict"]["delta"] is not None for r in rows) <= 6
+        tried: dict[str, set] = {}
+        for r in rows:  # in the order the rounds ran
+            tid = r["task_id"]
+            adds = {(g["field"], g["target"]) for g in r["candidate"]["guidance"]
+                    if g["op"] == "add"}  # fmt: skip
+            if r.get("round", 1) > 1:
+                retries += 1
+                accepted += r["status"] == "accepted"
+                assert tid in tried and not adds & tried[tid], r  # a new option
+                assert r["verdict"]["delta"] is not None  # measured in the step
+            else:
+                assert tid not in tried
+            tried.setdefault(tid, set()).update(adds)
+        m = ctx.metrics
+        n_retry = sum(r.get("round", 1) > 1 for r in rows)
+        assert m["harness/updates/rollout/in_step_proposed"] == n_retry
+    assert retries > 0
+    # One proposal per draw: no retry.
+    c1 = small_config()
+    run1 = scripted_run(c1, ScriptedPolicy(seed=0, coupling=0.5), str(tmp_path / "one"))
+    for step in range(1, 4):
+        run1.step(step)
+        events = run1.controllers.pop_events()["harness"]
+        assert not [e for e in events if e.get("round", 1) > 1]
