@@ -352,6 +352,24 @@ for _name in TOOL_DOMAINS:
     DOMAINS.register(_name)(functools.partial(_tool_domain, _name))
 
 
+def given_or_configured_domain(
+    config: ConfigDict, tasks: Mapping[str, Sequence[Any]] | None, domain: Domain | None
+) -> Domain:
+    """The Trainer's ``domain=``, or one of its ``tasks=`` given in Python, or
+    ``config.domain``'s; the first two have no warm-start corpus."""
+    if tasks is not None and domain is not None:
+        raise ValueError("Trainer: give tasks= or domain=, not both")
+    if tasks is None and domain is None:
+        return build_domain(config)
+    out = domain if domain is not None else tasks_domain(tasks)
+    if int(config.warmstart.steps) > 0 and out.corpus is None:
+        raise ValueError(
+            f"config.warmstart.steps: {config.warmstart.steps}, but the tasks given to the "
+            "Trainer have no warm-start corpus; set warmstart.steps=0"
+        )
+    return out
+
+
 def build_domain(config: ConfigDict) -> Domain:
     return DOMAINS.get(config.domain.name)(config.domain)
 
@@ -460,8 +478,8 @@ def build_tokenizer(config: ConfigDict, domain: Domain, workdir: str) -> Tokeniz
     """``model.tokenizer``, a checkpoint's own, or the embedded one over the domain's vocabulary;
     prompts formatted as ``model.chat_template`` and ``model.enable_thinking`` say
     (models/tokenizer.py)."""
-    template = config.model.get("chat_template", "auto")
-    thinking = bool(config.model.get("enable_thinking", False))
+    template = config.model.chat_template
+    thinking = bool(config.model.enable_thinking)
     return Tokenizer(
         _tokenizer(config, domain, workdir).hf, chat_template=template, enable_thinking=thinking
     )
@@ -522,13 +540,13 @@ def model_config(config: ConfigDict, tokenizer: Tokenizer) -> Qwen3Config:
     if m.name in EMBEDDED_PRESETS or eos is None:
         eos = tokenizer.eos_id
     if isinstance(cfg, Qwen3_5Config):
-        if m.get("scan_layers", False):
+        if m.scan_layers:
             raise ValueError(
                 f"config.model.scan_layers: {m.name!r} is a Qwen3.5 model (layers of two kinds), "
                 "which has no scanned layer stack; set scan_layers=False"
             )
         return dataclasses.replace(cfg, vocab_size=vocab, eos_token_id=eos)
-    scan = bool(m.get("scan_layers", False))
+    scan = bool(m.scan_layers)
     return dataclasses.replace(cfg, vocab_size=vocab, eos_token_id=eos, scan_layers=scan)
 
 
@@ -542,7 +560,7 @@ def model_vocab_size(config: ConfigDict, cfg: Qwen3Config, tokenizer: Tokenizer)
         return cfg.vocab_size, f"config.model.shape.vocab_size (the tokenizer has {n} ids)"
     if m.name not in EMBEDDED_PRESETS:
         return cfg.vocab_size, f"preset {m.name!r}'s (the tokenizer has {n} ids)"
-    k = int(m.get("vocab_multiple", 64))
+    k = int(m.vocab_multiple)
     vocab = -(-n // k) * k
     if vocab == n:
         return vocab, f"the tokenizer's {n} ids (a multiple of config.model.vocab_multiple={k})"
@@ -557,10 +575,10 @@ def build_model(config: ConfigDict, tokenizer: Tokenizer, mesh) -> Qwen3ForCausa
     weights (``init_seed`` unused: nothing is random)."""
     dtype = jnp.dtype(config.model.dtype)
     name = config.model.name
-    remat = config.model.get("remat", "none")
+    remat = config.model.remat
     if remat not in REMAT_POLICIES:
         raise ValueError(f"config.model.remat: {remat!r}; expected one of {REMAT_POLICIES}")
-    attention_impl = config.model.get("attention_impl", "xla")
+    attention_impl = config.model.attention_impl
     if attention_impl not in ATTENTION_IMPLS:
         raise ValueError(
             f"config.model.attention_impl: {attention_impl!r}; expected one of {ATTENTION_IMPLS}"
@@ -662,12 +680,12 @@ def train_config(config: ConfigDict) -> TrainConfig:
         sd_topk=int(lo.sd_topk),
         sd_jsd_beta=float(lo.sd_jsd_beta),
         sd_clamp=float(lo.sd_clamp),
-        sd_sampled_logps=str(lo.get("sd_sampled_logps", "live")),
-        sd_agg_mode=str(lo.get("sd_agg_mode", "")),
+        sd_sampled_logps=str(lo.sd_sampled_logps),
+        sd_agg_mode=str(lo.sd_agg_mode),
         chunk_size=int(lo.chunk_size),
         num_micro_batches=int(o.num_micro_batches),
         skip_nonfinite=int(config.train.max_nonfinite_skips) > 0,
-        trainable_layers=int(config.train.get("trainable_layers", 0)),
+        trainable_layers=int(config.train.trainable_layers),
     )
 
 
@@ -733,8 +751,8 @@ def build_engine(
             prompt_buckets=prompt_buckets(config),
             eos_token_ids=eos,
             pad_id=int(tokenizer.pad_id or 0),
-            scan_decode=bool(r.get("scan_decode", True)),
-            group_prefill=bool(r.get("group_prefill", True)),
+            scan_decode=bool(r.scan_decode),
+            group_prefill=bool(r.group_prefill),
         )
         return JaxEngine(model, ecfg, mesh=mesh)
     import jax

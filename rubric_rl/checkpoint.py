@@ -1,10 +1,12 @@
 """Run checkpoints (DESIGN §2, §9): train state + every stateful Python object, in one orbax step.
 
-One orbax step directory holds two items:
+One orbax step directory holds two items, and a third when the run has one:
 - ``train_state``: the sharded ``TrainState`` (params, optimiser state, step), via
   ``rubric_rl.core.checkpointing`` (orbax StandardSave; restores onto any mesh);
 - ``run_state``: a JSON document — controller ``state_dict()``s, data cursors, host RNG state,
-  the trainer step, metadata — via orbax JsonSave.
+  the trainer step, metadata — via orbax JsonSave;
+- ``trees``: further array trees of the run (the sampler's held policies), saved as the train
+  state is; restored when the caller says which structure to expect (``trees_like``).
 
 Atomicity: orbax writes a step into a temporary directory and renames it into place only once
 every item is finalised, so a process killed mid-write leaves at most a temporary directory that
@@ -35,6 +37,7 @@ import re
 import shutil
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -44,6 +47,8 @@ import orbax.checkpoint as ocp
 from rubric_rl.core import checkpointing
 
 RUN_STATE = "run_state"
+# The item of further array trees, and the run-state key a restore returns them under.
+TREES = "trees"
 # The JSON files of a step that a restore reads (orbax's own error for a truncated one names none).
 _JSON_FILES = (
     f"{RUN_STATE}/metadata",
@@ -126,6 +131,31 @@ def _check_jsonable(state: dict[str, Any]) -> None:
         raise TypeError(
             f"run state must be JSON-able (state_dict()s of plain Python data): {e}"
         ) from None
+
+
+def _abstract(target: Any) -> Any:
+    """``jax.ShapeDtypeStruct`` leaves with the target's shardings (abstract leaves kept)."""
+    return jax.tree.map(
+        lambda x: (
+            x
+            if isinstance(x, jax.ShapeDtypeStruct)
+            else jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+        ),
+        target,
+    )
+
+
+def _corrupt(step_dir: str, step: int, item: str, e: BaseException) -> CorruptCheckpointError:
+    """orbax / tensorstore's error as a ``CorruptCheckpointError``: the cause names the file
+    when it knows it, else the item's directory is named."""
+    text = _first_line(e, limit=10_000)
+    files = list(_LOCAL_FILE.finditer(text))
+    if files:  # tensorstore chains its contexts: the cause follows the last file named
+        path, cause = files[-1].group(1), text[files[-1].end() :].lstrip(": ")
+        cause = cause.split(" [tensorstore_spec")[0]
+    else:
+        path, cause = os.path.join(step_dir, item), text
+    return CorruptCheckpointError(step, path, cause[:300] or text[:300])
 
 
 class _HeldSaveNoise:
@@ -306,11 +336,15 @@ class RunCheckpointer:
         train_state: Any,
         run_state: dict[str, Any],
         *,
+        trees: Any = None,
         wait: bool = False,
     ) -> bool:
-        """Saves both items as step ``step``; a step that already exists is left untouched
-        (returns False) — on resume the first save may hit the restored step."""
+        """Saves the items as step ``step`` (``trees``: the ``trees`` item, none when None or
+        empty); a step that already exists is left untouched (returns False) — on resume the
+        first save may hit the restored step."""
         _check_jsonable(run_state)
+        if TREES in run_state:
+            raise ValueError(f"run_state: the key {TREES!r} is reserved for the trees item")
         self._finish_saves()
         if step in self.manager.all_steps():
             return False
@@ -322,7 +356,10 @@ class RunCheckpointer:
                 self.manager,
                 step,
                 train_state,
-                extra={RUN_STATE: ocp.args.JsonSave(run_state)},
+                extra={
+                    RUN_STATE: ocp.args.JsonSave(run_state),
+                    **({TREES: ocp.args.StandardSave(trees)} if trees else {}),
+                },
                 wait=wait,
             )
         except Exception as e:  # a write error of this step (synchronous part or wait=True)
@@ -331,58 +368,60 @@ class RunCheckpointer:
             self._resolved(failed=False)
         return bool(saved)
 
-    def restore(self, train_state_target: Any, step: int | None = None) -> tuple[Any, dict]:
+    def restore(
+        self,
+        train_state_target: Any,
+        step: int | None = None,
+        *,
+        trees_like: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> tuple[Any, dict]:
         """(train_state, run_state) of ``step`` (default latest). ``train_state_target`` is an
         abstract tree with shardings (``core.checkpointing.abstract_train_state``) or a concrete
-        state of the right structure."""
+        state of the right structure. ``trees_like(run_state)``: the ``trees`` item's target
+        (as ``train_state_target``), or None when the step has none; the restored tree is then
+        the run state's ``TREES`` entry."""
         self.manager.wait_until_finished()
         if step is None:
             step = self.latest_step()
             if step is None:
                 raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
-        target = jax.tree.map(
-            lambda x: (
-                x
-                if isinstance(x, jax.ShapeDtypeStruct)
-                else jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
-            ),
-            train_state_target,
-        )
         self.check_json(step)
+        items = {
+            checkpointing.ITEM: ocp.args.StandardRestore(_abstract(train_state_target)),
+            RUN_STATE: ocp.args.JsonRestore(),
+        }
         try:
-            restored = self.manager.restore(
-                step,
-                args=ocp.args.Composite(
-                    **{
-                        checkpointing.ITEM: ocp.args.StandardRestore(target),
-                        RUN_STATE: ocp.args.JsonRestore(),
-                    }
-                ),
-            )
-        except Exception as e:  # orbax / tensorstore: the cause names the file when it knows it
-            text = _first_line(e, limit=10_000)
-            files = list(_LOCAL_FILE.finditer(text))
-            if files:  # tensorstore chains its contexts: the cause follows the last file named
-                path, cause = files[-1].group(1), text[files[-1].end() :].lstrip(": ")
-                cause = cause.split(" [tensorstore_spec")[0]
-            else:
-                path, cause = os.path.join(self.step_dir(step), checkpointing.ITEM), text
-            raise CorruptCheckpointError(step, path, cause[:300] or text[:300]) from e
-        return restored[checkpointing.ITEM], dict(restored[RUN_STATE])
+            restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        except Exception as e:
+            raise _corrupt(self.step_dir(step), step, checkpointing.ITEM, e) from e
+        run_state = dict(restored[RUN_STATE])
+        trees = None if trees_like is None else trees_like(run_state)
+        if trees is not None:
+            args = ocp.args.Composite(**{TREES: ocp.args.StandardRestore(_abstract(trees))})
+            try:
+                run_state[TREES] = self.manager.restore(step, args=args)[TREES]
+            except Exception as e:
+                raise _corrupt(self.step_dir(step), step, TREES, e) from e
+        return restored[checkpointing.ITEM], run_state
 
     def restore_intact(
-        self, train_state_target: Any
+        self,
+        train_state_target: Any,
+        *,
+        trees_like: Callable[[dict[str, Any]], Any] | None = None,
     ) -> tuple[int, Any, dict, list[CorruptCheckpointError]]:
         """(step, train_state, run_state, the newer steps that failed) of the newest step that
-        restores. Raises ``NoIntactCheckpointError`` (each step's file and cause) when none does,
-        ``FileNotFoundError`` when there is no step at all."""
+        restores (``trees_like``: as ``restore``'s). Raises ``NoIntactCheckpointError`` (each
+        step's file and cause) when none does, ``FileNotFoundError`` when there is no step."""
         steps = sorted(self.all_steps(), reverse=True)
         if not steps:
             raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
         failed: list[CorruptCheckpointError] = []
         for step in steps:
             try:
-                train_state, run_state = self.restore(train_state_target, step)
+                train_state, run_state = self.restore(
+                    train_state_target, step, trees_like=trees_like
+                )
             except CorruptCheckpointError as e:
                 failed.append(e)
                 continue

@@ -196,9 +196,9 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         _fail("loss.sd_coef", f"must be >= 0, got {lo.sd_coef}")
     if not 0.0 <= float(lo.sd_jsd_beta) <= 1.0:
         _fail("loss.sd_jsd_beta", f"must be in [0, 1], got {lo.sd_jsd_beta}")
-    if lo.get("sd_sampled_logps", "live") not in ("live", "old"):
+    if lo.sd_sampled_logps not in ("live", "old"):
         _fail("loss.sd_sampled_logps", f"must be 'live' or 'old', got {lo.sd_sampled_logps!r}")
-    sd_agg = lo.get("sd_agg_mode", "")
+    sd_agg = lo.sd_agg_mode
     if sd_agg and sd_agg not in aggregation.AGGREGATORS.names():
         _fail("loss.sd_agg_mode", f"must be '' or one of {aggregation.AGGREGATORS.names()}")
     if sd_agg and lo.sd_estimator == "sampled":
@@ -250,14 +250,14 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
         _fail("checkpoint.every", f"must be >= 0 (0 = no periodic checkpoints), got {ck.every}")
     if int(ck.keep) < 1:
         _fail("checkpoint.keep", f"must be >= 1, got {ck.keep}")
-    if not isinstance(ck.get("final", True), bool):
+    if not isinstance(ck.final, bool):
         _fail("checkpoint.final", f"must be True or False, got {ck.final!r}")
     if int(config.train.steps) < 0:
         _fail("train.steps", f"must be >= 0, got {config.train.steps}")
-    n = config.train.get("trainable_layers", 0)
+    n = config.train.trainable_layers
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         _fail("train.trainable_layers", f"must be an int >= 0 (0 = all layers), got {n!r}")
-    if n and config.model.get("scan_layers", False):
+    if n and config.model.scan_layers:
         _fail(
             "train.trainable_layers",
             "needs model.scan_layers=False (a scanned layer stack is one lax.scan whose "
@@ -286,7 +286,7 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
     for split in ("n_train", "n_heldout", "n_ood") if config.domain.name != "dataset" else ():
         if int(config.domain[split]) < 1:
             _fail(f"domain.{split}", f"must be >= 1, got {config.domain[split]}")
-    n_val = int(config.domain.get("n_validation", 0))
+    n_val = int(config.domain.n_validation)
     if n_val < 0 or (n_val and config.domain.name not in VALIDATION_DOMAINS):
         _fail(
             "domain.n_validation",
@@ -350,7 +350,7 @@ def _validate_loss_names(config: ConfigDict) -> None:
     _one_of("loss.rollout_correction", lo.rollout_correction, ROLLOUT_CORRECTION_PRESETS.names())
     if float(lo.kl_beta) > 0:
         _one_of("loss.kl_kind", lo.kl_kind, KL_ESTIMATORS.names())
-    _one_of("loss.kl_ref_dtype", lo.get("kl_ref_dtype", "float32"), ("float32", "bfloat16"))
+    _one_of("loss.kl_ref_dtype", lo.kl_ref_dtype, ("float32", "bfloat16"))
     if float(lo.sd_coef) > 0 and lo.sd_estimator == "none":
         _fail(
             "loss.sd_coef",
@@ -464,17 +464,17 @@ def _validate_model_options(config: ConfigDict) -> None:
         raise ValueError(checkpoint_shape_error(m.name))
     if shape:
         with_shape(PRESETS[m.name], dict(shape))  # its errors name config.model.shape.<key>
-    k = m.get("vocab_multiple", 64)
+    k = m.vocab_multiple
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         _fail("model.vocab_multiple", f"must be an int >= 1 (1 = the tokenizer's size), got {k!r}")
-    template = check_chat_template(m.get("chat_template", "auto"), "config.model.chat_template")
+    template = check_chat_template(m.chat_template, "config.model.chat_template")
     if template == "raw" and rollout_mode(config) == "agent":
         _fail(
             "model.chat_template",
             "'raw' drops the roles, and a multi-turn agent episode needs them to tell the model's "
             "turns from the tool outputs; use 'auto' or a template",
         )
-    info = config.get("logging", {}).get("library_info", False)
+    info = config.logging.library_info
     if not isinstance(info, bool):
         _fail("logging.library_info", f"must be True or False, got {info!r}")
 
@@ -502,10 +502,10 @@ def _validate_copy_demonstrations(config: ConfigDict) -> None:
     a domain without them leaves both unused, and the warm start logs it)."""
     if int(config.warmstart.steps) <= 0:
         return
-    copy = float(config.warmstart.get("copy_fraction", 0.0))
+    copy = float(config.warmstart.copy_fraction)
     if not 0.0 <= copy <= 1.0:
         _fail("warmstart.copy_fraction", f"must be in [0, 1], got {copy}")
-    copy_steps = int(config.warmstart.get("copy_steps", 0))
+    copy_steps = int(config.warmstart.copy_steps)
     if not 0 <= copy_steps <= int(config.warmstart.steps):
         _fail(
             "warmstart.copy_steps",

@@ -185,7 +185,7 @@ def main(argv):
     if config is None:
         raise app.UsageError("--config is required, e.g. --config=configs/grpo.py")
     # orbax / optax INFO lines dropped unless config.logging.library_info (rubric_rl/logs.py).
-    set_library_info(bool(config.logging.get("library_info", False)))
+    set_library_info(bool(config.logging.library_info))
     from rubric_rl.rollout.placement import local_device_ids
 
     try:  # the trainer's GPUs (the rest are the SGLang server's), before jax sees any device

@@ -189,6 +189,17 @@ def check_rubric_trainable(config: Any, train: Sequence[Task], fns: Mapping[str,
         )
 
 
+def check_mix_owner(config: Any, signal_weights: Mapping[str, float] | None) -> None:
+    """``loss.reward_weights`` is not for controllers that set the mix themselves
+    (``signal_weights``: the controllers' own mix, empty when they set none)."""
+    mix = dict(config.loss.get("reward_weights") or {})
+    if mix and signal_weights:
+        raise ValueError(
+            f"config.loss.reward_weights: {mix} given, but controllers set the trained mix "
+            f"themselves (signal_weights {signal_weights}); leave loss.reward_weights empty"
+        )
+
+
 def record_in_run_dir(workdir: str, config: Any, resume: bool) -> str:
     """``config.reward_fns`` (the functions given to the Trainer, by "module:qualname") in
     ``<workdir>/config.json``: the launcher's record updated, or the config recorded when there

@@ -117,14 +117,14 @@ def closing_summary(
 
 def summarize_run(workdir: str) -> str:
     """``closing_summary`` of a run directory (its ``metrics.jsonl`` and ``config.json``)."""
-    config = analysis.read_config(workdir)
+    saved = analysis.read_config(workdir)  # the run's config.json: any run's, older ones too
     return closing_summary(
         analysis.read_metrics(workdir),
-        method=config.get("method"),
-        steps=config.get("train", {}).get("steps"),
-        eval_n=config.get("eval", {}).get("n"),
+        method=saved.get("method"),
+        steps=saved.get("train", {}).get("steps"),
+        eval_n=saved.get("eval", {}).get("n"),
         workdir=workdir,
-        greedy=bool(config.get("eval", {}).get("greedy", False)),
+        greedy=bool(saved.get("eval", {}).get("greedy", False)),
     )
 
 

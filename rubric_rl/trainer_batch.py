@@ -150,7 +150,7 @@ def check_rows(rollouts: Rollouts, rows: int, config, mesh) -> None:
     """The selected groups are what ``rollout.train_groups`` promises, and their rows split
     over the mesh's batch shards, the mini-batches and the micro-batches (a method whose rounds
     make other batch sizes must choose sizes that do)."""
-    k = int(config.rollout.get("train_groups", 0))
+    k = int(config.rollout.train_groups)
     kept = len(rollouts.selected())
     if k and kept != k:
         raise ValueError(

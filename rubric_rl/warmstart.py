@@ -102,7 +102,7 @@ def warmstart_buckets(ws) -> tuple[int, ...]:
     """The prompt lengths the warm start pads to: ``warmstart.prompt_buckets`` below
     ``warmstart.max_prompt_len``, then ``max_prompt_len`` itself (longer prompts are dropped)."""
     cap = int(ws.max_prompt_len)
-    return tuple(sorted({int(b) for b in ws.get("prompt_buckets", ()) if int(b) < cap} | {cap}))
+    return tuple(sorted({int(b) for b in ws.prompt_buckets if int(b) < cap} | {cap}))
 
 
 def encode_bucketed(corpus, tokenizer, buckets, completion_len: int):
@@ -258,7 +258,7 @@ def _embedding(params) -> jax.Array:
 
 def _case_pairs_for(config, tokenizer, params) -> CasePairs | None:
     """``warmstart.tie_case``'s pairs; None when off or when no token has a cased twin."""
-    if not config.warmstart.get("tie_case", False):
+    if not config.warmstart.tie_case:
         return None
     pairs = case_pairs(tokenizer.vocab())
     if not len(pairs.cased):
@@ -294,7 +294,7 @@ _DOMAIN_KEY_DEFAULTS = {
 
 def completion_len(config) -> int:
     """Demonstration completions' cap: ``warmstart.completion_len``, else the rollout's."""
-    return int(config.warmstart.get("completion_len", 0)) or int(config.rollout.max_new_tokens)
+    return int(config.warmstart.completion_len) or int(config.rollout.max_new_tokens)
 
 
 def cache_key(config) -> str:
@@ -342,7 +342,7 @@ def _copy_batches(config, domain, tokenizer, c_len: int) -> BucketedBatches | No
     not teach the 1M word-level policy to copy within 800 steps, while copy demonstrations alone
     teach it in about 200 (measured); a pretrained model arrives able to copy."""
     ws = config.warmstart
-    n = int(ws.get("copy_steps", 0))
+    n = int(ws.copy_steps)
     if n <= 0:
         return None
     if domain.copy_corpus is None:
@@ -384,7 +384,7 @@ def run_or_load(config, workdir, domain, tokenizer, graphdef, state, mesh) -> An
         int(ws.corpus_size),
         int(config.domain.seed),
         float(ws.p_keep),
-        float(ws.get("copy_fraction", 0.0)),
+        float(ws.copy_fraction),
     )
     # The same completion bucket as the rollouts: the warm start trains the shapes RL samples.
     c_len = round_up_to_bucket(completion_len(config), tuple(config.rollout.buckets))

@@ -73,6 +73,9 @@ def test_agent_steps_train_model_turns_and_mask_tool_outputs(tmp_path):
     c.warmstart.steps = 0
     c.eval.update(at_start=False, every=0)
     c.optim.mini_batches = 1
+    # The stand-in policy serves every caller of the engine: no calibration probes beside the
+    # step's own rollouts, which are what is checked.
+    c.calibration.enabled = False
     t = Trainer(c, str(tmp_path / "run"))
     try:
         t._restore_or_warmstart(resume=False)
@@ -80,13 +83,13 @@ def test_agent_steps_train_model_turns_and_mask_tool_outputs(tmp_path):
             t.engine, t.tokenizer, SqlEnv, int(c.rollout.agent.max_turns),
             float(c.rollout.temperature),
         )  # fmt: skip
-        t.services.engine, run_agent = policy, t.services.run_agent
+        t.services.sampler.engine, run_agent = policy, t.services.sampler.run_agent
 
         def recording(tasks, n, **kw):
             policy.tasks = list(tasks)
             return run_agent(tasks, n, **kw)
 
-        t.services.run_agent = recording
+        t.services.sampler.run_agent = recording
         seen = record_train_batches(t)
         m = t.train_one_step()
     finally:

@@ -148,7 +148,7 @@ def test_between_sync_points_save_refuses_and_evaluate_uses_the_live_policy(tmp_
         t._restore_or_warmstart(resume=False)
         t.train_one_step()
         t.train_one_step()
-        assert t._prefetch.has(3)
+        assert t.producer.prefetch.has(3)
         with pytest.raises(RuntimeError, match="Trainer.save at step 2.*sync point"):
             t.save()
         m = t.evaluate(["heldout"])

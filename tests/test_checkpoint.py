@@ -71,6 +71,34 @@ def test_round_trip_train_state_controllers_rng(tmp_path, state):
     ckpt.close()
 
 
+def test_trees_item_round_trips_when_the_run_state_names_it(tmp_path, state):
+    """The ``trees`` item (the sampler's held policies): saved beside the train state, restored
+    bit for bit onto the target's shardings when ``trees_like`` gives a target, absent from a
+    step saved without trees; the run-state key that returns it is reserved."""
+    from rubric_rl.checkpoint import TREES
+
+    ckpt = RunCheckpointer(str(tmp_path / "ckpt"), keep=3, async_save=False)
+    held = {"frozen": jax.tree.map(lambda x: x * 2.0, state.params)}
+    ckpt.save(1, state, {"held": ["frozen"]}, trees=held)
+    ckpt.save(2, state, {"held": []})
+    with pytest.raises(ValueError, match="reserved"):
+        ckpt.save(3, state, {TREES: 1})
+
+    def like(rs):
+        return {name: state.params for name in rs["held"]} or None
+
+    _, rs = ckpt.restore(state, 1, trees_like=like)
+    got = rs[TREES]["frozen"]
+    for a, b in zip(jax.tree.leaves(held["frozen"]), jax.tree.leaves(got)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert a.sharding.is_equivalent_to(b.sharding, a.ndim)
+    _, rs = ckpt.restore(state, 2, trees_like=like)
+    assert TREES not in rs and rs == {"held": []}
+    _, rs = ckpt.restore(state, 1)  # no target given: the item is not read
+    assert TREES not in rs
+    ckpt.close()
+
+
 def test_keep_n_and_non_json_state_rejected(tmp_path, state):
     ckpt = RunCheckpointer(str(tmp_path / "ckpt"), keep=2, async_save=False)
     for s in (1, 2, 3):

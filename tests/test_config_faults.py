@@ -169,15 +169,15 @@ def test_min_new_tokens_and_ignore_eos_are_checked_naming_the_field(field, value
 def test_rollout_sampling_options_reach_the_sampling_params():
     import types
 
-    from rubric_rl.services import Services
+    from rubric_rl.sampler import Sampler
 
     c = _smoke()
     assert (c.rollout.min_new_tokens, c.rollout.ignore_eos) == (0, False)  # the defaults
-    sp = Services.sampling_params(types.SimpleNamespace(config=c), 3)
+    sp = Sampler.sampling_params(types.SimpleNamespace(config=c), 3)
     assert (sp.min_new_tokens, sp.ignore_eos, sp.n) == (0, False, 3)
     c.rollout.min_new_tokens, c.rollout.ignore_eos = 4, True
     common.validate_config(c, num_devices=8)
-    sp = Services.sampling_params(types.SimpleNamespace(config=c), 3)
+    sp = Sampler.sampling_params(types.SimpleNamespace(config=c), 3)
     assert (sp.min_new_tokens, sp.ignore_eos) == (4, True)
 
 

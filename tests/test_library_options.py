@@ -329,15 +329,15 @@ def test_train_byte_bpe_has_exactly_the_size_and_the_special_ids(tmp_path):
 def test_step_timer_times_from_one_step_end_to_the_next(monkeypatch):
     import types
 
-    from rubric_rl import trainer as trainer_lib
+    from rubric_rl import step_callbacks
 
     state = type("State", (), {"params": {"w": jax.numpy.ones(3)}})()
     clock = iter([10.0, 12.5, 13.5, 16.0])  # step ends: steps of 2.5, 1.0, 2.5 s after step 1
-    # The trainer module's clock only: patching time.perf_counter itself would also feed jax's
+    # The callbacks module's clock only: patching time.perf_counter itself would also feed jax's
     # own timers (the persistent compilation cache times every compile) from this clock.
     fake_time = types.SimpleNamespace(perf_counter=lambda: next(clock))
-    monkeypatch.setattr(trainer_lib, "time", fake_time)
-    timer = trainer_lib.StepTimer()
+    monkeypatch.setattr(step_callbacks, "time", fake_time)
+    timer = step_callbacks.StepTimer()
     for step, gen in zip(range(1, 5), [9.0, 2.0, 0.4, 1.5]):
         timer.on_step_end(step, {"step": step, "time/rollout": gen}, state)
     assert [r["step"] for r in timer.rows] == [1, 2, 3, 4]

@@ -174,7 +174,7 @@ def test_nonfinite_loss_skips_the_update_then_stops(trainer):
         assert "update 1 of 2: loss nan" in str(e.value)
     finally:
         trainer.train_step = real_step
-        trainer._nonfinite_streak = 0
+        trainer.nonfinite_streak = 0
 
 
 def test_a_step_that_skips_one_update_of_two_counts_one_and_names_the_gradient_norm(trainer):
@@ -211,7 +211,7 @@ def test_a_step_that_skips_one_update_of_two_counts_one_and_names_the_gradient_n
         assert "update 1 of 2: gradient norm inf (loss " in msg and "loss inf" not in msg
     finally:
         trainer.train_step = real_step
-        trainer._nonfinite_streak = 0
+        trainer.nonfinite_streak = 0
 
 
 def test_a_failing_judge_stops_the_run_and_logs_no_reward(trainer):
@@ -633,6 +633,7 @@ def test_load_policy_serves_a_checkpoint_of_this_run_or_another(trainer, tmp_pat
     import numpy as np
     from flax import nnx
 
+    from rubric_rl.policy_loading import load_policy
     from rubric_rl.run_dir import checkpoint_steps
 
     (ck,) = checkpoint_steps(trainer.workdir)[-1:]
@@ -653,7 +654,7 @@ def test_load_policy_serves_a_checkpoint_of_this_run_or_another(trainer, tmp_pat
     for where in (None, str(other)):
         move_on()
         assert not same(jax.tree.map(np.asarray, trainer.state.params))
-        trainer.load_policy(ck, where)
+        load_policy(trainer, ck, where)
         assert trainer.step == ck and trainer.engine.weight_version == ck
         assert same(jax.tree.map(np.asarray, trainer.state.params))
         assert same(jax.tree.map(np.asarray, nnx.state(trainer.engine.model(), nnx.Param)))

@@ -23,8 +23,6 @@ def serve_scripted(trainer, engine) -> None:
     a component still holding it fails loudly."""
     real = trainer.engine
     real.close()
-    trainer.engine = trainer.services.engine = engine
-    for c in trainer.controllers.controllers:  # their views of the services (for_caller)
-        view = getattr(c, "services", None)
-        if view is not None and getattr(view, "engine", None) is real:
-            view.engine = engine
+    # The services' sampler is shared by every caller's view (controllers included); the weight
+    # server tells the engine each new version.
+    trainer.engine = trainer.services.sampler.engine = trainer.weights.engine = engine

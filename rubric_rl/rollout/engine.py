@@ -214,7 +214,7 @@ class RolloutEngine(abc.ABC):
 
     def snapshot(self) -> Any:
         """A copy of the parameters served now, held by the caller (an opaque object for
-        ``serving`` / ``save_snapshot``). Engines that cannot hold a second parameter set (SGLang:
+        ``serving`` / ``snapshot_parts``). Engines that cannot hold a second parameter set (SGLang:
         its servers hold one set) raise ``NotImplementedError`` naming themselves."""
         raise NotImplementedError(
             f"{type(self).__name__} cannot hold a second parameter set (a snapshot of the policy); "
@@ -226,13 +226,13 @@ class RolloutEngine(abc.ABC):
         live parameters again (those given last to ``update_weights``)."""
         raise NotImplementedError(f"{type(self).__name__} cannot serve a snapshot")
 
-    def save_snapshot(self, snapshot: Any, path: str) -> None:
-        """Writes ``snapshot`` to ``path`` (a directory that must not exist)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot save a snapshot")
+    def snapshot_parts(self, snapshot: Any) -> tuple[Any, int]:
+        """What a checkpoint keeps of ``snapshot``: (its parameter tree, its weight version)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot checkpoint a snapshot")
 
-    def load_snapshot(self, path: str) -> Any:
-        """A snapshot written by ``save_snapshot``."""
-        raise NotImplementedError(f"{type(self).__name__} cannot load a snapshot")
+    def snapshot_of(self, params: Any, version: int) -> Any:
+        """The snapshot of ``snapshot_parts``' two parts (a restored checkpoint's)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restore a snapshot")
 
     def prefix_session(self) -> Any:
         """A session that keeps conversations' KV caches between agent turns (an object with

@@ -48,8 +48,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import json
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -248,30 +246,16 @@ class JaxEngine(RolloutEngine):
         finally:
             self._params, self._rest, self._version = live
 
-    def save_snapshot(self, snapshot: tuple[Any, Any, int], path: str) -> None:
-        """The snapshot's parameters (orbax, as the warm start's) and version under ``path``."""
-        import orbax.checkpoint as ocp
-
+    def snapshot_parts(self, snapshot: tuple[Any, Any, int]) -> tuple[Any, int]:
+        """The snapshot's parameters (the ``nnx.Param`` state, as the train state holds them)
+        and version; the rest of the model state is the live one's (never trained)."""
         params, _, version = snapshot
-        os.makedirs(path, exist_ok=True)
-        ckptr = ocp.StandardCheckpointer()
-        ckptr.save(os.path.join(os.path.abspath(path), "params"), params)
-        ckptr.wait_until_finished()
-        with open(os.path.join(path, "version.json"), "w") as f:
-            json.dump({"version": int(version)}, f)
+        return params, int(version)
 
-    def load_snapshot(self, path: str) -> tuple[Any, Any, int]:
-        import orbax.checkpoint as ocp
-
-        target = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self._params
-        )
-        params = ocp.StandardCheckpointer().restore(
-            os.path.join(os.path.abspath(path), "params"), target
-        )
-        with open(os.path.join(path, "version.json")) as f:
-            version = int(json.load(f)["version"])
-        return params, jax.tree.map(jnp.copy, self._rest), version
+    def snapshot_of(self, params: Any, version: int) -> tuple[Any, Any, int]:
+        if jax.tree.structure(params) != jax.tree.structure(self._params):
+            raise ValueError("JaxEngine.snapshot_of: the parameter tree differs from the model's")
+        return params, jax.tree.map(jnp.copy, self._rest), int(version)
 
     def prefix_session(self):
         """A `rubric_rl.rollout.prefix_reuse.PrefixSession`: multi-turn generation that keeps

@@ -76,7 +76,7 @@ def trainer_gpus(config: Any, environ: Mapping[str, str], proc_dir: Path = NVIDI
     s = config.rollout.sglang
     if config.rollout.engine != "sglang" or s.get("device") == "cpu":
         return None
-    server = parse_gpus(s.get("gpus", ""))
+    server = parse_gpus(s.gpus)
     if not server:
         return None
     visible = visible_gpus(environ, proc_dir)
@@ -117,8 +117,8 @@ def server_flags(s: Any) -> tuple[str, ...]:
     """The extra command-line flags of ``rollout.sglang``: ``--dp-size`` (all of ``gpus`` used),
     ``--enable-deterministic-inference`` (``deterministic_inference``: per-sample seeds are
     honoured, so a rerun samples the same tokens), then ``extra_flags`` (shell-split)."""
-    gpus = parse_gpus(s.get("gpus", ""))
-    tp = int(s.get("tp_size", 1))
+    gpus = parse_gpus(s.gpus)
+    tp = int(s.tp_size)
     flags: list[str] = []
     if gpus:
         if len(gpus) % tp:
@@ -128,9 +128,9 @@ def server_flags(s: Any) -> tuple[str, ...]:
             )
         if len(gpus) // tp > 1:
             flags += ["--dp-size", str(len(gpus) // tp)]
-    if bool(s.get("deterministic_inference", False)):
+    if bool(s.deterministic_inference):
         flags.append("--enable-deterministic-inference")
-    extra = s.get("extra_flags", "")
+    extra = s.extra_flags
     try:
         flags += shlex.split(extra) if isinstance(extra, str) else [str(f) for f in extra]
     except ValueError as exc:
@@ -148,13 +148,13 @@ def server_config(
     """The ``SGLangServerConfig`` of the server a run starts, from ``config.rollout.sglang``."""
     environ = os.environ if environ is None else environ
     s = config.rollout.sglang
-    tp = int(s.get("tp_size", 1))
+    tp = int(s.tp_size)
     if tp < 1:
         raise ValueError(f"rollout.sglang.tp_size must be >= 1, got {tp}")
     fraction = float(s.mem_fraction)
     if not 0 < fraction <= 1:
         raise ValueError(f"rollout.sglang.mem_fraction must be in (0, 1], got {fraction}")
-    gpus = parse_gpus(s.get("gpus", ""))
+    gpus = parse_gpus(s.gpus)
     env: tuple[tuple[str, str], ...] = ()
     if gpus:
         env = (("CUDA_VISIBLE_DEVICES", server_cuda_visible(gpus, environ)),)
@@ -162,12 +162,12 @@ def server_config(
         model_path=model_path,
         host=str(s.host),
         port=int(s.port),
-        device=str(s.get("device", "cuda")),
+        device=str(s.device),
         tp_size=tp,
-        dtype=str(s.get("dtype", "auto")),
+        dtype=str(s.dtype),
         mem_fraction_static=fraction,
-        max_total_tokens=int(s.get("max_total_tokens", 0)) or None,
-        sleep_on_idle=bool(s.get("sleep_on_idle", True)),
+        max_total_tokens=int(s.max_total_tokens) or None,
+        sleep_on_idle=bool(s.sleep_on_idle),
         extra_flags=server_flags(s),
         extra_env=env,
         log_path=log_path,
@@ -180,9 +180,9 @@ def check_shared_gpus(config: Any, environ: Mapping[str, str], proc_dir: Path = 
     server then asks for ``mem_fraction`` of the same GPU — together more than the GPU holds.
     Ours: an error naming both settings, not an out-of-memory crash minutes into the run."""
     s = config.rollout.sglang
-    if config.rollout.engine != "sglang" or str(s.get("url", "")) or s.get("device") == "cpu":
+    if config.rollout.engine != "sglang" or str(s.url) or s.get("device") == "cpu":
         return
-    if parse_gpus(s.get("gpus", "")) or visible_gpus(environ, proc_dir) is None:
+    if parse_gpus(s.gpus) or visible_gpus(environ, proc_dir) is None:
         return
     if environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").lower() == "false":
         jax_share = None  # jax allocates as it goes: the user chose to share

@@ -10,14 +10,13 @@ with a Qwen3-style chat template (tool calls and tool responses included).
 What the engine returns, per sample: token ids, one log-prob per token (``logprobs``: -0.5 each
 unless a subclass says otherwise), the finish reason, `weight_version`, the request id, the sample
 index and its seed (``request.seeds(n)``, as real engines report). A second parameter set
-(``snapshot`` / ``serving`` / ``save_snapshot`` / ``load_snapshot``) is a label, so methods that
+(``snapshot`` / ``serving`` / ``snapshot_parts`` / ``snapshot_of``) is a label, so methods that
 hold a frozen policy (ARISE-RL) run on it too; ``serving_now`` says which label is served.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -181,7 +180,7 @@ class ScriptedEngine(RolloutEngine):
     def weight_version(self) -> int:
         return self._version
 
-    # -- a second parameter set: a label, saved to and loaded from disk -------------------------
+    # -- a second parameter set: a label, its own "parameters" in a checkpoint -----------------
 
     def snapshot(self) -> str:
         self.snapshots += 1
@@ -195,14 +194,11 @@ class ScriptedEngine(RolloutEngine):
         finally:
             self.serving_now = None
 
-    def save_snapshot(self, snapshot: Any, path: str) -> None:
-        os.makedirs(path)
-        with open(os.path.join(path, "label"), "w") as f:
-            f.write(snapshot)
+    def snapshot_parts(self, snapshot: Any) -> tuple[Any, int]:
+        return snapshot, 0
 
-    def load_snapshot(self, path: str) -> str:
-        with open(os.path.join(path, "label")) as f:
-            return f.read()
+    def snapshot_of(self, params: Any, version: int) -> str:
+        return params
 
 
 def agent_turn(request: GenerationRequest) -> tuple[int, int]:

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,13 @@ class Judge(abc.ABC):
 
     async def aclose(self) -> None:  # noqa: B027 (optional hook; the default holds nothing)
         """Releases per-event-loop resources (network clients)."""
+
+    @contextlib.contextmanager
+    def caches_off(self) -> Iterator[None]:
+        """Inside the block this judge, and every judge behind it, grades afresh: no verdict is
+        read from or written to an on-disk cache (null-variation calibration). A judge that
+        holds a cache, or wraps judges, overrides it; the default holds none."""
+        yield
 
     @property
     def name(self) -> str:
@@ -133,6 +141,9 @@ class ProgrammaticJudge(Judge):
         if self.fallback is not None:
             await self.fallback.aclose()
 
+    def caches_off(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext() if self.fallback is None else self.fallback.caches_off()
+
     @property
     def name(self) -> str:
         if self.fallback is None:
@@ -191,6 +202,14 @@ class LLMJudge(Judge):
         self.structured_output = structured_output
         self.progress = progress  # log "judged i/n calls" every ~10% of a batch
         self.stats = dict.fromkeys(("calls", "retries", "failed_verdicts", "cache_hits"), 0)
+
+    @contextlib.contextmanager
+    def caches_off(self) -> Iterator[None]:
+        saved, self.cache = self.cache, None
+        try:
+            yield
+        finally:
+            self.cache = saved
 
     @property
     def sampling(self) -> dict[str, Any]:
@@ -406,3 +425,6 @@ class CompositeJudge(Judge):
 
     async def aclose(self) -> None:
         await self.llm.aclose()
+
+    def caches_off(self) -> contextlib.AbstractContextManager[None]:
+        return self.llm.caches_off()

@@ -129,12 +129,13 @@ def env_settings(config: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 # The api_key_env settings read only when their section builds a client (_read_env_settings).
 _SECTION_ENV_SETTINGS = tuple(f"{s}.llm.api_key_env" for s in ("judge", "arise", "harness"))
+_SECTION_ENV_SETTINGS += ("arise_rl.coach_llm.api_key_env",)
 
 
 def _read_env_settings(config: Any) -> set[str]:
     """Which of ``_SECTION_ENV_SETTINGS`` an openai client of this run reads (``genai`` reads
     GEMINI_API_KEY / GOOGLE_API_KEY): judge.llm's for an LLM judge; for ARISE's reflection and
-    HarnessRL's evolver their own, or judge.llm's when theirs is empty, as
+    HarnessRL's evolver and ARISE-RL's LLM coach their own, or judge.llm's when theirs is empty, as
     ``client_from_settings`` does."""
     judge = config.get("judge")
     if judge is None:
@@ -145,6 +146,12 @@ def _read_env_settings(config: Any) -> set[str]:
     if config.get("harness") is not None:
         sections.append(("harness", config.harness.llm, config.harness.get("evolver") == "llm"))
     read = set()
+    arise_rl = config.get("arise_rl")
+    if arise_rl is not None and arise_rl.get("coach") == "llm":
+        own = arise_rl.coach_llm
+        if (own.get("backend") or judge.llm.get("backend")) == "openai":
+            key = "arise_rl.coach_llm" if own.get("api_key_env") else "judge.llm"
+            read.add(f"{key}.api_key_env")
     for name, llm, on in sections:
         if on and (llm.get("backend") or judge.llm.get("backend")) == "openai":
             read.add(f"{name if llm.get('api_key_env') else 'judge'}.llm.api_key_env")

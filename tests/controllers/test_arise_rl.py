@@ -567,8 +567,8 @@ def test_state_round_trip(run):
 
 
 def test_held_policies_must_survive_a_resume(run, tmp_path):
-    """A run resumed without its held policies (e.g. <workdir>/policies/ deleted) stops naming
-    them instead of probing the wrong parameters."""
+    """A run resumed without its held policies (a checkpoint that lacks them) stops naming them
+    instead of probing the wrong parameters; with a checkpoint's held policies it has them."""
     config, services, controllers, _ = run
     ctl = _ctl(controllers)
     other = Services(
@@ -586,13 +586,13 @@ def test_held_policies_must_survive_a_resume(run, tmp_path):
     other.begin_step(3)
     with pytest.raises(RuntimeError, match="frozen base policy"):
         fresh.sample_tasks(3, np.random.default_rng(0))
-    # On disk, a held policy comes back after a restart (a new Services over the same workdir).
-    back = Services(
-        config, services.engine, services.tokenizer, services.judge_impl, services.domain,
-        services.workdir, functools.partial(builders.prompt_buckets, config),
-    )  # fmt: skip
-    assert back.held_step("arise_rl_base") == 1
-    assert back._held_snapshot("arise_rl_base") == "snapshot1"
+    # What a checkpoint keeps of the held policies brings them back (run_state save / restore).
+    meta, params = services.sampler.held_state()
+    assert meta["arise_rl_base"] == {"step": 1, "version": 0}
+    other.sampler.load_held(meta, params)
+    assert other.held_step("arise_rl_base") == 1
+    assert other.sampler._held_snapshot("arise_rl_base") == "snapshot1"
+    fresh.sample_tasks(3, np.random.default_rng(0))  # the base policy is held: no error
 
 
 def test_external_teacher_modes(run):

@@ -19,7 +19,7 @@ from rubric_rl.envs.sql_writer import COACH_HINTS, SqlTaskWriter, format_generat
 from rubric_rl.envs.tool_calls import render_tool_call
 from rubric_rl.methods.arise_rl.arise_rl import SIGNAL, AriseRLConfig, AriseRLController
 from rubric_rl.methods.arise_rl.arise_rl_domain import build_generator_domain
-from rubric_rl.services import _STREAM_STRIDE, stream_base
+from rubric_rl.sampler import _STREAM_STRIDE, stream_base
 from rubric_rl.trainer_batch import rollouts_to_batch
 from tests.controllers.test_arise_rl import ScriptEngine, scripted_steps
 

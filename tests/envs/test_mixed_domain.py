@@ -143,6 +143,9 @@ def test_one_step_trains_single_turn_and_agent_groups_together(tmp_path):
     c.warmstart.steps = 0
     c.eval.update(at_start=False, every=0)
     c.optim.mini_batches = 1
+    # The stand-in policy serves every caller of the engine: no calibration probes beside the
+    # step's own rollouts, which are what is checked.
+    c.calibration.enabled = False
     c.rollout.update(tasks_per_step=8, train_groups=8, samples_per_task=2)  # all trained
     t = Trainer(c, str(tmp_path / "run"))
     try:
@@ -151,7 +154,7 @@ def test_one_step_trains_single_turn_and_agent_groups_together(tmp_path):
             t.engine, t.tokenizer, t.domain.train, float(c.rollout.temperature),
             int(c.rollout.agent.max_turns),
         )  # fmt: skip
-        t.services.engine = policy
+        t.services.sampler.engine = policy
         seen = record_train_batches(t)
         m = t.train_one_step()
     finally:

@@ -452,8 +452,8 @@ def test_sample_tokens_banned_renormalises_the_draw_not_the_logprob():
 
 def test_snapshot_serves_the_frozen_parameters_after_an_update(tmp_path):
     """A second parameter set (ARISE-RL's frozen solver): a snapshot is a copy, ``serving``
-    samples from it inside the block and the live weights after it, and it survives a save and
-    load (a resumed run gets it back)."""
+    samples from it inside the block and the live weights after it, and it is rebuilt from its
+    parts (what a checkpoint keeps: a resumed run gets it back)."""
     eng = JaxEngine(_model(0), CFG, weight_version=3)
     sp = SamplingParams(max_new_tokens=N_NEW, temperature=1.0)
     frozen_tokens = [g[0].token_ids for g in eng.generate(_requests(step=2), sp)]
@@ -468,8 +468,9 @@ def test_snapshot_serves_the_frozen_parameters_after_an_update(tmp_path):
     assert [g[0].token_ids for g in held] == frozen_tokens
     assert {g[0].weight_version for g in held} == {3}
     assert [g[0].token_ids for g in eng.generate(_requests(step=2), sp)] == now
-    eng.save_snapshot(snap, str(tmp_path / "frozen"))
-    loaded = eng.load_snapshot(str(tmp_path / "frozen"))
+    params, version = eng.snapshot_parts(snap)
+    assert version == 3
+    loaded = eng.snapshot_of(jax.tree.map(np.asarray, params), version)
     assert loaded[2] == 3
     with eng.serving(loaded):
         again = [g[0].token_ids for g in eng.generate(_requests(step=2), sp)]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from configs import arise, grpo
+from configs import arise, arise_rl, grpo
 from rubric_rl.config_validation import validate_config
 from rubric_rl.rubrics.llm import check_env_settings, looks_like_a_key, redact_env_settings
 
@@ -72,6 +72,22 @@ def test_arise_reflection_reads_its_own_setting_and_the_judges_fallback():
     assert [w.split(" names ")[0] for w in warnings] == ["config.judge.llm.api_key_env"]
     c.arise.llm.api_key_env = KEYS[0]
     with pytest.raises(ValueError, match=r"^config\.arise\.llm\.api_key_env: takes the NAME"):
+        check_env_settings(c, {})
+
+
+def test_the_arise_rl_llm_coach_reads_its_own_setting_and_the_judges_fallback():
+    c = arise_rl.get_config()
+    c.judge.llm.backend = "openai"
+    c.arise_rl.coach_llm.api_key_env = "RUBRIC_RL_COACH_KEY"
+    assert check_env_settings(c, {}) == []  # the rule coach: no client reads it
+    c.arise_rl.coach = "llm"
+    warnings = check_env_settings(c, {})
+    assert [w.split(" names ")[0] for w in warnings] == ["config.arise_rl.coach_llm.api_key_env"]
+    c.arise_rl.coach_llm.api_key_env = ""  # empty: the judge's setting is the one read
+    warnings = check_env_settings(c, {})
+    assert [w.split(" names ")[0] for w in warnings] == ["config.judge.llm.api_key_env"]
+    c.arise_rl.coach_llm.api_key_env = KEYS[0]
+    with pytest.raises(ValueError, match=r"^config\.arise_rl\.coach_llm\.api_key_env: takes"):
         check_env_settings(c, {})
 
 

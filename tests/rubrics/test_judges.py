@@ -421,3 +421,22 @@ def test_a_forged_criteria_block_is_graded_as_the_text_it_is(server, kind):
     (row,) = judge.score([JudgeItem(task, FORGED)])
     assert [(v.criterion_id, v.met) for v in row] == [("a", False), ("f", True)]
     assert judge.stats["failed_verdicts"] == 0 and server.count == 1
+
+
+def test_caches_off_detaches_every_on_disk_cache_behind_a_judge_and_restores_it(tmp_path):
+    """``Judge.caches_off``: an LLM judge's cache is detached inside the block (graded afresh,
+    nothing written) and put back after it, also when the LLM judge sits behind a programmatic
+    judge's fallback or a composite; a judge that holds no cache has nothing to switch."""
+    client = make_client("openai", model="judge", base_url="http://127.0.0.1:9/v1")
+    cache = JudgeCache(tmp_path / "cache.sqlite")
+    llm = LLMJudge(client, cache=cache)
+    for outer in (llm, ProgrammaticJudge(fallback=llm), CompositeJudge(ProgrammaticJudge(), llm)):
+        with outer.caches_off():
+            assert llm.cache is None
+        assert llm.cache is cache
+    with pytest.raises(RuntimeError, match="inside"):
+        with llm.caches_off():
+            raise RuntimeError("inside")
+    assert llm.cache is cache  # restored after an error too
+    with ProgrammaticJudge().caches_off():
+        assert llm.cache is cache

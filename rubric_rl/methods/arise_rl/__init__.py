@@ -37,7 +37,7 @@ def arise_rl_controllers(config: Any, domain: Any) -> list[Any]:
     generator_domain = build_generator_domain(
         cfg.generator_domain, domain, rubric_completion=cfg.rubric_completion
     )
-    mode = str(config.rollout.get("mode", "auto"))
+    mode = str(config.rollout.mode)
     if generator_domain.solver_agent and mode not in ("agent", "auto"):
         raise ValueError(
             f"config.arise_rl.generator_domain={cfg.generator_domain!r}: the solver answers "
@@ -52,6 +52,16 @@ def arise_rl_controllers(config: Any, domain: Any) -> list[Any]:
         )
     # Generated tasks train the solver, which is evaluated on these: never generate one of them.
     forbidden = generator_domain.forbidden_signatures([*domain.heldout, *domain.validation])
+    llm_coach = None
+    if cfg.coach == "llm":
+        from rubric_rl.methods.arise_rl.rgsed_llm_coach import LLMCoach
+        from rubric_rl.rubrics.llm import client_from_settings, role_max_failure_rate
+
+        client = client_from_settings(config.arise_rl.coach_llm, config.judge.llm)
+        llm_coach = LLMCoach(
+            client, cfg.coach_llm, style=domain.style,
+            max_failure_rate=role_max_failure_rate(config),
+        )  # fmt: skip
     return [
         AriseRLController(
             cfg,
@@ -61,6 +71,7 @@ def arise_rl_controllers(config: Any, domain: Any) -> list[Any]:
             seed=int(config.train.seed),
             generator_domain=generator_domain,
             style=domain.style,
+            llm_coach=llm_coach,
         )  # fmt: skip
     ]
 

@@ -35,7 +35,8 @@ verdicts excluded).
 turns each group's feedback into memory m for EVERY group (``coach_rule="every_group"``; solver:
 ``rgsed_coach.coach_memory``, the criteria the group missed, most-missed first, or its best
 rollout's behaviours when none was missed; generator: :func:`generator_memory`, the group's
-authoring failures or its best episode's question), J' = ``memory_rollouts`` (0: J)
+authoring failures or its best episode's question; ``coach="llm"``: ``rgsed_llm_coach``, one LLM
+call per group), J' = ``memory_rollouts`` (0: J)
 memory-augmented rollouts (m in the system message, or ``memory_placement``) measure
 ``Δr = R̄_memory − R̄_standard`` (never trained; a generator memory rollout gets its own K solver
 attempts), and a placebo arm (another task's memory, hints shuffled: ``placebo_memories``) on
@@ -50,7 +51,7 @@ assistant turn of a multi-turn rollout (``sd_mask``).
 
 **The frozen solver** (``solver_policy="frozen"``, the default): the K attempts of a cycle's
 generator phase sample the policy as it was at the phase's first step — a second parameter set
-(``Services.hold_policy``, JAX engine), taken then, written under ``<workdir>/policies/`` for a
+(``Services.hold_policy``, JAX engine), taken then, kept in the run's checkpoints for a
 resume, released when the solver phase begins; ``"current"`` samples the live policy. **The base
 probe** (``base_probe_tasks`` > 0): the policy of step 1 (the warm start) is held for the run and,
 at each refresh, answers up to that many fresh generated tasks once (``pool/base_pass_rate``: the
@@ -91,6 +92,13 @@ from rubric_rl.methods.arise_rl.arise_rl_domain import (
     GeneratorDomain,
 )
 from rubric_rl.methods.arise_rl.rgsed_coach import COACH_RULES, coach_memory
+from rubric_rl.methods.arise_rl.rgsed_llm_coach import (
+    COACHES,
+    CoachLLMConfig,
+    LLMCoach,
+    generator_attempt,
+    solver_attempts,
+)
 from rubric_rl.methods.method import complete_section
 from rubric_rl.rollout.batch import Group, Messages, Rollouts, Trajectory
 from rubric_rl.rubrics.types import (
@@ -188,6 +196,14 @@ class AriseRLConfig:
     # The coach writes memory for every group (the seed's); "majority": only the criteria most of
     # a group missed (rgsed_coach.py).
     coach_rule: str = "every_group"
+    # Who writes the memory: "rule" (rgsed_coach.py; the default on the embedded domain, whose
+    # tokenizer keeps only its own vocabulary and whose policy was warm-started on the rule
+    # coach's wording) or "llm" (rgsed_llm_coach.py: one call per group, as the seed's coach;
+    # coach_rule is then unused).
+    coach: str = "rule"
+    # The LLM coach's client (an empty field takes judge.llm's), prompts and limits
+    # (rgsed_llm_coach.CoachLLMConfig documents each).
+    coach_llm: CoachLLMConfig = CoachLLMConfig()
     # Warm-up/decay clock: "phase" restarts at each role phase (ours: the seed is ambiguous),
     # "global" runs on the training step.
     schedule_clock: str = "phase"
@@ -225,6 +241,13 @@ class AriseRLConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "rgsed_roles", tuple(self.rgsed_roles))
+        if isinstance(self.coach_llm, Mapping):
+            object.__setattr__(self, "coach_llm", CoachLLMConfig.from_mapping(self.coach_llm))
+        elif not isinstance(self.coach_llm, CoachLLMConfig):
+            raise ValueError(
+                f"config.arise_rl.coach_llm must be a mapping of the LLM coach's options, got "
+                f"{self.coach_llm!r}"
+            )
         ints = dict(
             cycles=1, solver_steps=1, pool_size=1, k_attempts=1, refresh_batch=1,
             generator_max_new_tokens=1,
@@ -245,6 +268,7 @@ class AriseRLConfig:
             ("teacher", self.teacher, TEACHERS),
             ("shape", self.shape, tuple(rw.DIFFICULTY_SHAPES.names())),
             ("coach_rule", self.coach_rule, COACH_RULES),
+            ("coach", self.coach, COACHES),
             ("paired_seeds", self.paired_seeds, PAIRINGS),
             ("schedule_clock", self.schedule_clock, SCHEDULE_CLOCKS),
             ("satisfaction", self.satisfaction, SATISFACTIONS),
@@ -464,9 +488,17 @@ class AriseRLController(Controller):
         seed: int = 0,
         generator_domain: GeneratorDomain | None = None,
         style: Style = GENERIC_STYLE,
+        llm_coach: LLMCoach | None = None,
     ):
         self.cfg = cfg
         self.style = style  # the solver domain's: how coach memory is written and mounted
+        if (cfg.coach == "llm") != (llm_coach is not None):
+            raise ValueError(
+                f"AriseRLController: config.arise_rl.coach={cfg.coach!r} "
+                f"{'needs' if cfg.coach == 'llm' else 'takes no'} llm_coach "
+                "(arise_rl_controllers builds it from config.arise_rl.coach_llm)"
+            )
+        self.llm_coach = llm_coach
         self.fallback_tasks = tuple(fallback_tasks)
         # the generator domain (arise_rl_domain.build_generator_domain: the solver domain's task
         # writer, config.arise_rl.generator_domain's)
@@ -519,8 +551,8 @@ class AriseRLController(Controller):
             elif self.services.held_step(BASE_POLICY) != 1:
                 raise RuntimeError(
                     f"arise_rl at step {step}: the frozen base policy (taken at step 1) is gone "
-                    f"(held_step={self.services.held_step(BASE_POLICY)}); it is kept under "
-                    "<workdir>/policies/ for a resume"
+                    f"(held_step={self.services.held_step(BASE_POLICY)}); the run's checkpoints "
+                    "keep it for a resume"
                 )
         if cfg.solver_policy != "frozen":
             return
@@ -775,13 +807,16 @@ class AriseRLController(Controller):
 
     def memories(self, rollouts: Rollouts) -> dict[int, str]:
         """Group index -> the coach's memory m, for the groups of the roles in ``rgsed_roles``
-        (``coach_rule``: every group by default)."""
+        (``coach_rule``: every group by default; ``coach="llm"``: one LLM coach call per group,
+        a failed call leaving its group without memory)."""
         out: dict[int, str] = {}
         rule = self.cfg.coach_rule
         for gi, g in enumerate(rollouts.groups):
             if g.role not in self.cfg.rgsed_roles or not g.trajectories:
                 continue
-            if g.role == "generator":
+            if self.llm_coach is not None:
+                text = self._llm_memory(rollouts.step, gi, g)
+            elif g.role == "generator":
                 scores = [_score_of(t) for t in g.trajectories]
                 text = generator_memory(
                     scores, self.cfg.k_attempts, self.generator_domain.hints, rule=rule,
@@ -795,6 +830,34 @@ class AriseRLController(Controller):
             if text:
                 out[gi] = text
         return out
+
+    def _llm_memory(self, step: int, gi: int, g: Group) -> str | None:
+        """The LLM coach's memory of one group; its call's seed from (run seed, step, group)."""
+        ts = g.trajectories
+        if g.role == "generator":
+            attempts = [
+                generator_attempt(t.response, _score_of(t), self.cfg.k_attempts) for t in ts
+            ]
+        else:
+            attempts = solver_attempts(
+                g.task, [t.response for t in ts], [t.verdicts for t in ts], [t.reward for t in ts]
+            )
+        seed = int(np.random.default_rng([self.seed, step, gi, 0xC0AC]).integers(2**31))
+        return self.llm_coach.memory(g.role, g.task, attempts, seed=seed)
+
+    def _coach_memories(self, rollouts: Rollouts) -> tuple[dict[int, str], dict[str, float]]:
+        """``memories`` and, with the LLM coach, its calls and failed calls this step and the
+        failed calls so far (``rgsed/coach_*``)."""
+        if self.llm_coach is None:
+            return self.memories(rollouts), {}
+        before = dict(self.llm_coach.counts)
+        memory = self.memories(rollouts)
+        after = self.llm_coach.counts
+        return memory, {
+            "rgsed/coach_calls": float(after["calls"] - before["calls"]),
+            "rgsed/coach_failed": float(after["rejected"] - before["rejected"]),
+            "rgsed/coach_failed_total": float(after["rejected"]),
+        }
 
     def placebo_memories(self, rollouts: Rollouts, memory: Mapping[int, str]) -> dict[int, str]:
         """The placebo arm's memories: each group with memory gets the memory of ANOTHER task of
@@ -885,9 +948,11 @@ class AriseRLController(Controller):
         n_groups = max(len(rollouts.groups), 1)
         self._dr = self._placebo_dr = None
         if cfg.teacher != "self":
-            self._memory = self.memories(rollouts) if cfg.teacher == "opcd" else {}
-            return {"rgsed/memory_frac": len(self._memory) / n_groups}
-        self._memory = self.memories(rollouts)
+            self._memory, coach_m = (
+                self._coach_memories(rollouts) if cfg.teacher == "opcd" else ({}, {})
+            )
+            return {"rgsed/memory_frac": len(self._memory) / n_groups, **coach_m}
+        self._memory, coach_m = self._coach_memories(rollouts)
         dr = np.full(len(rollouts.groups), np.nan)
         placebo = np.full(len(rollouts.groups), np.nan)
         paired = np.full(len(rollouts.groups), np.nan)
@@ -906,7 +971,7 @@ class AriseRLController(Controller):
                 partner = rollouts.groups[gi].trajectories if check == 1 else ptrajs.get(gi)
                 paired[gi] = _seed_match(ts, partner) if check else np.nan
         self._dr, self._placebo_dr = dr, placebo
-        m = {"rgsed/memory_frac": len(self._memory) / n_groups}
+        m = {"rgsed/memory_frac": len(self._memory) / n_groups, **coach_m}
         defined = dr[~np.isnan(dr)]
         if defined.size:
             m["rgsed/delta_r"] = float(defined.mean())
@@ -1049,6 +1114,7 @@ class AriseRLController(Controller):
             "pool_stats": dict(self.pool_stats),
             "recent": list(self.recent),
             "history": list(self.history),
+            **({"llm_coach": self.llm_coach.state_dict()} if self.llm_coach else {}),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -1061,6 +1127,15 @@ class AriseRLController(Controller):
         self.pool_stats = {k: float(v) for k, v in dict(state.get("pool_stats", {})).items()}
         self.recent = [str(q) for q in state.get("recent", [])]
         self.history = list(state.get("history", []))
+        if self.llm_coach is not None:
+            # its counts and failure window; a checkpoint without them starts both empty
+            coach = state.get("llm_coach")
+            if coach is not None:
+                self.llm_coach.load_state_dict(coach)
+            else:
+                self.llm_coach.load_state_dict(
+                    {"counts": {k: 0 for k in self.llm_coach.counts}, "failure_stop": None}
+                )
 
 
 # Absolute Zero's −1 goes to a format error (the output cannot be read as a task at all), its −0.5

@@ -31,8 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from rubric_rl.rollout.engine import sample_seed
-from rubric_rl.rollout.scripted import ScriptedEngine
+from rubric_rl.rollout.scripted import ScriptedEngine, sample_rng
 from rubric_rl.rubrics.judges import Judge, JudgeItem
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verdict
 
@@ -121,8 +120,7 @@ class MemoryEffectEngine(ScriptedEngine):
     def reply(self, request, prompt_text, k):
         rest, notes = memory_notes(prompt_text)
         p = self.probabilities(self._task(rest), notes)
-        seed = sample_seed(request.step, request.task_index, request.sample_offset + k)
-        sat = np.random.default_rng(seed).random(len(p)) < p
+        sat = sample_rng(request, k).random(len(p)) < p  # the sample's own seed
         return " ".join(YES if s else NO for s in sat)
 
 

@@ -64,6 +64,7 @@ from rubric_rl.methods.rised.rised_transfer_stats import (
     write_outputs,
 )
 from rubric_rl.metrics import read_metrics
+from rubric_rl.policy_loading import load_policy
 from rubric_rl.rollout.batch import Group, Rollouts, Trajectory
 from rubric_rl.run_dir import checkpoint_steps
 from rubric_rl.trainer_batch import build_train_batch
@@ -290,7 +291,7 @@ def transfer_analysis(
             sims: dict[int, dict[str, dict[str, float]]] = {}
             bar = tqdm(total=len(wanted), desc="transfer", dynamic_ncols=True)
             for step in wanted:
-                trainer.load_policy(step, os.path.join(run_dir, "checkpoints"))
+                load_policy(trainer, step, os.path.join(run_dir, "checkpoints"))
                 services.begin_step(step)
                 got = _pass_rates(logged, step, split)
                 if got is None:
