@@ -91,23 +91,42 @@ def from_section(cls: type, config: Any, name: str, **fixed: Any) -> Any:
         raise ValueError(f"config.{name}: {e}") from e
 
 
-def complete_section(cls: type, config: Any, name: str) -> Any:
+def complete_section(
+    cls: type,
+    config: Any,
+    name: str,
+    *,
+    fixed: Mapping[str, Any] | None = None,
+    absent: Mapping[str, Any] | None = None,
+) -> Any:
     """``cls(**config.<name>)`` for a section that holds every field of ``cls`` (a config file
     builds it from ``section_defaults(cls)``): a missing or unknown field, or a value not of its
     default's type (an int is a float too; a tuple may be a list, its items of the default's
     items' type), is an error naming ``config.<name>.<field>`` before ``cls``'s own checks run.
-    A field whose default is a dataclass is a nested section, checked the same way."""
+    A field whose default is a dataclass is a nested section, checked the same way. ``fixed``:
+    fields set from other sections (not in this one); ``absent``: what a top-level key missing
+    from an archived config means (the behaviour the code had before the key existed)."""
     section = config.get(name)
     if section is None:
         raise ValueError(f"config.{name}: the section is missing")
-    return _complete(cls, section, f"config.{name}")
+    return _complete(cls, section, f"config.{name}", fixed or {}, absent or {})
 
 
-def _complete(cls: type, section: Any, where: str) -> Any:
+def _complete(
+    cls: type,
+    section: Any,
+    where: str,
+    fixed: Mapping[str, Any] | None = None,
+    absent: Mapping[str, Any] | None = None,
+) -> Any:
     if not hasattr(section, "keys"):
         raise ValueError(f"{where} must be a section (a dict), got {section!r}")
-    given = dict(section.to_dict() if hasattr(section, "to_dict") else section)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fixed = fixed or {}
+    given = {
+        **(absent or {}),
+        **dict(section.to_dict() if hasattr(section, "to_dict") else section),
+    }
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in fixed}
     unknown = sorted(set(given) - set(fields))
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {unknown}; known {sorted(fields)}")
@@ -120,11 +139,13 @@ def _complete(cls: type, section: Any, where: str) -> Any:
             given[key] = _complete(type(default), given[key], f"{where}.{key}")
         else:
             given[key] = _typed(default, given[key], f"{where}.{key}")
-    return cls(**given)
+    return cls(**fixed, **given)
 
 
 def _typed(default: Any, value: Any, where: str) -> Any:
     """``value`` as of ``default``'s type (see ``complete_section``), else an error naming it."""
+    if default is None:
+        return value  # no type to hold it to
     if isinstance(default, tuple) and isinstance(value, (tuple, list)):
         if not default:
             return tuple(value)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from rubric_rl.envs.constraint_domain import task_bank
 from rubric_rl.envs.constraint_style import ConstraintStyle, embedded_description
 from rubric_rl.methods.rised import rised_selection as sel
 from rubric_rl.methods.rised.rised import (
+    ABSENT_MEANS,
     RisedConfig,
     RisedController,
 )
@@ -203,6 +205,34 @@ def test_embedded_descriptions_use_the_domains_words_and_the_tasks_values():
     # The embedded renderer writes the corpus's blocks, in its order.
     p = ConstraintStyle().show_and_avoid(lst, ["a b"], ["c"])[-1]["content"]
     assert p.endswith("<criterion> a b </criterion> <anti_patterns> c </anti_patterns>")
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda r: r.pop("tagger"), r"config\.rised: missing field\(s\) \['tagger'\]"),
+        (lambda r: r.update(k=3), r"config\.rised: unknown field\(s\) \['k'\]"),
+        (lambda r: r.update(top_n="3"), r"config\.rised\.top_n must be of type int"),
+        (lambda r: r.update(beta=True), r"config\.rised\.beta must be of type float"),
+        (lambda r: r["llm"].update(model=7), r"config\.rised\.llm\.model must be of type str"),
+    ],
+)
+def test_section_field_errors_name_the_field(edit, match):
+    c = rised_config.get_config().to_dict()
+    edit(c["rised"])
+    cfg = {**c, "rollout": SimpleNamespace(**c["rollout"]), "train": SimpleNamespace(**c["train"])}
+    with pytest.raises(ValueError, match=match):
+        RisedConfig.from_config(SimpleNamespace(get=cfg.get, **cfg))
+
+
+def test_an_absent_key_of_an_archived_config_means_the_old_behaviour():
+    c = rised_config.get_config().to_dict()
+    for key in ABSENT_MEANS:
+        c["rised"].pop(key)
+    cfg = {**c, "rollout": SimpleNamespace(**c["rollout"]), "train": SimpleNamespace(**c["train"])}
+    got = RisedConfig.from_config(SimpleNamespace(get=cfg.get, **cfg))
+    assert {key: getattr(got, key) for key in ABSENT_MEANS} == ABSENT_MEANS
+    assert got.k == c["rollout"]["train_groups"] and got.seed == c["train"]["seed"]
 
 
 def test_config_arms():

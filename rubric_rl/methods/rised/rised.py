@@ -53,6 +53,7 @@ import numpy as np
 from rubric_rl import run_files
 from rubric_rl.controllers.base import Controller
 from rubric_rl.envs.base import GENERIC_STYLE, Style
+from rubric_rl.methods.method import complete_section
 from rubric_rl.methods.rised import rised_selection as sel
 from rubric_rl.methods.rised.rised_tags import (
     PROFILE_COUNTS,
@@ -201,15 +202,12 @@ class RisedConfig:
     @classmethod
     def from_config(cls, config: Any) -> RisedConfig:
         """``config.rised`` with ``k`` = ``rollout.train_groups`` and ``seed`` = ``train.seed``
-        (a key absent from the section: ``ABSENT_MEANS``); an unknown field or a refused value
-        is an error naming ``config.rised``."""
-        section = config.rised.to_dict() if hasattr(config.rised, "to_dict") else config.rised
+        (a key absent from the section: ``ABSENT_MEANS``); a missing, unknown or wrong-typed
+        field (``method.complete_section``) or a refused value is an error naming
+        ``config.rised``."""
+        fixed = dict(k=int(config.rollout.train_groups), seed=int(config.train.seed))
         try:
-            return cls(
-                k=int(config.rollout.train_groups),
-                seed=int(config.train.seed),
-                **{**ABSENT_MEANS, **dict(section)},
-            )
+            return complete_section(cls, config, "rised", fixed=fixed, absent=ABSENT_MEANS)
         except TypeError as e:
             raise ValueError(f"config.rised: {e}") from e
 
