@@ -123,8 +123,12 @@ def get_harness_section() -> common.ConfigDict:
     h.sampling_rule = "harness"  # harness | sec
     h.rollout_rule = "harness"  # harness | ruscarl (its scaffold: config.ruscarl)
     h.rubric_rule = "harness"  # harness | evorubric
-    # SEC (p_t <- SEC): α and τ of the paper's runs; arms = task type x positive criteria (ours).
-    h.sec = dict(lr=0.5, temperature=1.0, max_level=5)
+    # SEC (p_t <- SEC): α and τ of the paper's runs; arms = task type x positive criteria (ours,
+    # bins="type_count") or quantile bins of the warm start's pass rates (bins="pass_rate").
+    h.sec = dict(
+        lr=0.5, temperature=1.0, max_level=5,
+        bins="type_count", n_bins=5, pass_rate_samples=4, pass_rate_tasks=0,
+    )  # fmt: skip
     # The attributor and proposer: programmatic (rule-judged domains) or an LLM through the
     # LLMClient (harness/llm.py; its new criteria are LLM criteria, so the judge must grade
     # them). Empty llm fields fall back to judge.llm.
