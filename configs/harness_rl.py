@@ -42,6 +42,8 @@ What is the seed's and what is ours: README "HarnessRL".
 from __future__ import annotations
 
 from configs import common, grpo
+from rubric_rl.methods.harness_rl.section import HarnessSection
+from rubric_rl.methods.method import section_defaults
 
 VARIANTS = (
     "smoke",
@@ -64,77 +66,9 @@ INTERFACE_CHOICES = {"g": ("rollout",), "c": ("rubric",), "p": ("sampling",)}
 
 
 def get_harness_section() -> common.ConfigDict:
-    h = common.ConfigDict()
-    # The seed's cold-start values (§3), used until the cold start calibrates them (and when
-    # cold_start.tasks = 0): levels w0 = 1 ≥ γ1 ≥ γ2 ≥ γ3, acceptance bands in points.
-    h.levels = (1.0, 0.61, 0.38, 0.17)
-    h.rollout_band = (10.2, 28.0)
-    h.rubric_band = (3.1, 28.0)
-    h.total_weight = 100.0  # Λ: positive weights sum to it, so Λ·r̄ is the group mean in points
-    h.interfaces = ("sampling", "rollout", "rubric")
-    h.critic = True
-    h.memory = "full"  # full | task (time index only) | none
-    # Anchors (reweight-only criteria), ours for rule domains: "library" = seed criteria the
-    # checker library derives from the prompt (stated requirements); "seed" = every seed
-    # criterion; "none".
-    h.anchors = "library"
-    h.retry_after = 2  # draws of a task during which a rejected (op, target) is not proposed
-    # Rollout candidates the critic re-samples per step (J rollouts each; ours, a cost bound):
-    # the rest wait for their task's next draw, unrecorded.
-    h.max_rollout_measurements = 32
-    # The training tasks the harness draws from: 0 = the whole split (the protocol's choice);
-    # N = a seeded sample of N, so that each recurs ~steps × tasks_per_step / N times (e.g. 512:
-    # ~9 draws per task over 150 steps of 32).
-    h.task_bank = 0
-    # The memory cold start (§3): the warm-started policy on `tasks` training tasks, `groups`
-    # independent groups each, `regradings` fresh gradings of one group per task (ours: 256
-    # tasks, so that the paired rule's 95th percentile rests on 256 null values, one per task;
-    # the seed states no number). The rubric
-    # band's lower bound with a deterministic judge (every regrading identical) is
-    # deterministic_floor (ours: the seed's 3.1); band_floor (ours): every band's least lower
-    # bound and least width, so none collapses to a point. cache_dir: reuse across runs (keyed
-    # by the warm start's key and this section).
-    h.cold_start = dict(
-        tasks=256, groups=3, regradings=2, deterministic_floor=3.1, band_floor=3.1, cache_dir=""
-    )
-    # The bands re-measured on the current policy at the start of each training quarter
-    # ("quarter", ours: the policy sharpens and its null variation shrinks) or frozen at the
-    # cold start ("never", the seed's).
-    h.recalibrate = "quarter"
-    # The critic's rollout measurement: "paired" (ours) re-samples the candidate's group and the
-    # current harness's group, paired_samples (J') each on shared seeds, against a band
-    # calibrated for 5 % false acceptance and 80 % power (cold_start.paired_band); "unpaired"
-    # is the seed's rule (one re-sampled group of J against the recorded group).
-    h.measurement = "paired"
-    h.paired_samples = 16
-    # The in-step proposer-critic loop: proposals per task and step; a rollout candidate rejected
-    # on its measurement returns to the proposer, which tries the next field or target (within
-    # max_rollout_measurements). 1 = one proposal per draw.
-    h.in_step_rounds = 1
-    h.attributor = dict(
-        saturated_window=2, fluff_gap=0.5, length_gap=0.3, coverage_gap=0.2, quality_margin=0.05
-    )
-    # The semantic index: embedder (minilm | bge-base:<dir> | <dir>), top-k, and the cosine
-    # floor (-1: the embedder's calibrated floor, rubric_rl/memory/embedder.FLOORS).
-    h.embedder = "minilm"
-    h.top_k = 4
-    h.floor = -1.0
-    # Switching arms: a published rule on one interface (harness = HarnessRL's own evolver).
-    h.sampling_rule = "harness"  # harness | sec
-    h.rollout_rule = "harness"  # harness | ruscarl (its scaffold: config.ruscarl)
-    h.rubric_rule = "harness"  # harness | evorubric
-    # SEC (p_t <- SEC): α and τ of the paper's runs; arms = task type x positive criteria (ours,
-    # bins="type_count") or quantile bins of the warm start's pass rates (bins="pass_rate").
-    h.sec = dict(
-        lr=0.5, temperature=1.0, max_level=5,
-        bins="type_count", n_bins=5, pass_rate_samples=4, pass_rate_tasks=0,
-    )  # fmt: skip
-    # The attributor and proposer: programmatic (rule-judged domains) or an LLM through the
-    # LLMClient (harness/llm.py; its new criteria are LLM criteria, so the judge must grade
-    # them). Empty llm fields fall back to judge.llm.
-    h.evolver = "programmatic"
-    h.llm = dict(backend="", model="", base_url="", api_key_env="")
-    return h
+    """``config.harness``: ``HarnessSection``'s defaults (each field's comment in
+    rubric_rl/methods/harness_rl/section.py says what is the seed's and what is ours)."""
+    return common.ConfigDict(section_defaults(HarnessSection))
 
 
 def apply_smoke(c: common.ConfigDict) -> None:

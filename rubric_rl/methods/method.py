@@ -94,44 +94,54 @@ def from_section(cls: type, config: Any, name: str, **fixed: Any) -> Any:
 def complete_section(cls: type, config: Any, name: str) -> Any:
     """``cls(**config.<name>)`` for a section that holds every field of ``cls`` (a config file
     builds it from ``section_defaults(cls)``): a missing or unknown field, or a value not of its
-    default's type (an int is a float too; a tuple of strings may be a list), is an error naming
-    ``config.<name>.<field>`` before ``cls``'s own checks run. For sections of scalars, tuples of
-    strings and nested dataclasses given as mappings (which ``cls`` converts)."""
+    default's type (an int is a float too; a tuple may be a list, its items of the default's
+    items' type), is an error naming ``config.<name>.<field>`` before ``cls``'s own checks run.
+    A field whose default is a dataclass is a nested section, checked the same way."""
     section = config.get(name)
     if section is None:
         raise ValueError(f"config.{name}: the section is missing")
+    return _complete(cls, section, f"config.{name}")
+
+
+def _complete(cls: type, section: Any, where: str) -> Any:
+    if not hasattr(section, "keys"):
+        raise ValueError(f"{where} must be a section (a dict), got {section!r}")
     given = dict(section.to_dict() if hasattr(section, "to_dict") else section)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(given) - set(fields))
     if unknown:
-        raise ValueError(f"config.{name}: unknown field(s) {unknown}; known {sorted(fields)}")
+        raise ValueError(f"{where}: unknown field(s) {unknown}; known {sorted(fields)}")
     missing = sorted(set(fields) - set(given))
     if missing:
-        raise ValueError(f"config.{name}: missing field(s) {missing}")
+        raise ValueError(f"{where}: missing field(s) {missing}")
     for key, f in fields.items():
-        default, value = f.default, given[key]
-        if isinstance(default, bool):
-            ok = isinstance(value, bool)
-        elif isinstance(default, (int, float)):
-            number = (int,) if isinstance(default, int) else (int, float)
-            ok = isinstance(value, number) and not isinstance(value, bool)
-        elif dataclasses.is_dataclass(default):
-            # a nested section (``section_defaults`` writes it as a dict): ``cls`` converts and
-            # checks it, naming its keys
-            ok = isinstance(value, Mapping | type(default))
-        elif isinstance(default, tuple):
-            ok = isinstance(value, (tuple, list)) and all(isinstance(x, str) for x in value)
-            given[key] = tuple(value) if ok else value
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if dataclasses.is_dataclass(default):
+            given[key] = _complete(type(default), given[key], f"{where}.{key}")
         else:
-            ok = isinstance(value, type(default))
-        if not ok:
-            raise ValueError(
-                f"config.{name}.{key} must be of type {type(default).__name__} (its default is "
-                f"{default!r}), got {value!r} ({type(value).__name__})"
-            )
-        if isinstance(default, float):
-            given[key] = float(value)
+            given[key] = _typed(default, given[key], f"{where}.{key}")
     return cls(**given)
+
+
+def _typed(default: Any, value: Any, where: str) -> Any:
+    """``value`` as of ``default``'s type (see ``complete_section``), else an error naming it."""
+    if isinstance(default, tuple) and isinstance(value, (tuple, list)):
+        if not default:
+            return tuple(value)
+        return tuple(_typed(default[0], x, f"{where}[{i}]") for i, x in enumerate(value))
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, (int, float)):
+        number = (int,) if isinstance(default, int) else (int, float)
+        ok = isinstance(value, number) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        raise ValueError(
+            f"{where} must be of type {type(default).__name__} (its default is {default!r}), "
+            f"got {value!r} ({type(value).__name__})"
+        )
+    return float(value) if isinstance(default, float) else value
 
 
 def section_defaults(cls: type, *fixed: str) -> dict[str, Any]:

@@ -8,52 +8,53 @@ from typing import Any
 
 import numpy as np
 
-from rubric_rl.methods.harness_rl.attributor import AttributorConfig
 from rubric_rl.methods.harness_rl.controller import HarnessConfig, HarnessController
-from rubric_rl.methods.harness_rl.sec import SECConfig
+from rubric_rl.methods.harness_rl.section import HarnessSection
 from rubric_rl.methods.harness_rl.style import style_for
 
 
 def harness_config(config: Any) -> HarnessConfig:
-    h = config.harness
-    cs = h.cold_start
+    """``config.harness`` (read by ``HarnessSection.from_config``, the one default of each field)
+    with the run's steps, batch, group size and seed, as the controller's ``HarnessConfig``."""
     if str(config.loss.reward) != "weighted":
         # The harness's critic and attributor read the trained rubric reward under c_t.
         raise ValueError(
             f"config.loss.reward={config.loss.reward!r}: HarnessRL trains its weighted rubric "
             "reward (r = Σλs / Σmax(λ, 0) under the harness rubric); set it to 'weighted'"
         )
+    h = HarnessSection.from_config(config)
+    cs = h.cold_start
     try:
         return HarnessConfig(
             total_steps=int(config.train.steps),
             batch_size=int(config.rollout.tasks_per_step),
             samples_per_task=int(config.rollout.samples_per_task),
             seed=int(config.train.seed),
-            levels=tuple(float(x) for x in h.levels),
-            rollout_band=tuple(float(x) for x in h.rollout_band),
-            rubric_band=tuple(float(x) for x in h.rubric_band),
-            total_weight=float(h.total_weight),
-            interfaces=tuple(h.interfaces),
-            critic=bool(h.critic),
-            memory=str(h.memory),
-            anchors=str(h.anchors),
-            retry_after=int(h.retry_after),
-            max_rollout_measurements=int(h.max_rollout_measurements),
-            cold_start_tasks=int(cs.tasks),
-            cold_start_groups=int(cs.groups),
-            cold_start_regradings=int(cs.regradings),
-            deterministic_floor=float(cs.deterministic_floor),
-            band_floor=float(cs.get("band_floor", 0.0)),
-            recalibrate=str(h.get("recalibrate", "never")),
-            measurement=str(h.get("measurement", "unpaired")),
-            paired_samples=int(h.get("paired_samples", 16)),
-            in_step_rounds=int(h.get("in_step_rounds", 1)),
-            attributor=AttributorConfig(**dict(h.attributor)),
-            sampling_rule=str(h.get("sampling_rule", "harness")),
-            rollout_rule=str(h.get("rollout_rule", "harness")),
-            rubric_rule=str(h.get("rubric_rule", "harness")),
-            sec=SECConfig(**dict(h.get("sec", {}))),
-            evolver=str(h.get("evolver", "programmatic")),
+            levels=h.levels,
+            rollout_band=h.rollout_band,
+            rubric_band=h.rubric_band,
+            total_weight=h.total_weight,
+            interfaces=h.interfaces,
+            critic=h.critic,
+            memory=h.memory,
+            anchors=h.anchors,
+            retry_after=h.retry_after,
+            max_rollout_measurements=h.max_rollout_measurements,
+            cold_start_tasks=cs.tasks,
+            cold_start_groups=cs.groups,
+            cold_start_regradings=cs.regradings,
+            deterministic_floor=cs.deterministic_floor,
+            band_floor=cs.band_floor,
+            recalibrate=h.recalibrate,
+            measurement=h.measurement,
+            paired_samples=h.paired_samples,
+            in_step_rounds=h.in_step_rounds,
+            attributor=h.attributor,
+            sampling_rule=h.sampling_rule,
+            rollout_rule=h.rollout_rule,
+            rubric_rule=h.rubric_rule,
+            sec=h.sec,
+            evolver=h.evolver,
         )
     except (TypeError, ValueError) as e:
         raise ValueError(f"config.harness: {e}") from e
@@ -73,9 +74,9 @@ def cold_start_key(config: Any) -> str:
             "cold_start": {k: v for k, v in config.harness.cold_start.to_dict().items()
                            if k != "cache_dir"},
             "seed": int(config.train.seed),
-            "task_bank": int(config.harness.get("task_bank", 0)),
-            "measurement": str(config.harness.get("measurement", "unpaired")),
-            "paired_samples": int(config.harness.get("paired_samples", 16)),
+            "task_bank": int(config.harness.task_bank),
+            "measurement": str(config.harness.measurement),
+            "paired_samples": int(config.harness.paired_samples),
         },
         sort_keys=True,
         default=str,
@@ -87,7 +88,7 @@ def evolver_client(config: Any):
     """The LLM client of ``harness.evolver="llm"`` (``harness.llm``; empty fields fall back to
     ``judge.llm``), else None."""
     h = config.harness
-    if str(h.get("evolver", "programmatic")) != "llm":
+    if str(h.evolver) != "llm":
         return None
     from rubric_rl.rubrics.llm import client_from_settings
 
@@ -124,7 +125,7 @@ def make_harness_controller(config: Any, domain: Any, llm_client=None) -> Harnes
 
         limit["llm_max_failure_rate"] = role_max_failure_rate(config)
     return HarnessController(
-        task_bank(domain.train, int(h.get("task_bank", 0)), int(config.train.seed)),
+        task_bank(domain.train, int(h.task_bank), int(config.train.seed)),
         harness_config(config),
         style_for(domain),
         embedder_spec=str(h.embedder),
