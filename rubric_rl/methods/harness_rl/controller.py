@@ -72,7 +72,13 @@ from rubric_rl.methods.harness_rl.rubric_ops import (
     criterion_json,
     rescale,
 )
-from rubric_rl.methods.harness_rl.sec import SECBandit, SECConfig, arm_of
+from rubric_rl.methods.harness_rl.sec import (
+    SECBandit,
+    SECConfig,
+    arm_of,
+    measure_pass_rates,
+    pass_rate_bins,
+)
 from rubric_rl.methods.harness_rl.state import (
     TaskHarness,
     check_key,
@@ -248,13 +254,12 @@ class HarnessController(Controller):
                 llm_client, interfaces=proposed, total=config.total_weight, max_failure_rate=rate
             )
             self.llm = (self.attributor, self.proposer)
-        self.sec = (
-            SECBandit(
-                [arm_of(t, config.sec.max_level) for t in self.tasks], config.sec, seed=config.seed
-            )
-            if config.sampling_rule == "sec"
-            else None
-        )
+        # p_t <- SEC: type x count arms now; pass-rate arms once measured (``_sec_bins``).
+        self.sec: SECBandit | None = None
+        self.sec_rates: dict[str, float | None] | None = None
+        if config.sampling_rule == "sec" and config.sec.bins == "type_count":
+            arms = [arm_of(t, config.sec.max_level) for t in self.tasks]
+            self.sec = SECBandit(arms, config.sec, seed=config.seed)
         self.embedder_spec = embedder_spec
         self.memory_floor = memory_floor
         self.memory_top_k = memory_top_k
@@ -354,6 +359,8 @@ class HarnessController(Controller):
                             "cap": cap,
                         }
                     )
+        if self.config.sampling_rule == "sec" and self.sec is None:
+            self._sec_bins()
         if self.sec is not None:  # p_t <- SEC: the bandit draws, no importance weight (SEC's)
             idx = self.sec.draw(self.config.batch_size, rng)
             u = np.ones(len(idx))
@@ -407,6 +414,26 @@ class HarnessController(Controller):
             paired_samples=cfg.paired_samples if cfg.measurement == "paired" else 0,
             placebo=lambda t: self.style.mount(t, {"criterion": cs.PLACEBO_TEXT}),
         )  # fmt: skip
+
+    def _sec_bins(self, rates: Mapping[str, float | None] | None = None) -> None:
+        """SEC's pass-rate arms: the warm-start policy's pass rates measured once on the
+        training tasks (or ``rates``, from a checkpoint), binned by quantile."""
+        cfg = self.config.sec
+        if rates is None:
+            if self.services is None:
+                raise ValueError("harness.sec.bins='pass_rate': no Services to measure pass rates")
+            rates = measure_pass_rates(
+                self.services, self.tasks, samples=cfg.pass_rate_samples,
+                n_tasks=cfg.pass_rate_tasks, seed=self.config.seed,
+            )  # fmt: skip
+        missing = [t.id for t in self.tasks if t.id not in rates]
+        if missing:
+            raise ValueError(f"SEC pass rates: no entry for task(s) {missing[:5]} (another bank?)")
+        self.sec_rates = {t.id: rates[t.id] for t in self.tasks}
+        arms = pass_rate_bins([self.sec_rates[t.id] for t in self.tasks], cfg.n_bins)
+        self.sec = SECBandit(arms, cfg, seed=self.config.seed)
+        sizes = {n: len(m) for n, m in zip(self.sec.names, self.sec.members, strict=True)}
+        self._events.append({"event": "sec_bins", "arm_sizes": sizes})
 
     def _quarter(self, step: int) -> int:
         return min(3, max(0, (int(step) - 1) * 4 // int(self.config.total_steps)))
@@ -1080,7 +1107,13 @@ class HarnessController(Controller):
             "totals": dict(self.totals),
             "pending_outcomes": self.pending_outcomes,
             "reversal_log": self.reversal_log,
-            "sec": self.sec.state_dict() if self.sec is not None else None,
+            "sec": (
+                None
+                if self.sec is None
+                else {**self.sec.state_dict(), "pass_rates": self.sec_rates}
+                if self.sec_rates is not None
+                else self.sec.state_dict()
+            ),
             # The LLM evolver's counts and failure-rate windows (none for the programmatic one).
             "llm": {c.role: c.state_dict() for c in self.llm} if self.llm else {},
         }  # fmt: skip
@@ -1107,8 +1140,13 @@ class HarnessController(Controller):
         self.totals = dict(state["totals"])
         self.pending_outcomes = {k: list(v) for k, v in state.get("pending_outcomes", {}).items()}
         self.reversal_log = [list(x) for x in state.get("reversal_log", [])]
-        if self.sec is not None and state.get("sec"):
-            self.sec.load_state_dict(state["sec"])
+        sec = state.get("sec")
+        if sec and self.config.sampling_rule == "sec" and self.config.sec.bins == "pass_rate":
+            if sec.get("pass_rates") is None:
+                raise ValueError("checkpoint SEC state has no pass rates (saved with other bins?)")
+            self._sec_bins(sec["pass_rates"])
+        if self.sec is not None and sec:
+            self.sec.load_state_dict(sec)
         for caller in self.llm or ():
             if caller.role in state.get("llm", {}):  # absent in checkpoints from before it
                 caller.load_state_dict(state["llm"][caller.role])

@@ -3,10 +3,22 @@ problem categories whose reward is the batch's mean absolute advantage
 (``../shared/notes/baselines.md`` §5, from the released code).
 
 - **Arms** are task categories; SEC's are the dataset's difficulty levels. The embedded domain
-  has none, so the arm of a task here (ours) is its type and its number of positive seed
-  criteria, ``"<task type>/<n>"`` with n capped at ``max_level`` — more stated requirements,
-  harder task (``arm_of``). Quantile bins of the seed policy's mean reward (baselines.md's
-  suggestion) would need a cold start over every training task; not implemented.
+  has none, so the arms are one of (``sec.bins``):
+  * ``"type_count"`` (default): a task's type and its number of positive seed criteria,
+    ``"<task type>/<n>"`` with n capped at ``max_level`` (``arm_of``; ours). The default
+    because it costs nothing and keeps existing runs' draws; on the embedded domain most tasks
+    share the cap, so it is close to a task-type bandit.
+  * ``"pass_rate"``: difficulty bins from the warm-start policy's pass rates (baselines.md's
+    suggestion; ours in detail). Once, before the first draw, ``pass_rate_samples`` unguided
+    samples of each training task (``pass_rate_tasks`` > 0: that many, drawn by the seed)
+    are judged under the seed rubric; a task's pass rate is their mean reward in [0, 1]
+    (unjudgeable samples left out). Bins are quantiles of the measured distribution
+    (``pass_rate_bins``): a task with rate v goes to bin ⌊n_bins · (#{< v} + #{= v}/2) / N⌋,
+    the bin of its tie group's centre in the empirical CDF, so tied tasks always share a bin and
+    a bin no group's centre falls in is no arm; bin 0 holds the lowest pass rates (hardest).
+    A task never measured (not drawn, or no judgeable sample) is in its own arm,
+    ``"pass_rate/unmeasured"`` (ours: no difficulty is assumed for it). The rates are in the
+    checkpoint, so a resumed run rebuilds the same arms without measuring again.
 - **Sampling**: Q(c) = 0 at first; each of the B slots draws an arm from
   P(c) = exp(Q(c)/τ) / Σ exp(Q(c')/τ), then takes the next unused task of that arm (a shuffled
   queue per arm, reshuffled when exhausted; the order of arm a's k-th pass is the permutation
@@ -32,6 +44,10 @@ from rubric_rl.controllers.sampling import SAMPLERS
 from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.types import Task
 
+SEC_BINS = ("type_count", "pass_rate")
+UNMEASURED = "pass_rate/unmeasured"
+PASS_RATE_STREAM = "sec_pass_rate"
+
 
 def arm_of(task: Task, max_level: int = 5) -> str:
     """A task's SEC arm (ours for the embedded domain): type / number of positive seed
@@ -41,11 +57,63 @@ def arm_of(task: Task, max_level: int = 5) -> str:
     return f"{kind}/{min(n, int(max_level))}"
 
 
+def pass_rate_bins(rates: Sequence[float | None], n_bins: int) -> list[str]:
+    """Each task's arm from its measured pass rate (module docstring): quantile bin
+    ``"pass_rate/<k>"`` (k = 0: lowest rates), ``UNMEASURED`` for None or NaN."""
+    if n_bins < 1:
+        raise ValueError(f"sec.n_bins={n_bins}: must be >= 1")
+    vals = np.array([np.nan if r is None else float(r) for r in rates], np.float64)
+    seen = vals[np.isfinite(vals)]
+    if not seen.size:
+        raise ValueError("SEC pass-rate bins: no task has a measured pass rate")
+    width = len(str(n_bins - 1))
+    out = []
+    for v in vals:
+        if not np.isfinite(v):
+            out.append(UNMEASURED)
+            continue
+        centre = (np.sum(seen < v) + np.sum(seen == v) / 2.0) / seen.size
+        out.append(f"pass_rate/{min(n_bins - 1, int(np.floor(n_bins * centre))):0{width}d}")
+    return out
+
+
+def measure_pass_rates(
+    services: Any, tasks: Sequence[Task], *, samples: int, n_tasks: int = 0, seed: int = 0
+) -> dict[str, float | None]:
+    """Task id -> the current policy's pass rate (mean seed-rubric reward of ``samples``
+    unguided samples; None: not measured). ``n_tasks`` > 0 measures that many tasks, drawn by
+    ``seed``; 0 measures all."""
+    from rubric_rl.methods.harness_rl.state import row_reward
+
+    if samples < 1:
+        raise ValueError(f"sec.pass_rate_samples={samples}: must be >= 1")
+    pick = list(range(len(tasks)))
+    if 0 < n_tasks < len(tasks):
+        rng = np.random.default_rng([int(seed), 13])
+        pick = sorted(rng.choice(len(tasks), int(n_tasks), replace=False).tolist())
+    drawn = [tasks[i] for i in pick]
+    _, trajs = services.generate(
+        [t.messages for t in drawn], int(samples), stream=PASS_RATE_STREAM,
+        names=[t.id for t in drawn],
+    )  # fmt: skip
+    verdicts = services.judge(drawn, [[x.response for x in ts] for ts in trajs])
+    out: dict[str, float | None] = {t.id: None for t in tasks}
+    for t, vs in zip(drawn, verdicts, strict=True):
+        r = np.array([row_reward(t.rubric.evaluated().criteria, row) for row in vs], np.float64)
+        r = r[np.isfinite(r)]
+        out[t.id] = float(r.mean()) if r.size else None
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class SECConfig:
     lr: float = 0.5  # α (the paper's runs; the code's default 0.1)
     temperature: float = 1.0  # τ
     max_level: int = 5
+    bins: str = "type_count"  # type_count | pass_rate (module docstring)
+    n_bins: int = 5  # pass_rate: quantile bins (quintiles)
+    pass_rate_samples: int = 4  # pass_rate: samples per task at the start of the run
+    pass_rate_tasks: int = 0  # pass_rate: tasks measured (0: every training task)
 
     def __post_init__(self):
         if not 0.0 < self.lr <= 1.0:
@@ -54,6 +122,14 @@ class SECConfig:
             raise ValueError(f"sec.temperature={self.temperature}: τ must be > 0")
         if self.max_level < 1:
             raise ValueError(f"sec.max_level={self.max_level}: must be >= 1")
+        if self.bins not in SEC_BINS:
+            raise ValueError(f"sec.bins={self.bins!r}: expected one of {SEC_BINS}")
+        if self.n_bins < 1:
+            raise ValueError(f"sec.n_bins={self.n_bins}: must be >= 1")
+        if self.pass_rate_samples < 1:
+            raise ValueError(f"sec.pass_rate_samples={self.pass_rate_samples}: must be >= 1")
+        if self.pass_rate_tasks < 0:
+            raise ValueError(f"sec.pass_rate_tasks={self.pass_rate_tasks}: must be >= 0")
 
 
 class SECBandit:
@@ -163,6 +239,11 @@ class SECSampler(Controller):
     ):
         if batch_size < 1:
             raise ValueError(f"SECSampler: batch_size must be >= 1, got {batch_size}")
+        if config.bins != "type_count":
+            raise ValueError(
+                f"sec.bins={config.bins!r}: GRPO + SEC supports 'type_count' only "
+                "(pass-rate bins are HarnessRL's p_t <- SEC arm, harness.sec.bins)"
+            )
         self.tasks = tuple(tasks)
         self.index = {t.id: i for i, t in enumerate(self.tasks)}
         self.batch_size = int(batch_size)
@@ -186,4 +267,14 @@ class SECSampler(Controller):
             self.bandit.load_state_dict(state)
 
 
-__all__ = ["SECBandit", "SECConfig", "SECSampler", "arm_of"]
+__all__ = [
+    "PASS_RATE_STREAM",
+    "SEC_BINS",
+    "UNMEASURED",
+    "SECBandit",
+    "SECConfig",
+    "SECSampler",
+    "arm_of",
+    "measure_pass_rates",
+    "pass_rate_bins",
+]

@@ -95,7 +95,8 @@ class HarnessSection:
     sampling_rule: str = "harness"  # harness | sec
     rollout_rule: str = "harness"  # harness | ruscarl (its scaffold: config.ruscarl)
     rubric_rule: str = "harness"  # harness | evorubric
-    # SEC (p_t <- SEC): α and τ of the paper's runs; arms = task type x positive criteria (ours).
+    # SEC (p_t <- SEC): α and τ of the paper's runs; arms = task type x positive criteria (ours,
+    # sec.bins="type_count") or quantile bins of the warm start's pass rates ("pass_rate").
     sec: SECConfig = dataclasses.field(default_factory=SECConfig)
     # The attributor and proposer: programmatic (rule-judged domains) or an LLM through the
     # LLMClient (llm_evolver.py; its new criteria are LLM criteria, so the judge must grade
