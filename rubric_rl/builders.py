@@ -840,9 +840,9 @@ def build_method(
     ``rubric_rl/methods``): the method's controllers (the first is the sampler), then
     calibration's and ``extra``; the pipeline over the method's own controller objects."""
     from rubric_rl.calibration import build_calibration
-    from rubric_rl.methods.method import get_method
+    from rubric_rl.methods.method import get_method, method_of
 
-    method = get_method(str(config.get("method", "grpo")))
+    method = get_method(method_of(config))
     built = method.controllers(config, domain)
     pipeline = method.pipeline(config, built)
     controllers = ControllerSet(built[0], [*built[1:], *build_calibration(config, domain), *extra])
@@ -877,7 +877,9 @@ def check_teacher_context_source(
         return
     if dict(pipeline.stages).get("teacher") is not step.teacher:
         return  # the method's pipeline sets teacher prompts itself
-    method = config.get("method", "grpo")
+    from rubric_rl.methods.method import method_of
+
+    method = method_of(config)
     raise ValueError(
         f"config.loss.sd_coef: self-distillation is on (sd_estimator={lo.sd_estimator!r}, "
         f"sd_coef={lo.sd_coef}) but no active controller supplies a teacher context (method "

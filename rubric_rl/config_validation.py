@@ -22,7 +22,7 @@ from rubric_rl.core.variants import (
     KL_ESTIMATORS,
     ROLLOUT_CORRECTION_PRESETS,
 )
-from rubric_rl.methods.method import get_method
+from rubric_rl.methods.method import get_method, method_of
 from rubric_rl.models.config import checkpoint_shape_error, with_shape
 from rubric_rl.models.gguf_io import GGUF_MODELS, gguf_path, is_gguf_source
 from rubric_rl.models.qwen3_5_config import ALL_PRESETS as PRESETS
@@ -304,7 +304,7 @@ def validate_config(config: ConfigDict, *, num_devices: int | None = None) -> No
             _fail(field, f"an acceptance band must be (low, high) with low <= high, got {band}")
     _validate_copy_demonstrations(config)
     # The method's own section, after the shared checks.
-    get_method(str(config.get("method", "grpo"))).validate(config)
+    get_method(method_of(config)).validate(config)
     if num_devices is not None:
         data, fsdp, _ = mesh_shape(config, num_devices)
         # The rows the jitted step sees: every sampled group, or the k a select stage keeps.
@@ -376,8 +376,7 @@ def _validate_reward_fns(config: ConfigDict) -> list[str]:
 
 def _validate_reward_weights(config: ConfigDict, fns: list[str]) -> None:
     """``loss.reward_weights``: the trained mix over the run's signals, finite weights; "rubric"
-    there needs ``loss.reward`` to name the rubric reward it is computed with. A run whose tasks
-    have no rubric (the dataset domain's ``plain`` format) cannot train one."""
+    there needs ``loss.reward`` to name the rubric reward it is computed with."""
     lo = config.loss
     mix = dict(lo.get("reward_weights") or {})
     signals = ["rubric", _VERIFIER_REWARD, *fns]
@@ -400,17 +399,6 @@ def _validate_reward_weights(config: ConfigDict, fns: list[str]) -> None:
         _fail(
             f"loss.reward_weights.{_VERIFIER_REWARD}",
             "needs a domain verifier; the dataset domain has none",
-        )
-    trains_rubric = "rubric" in mix if mix else lo.reward in REWARDS.names()
-    ds = config.domain.get("dataset")
-    plain = config.domain.name == "dataset" and ds is not None and ds.format == "plain"
-    if plain and trains_rubric and config.get("method", "grpo") == "grpo":
-        field = "loss.reward_weights.rubric" if mix else "loss.reward"
-        _fail(
-            field,
-            f"trains the rubric, but domain.dataset.format='plain' tasks have none; train a "
-            f"reward function (config.reward_fns: {fns}) through loss.reward or "
-            "loss.reward_weights",
         )
 
 

@@ -110,3 +110,69 @@ def test_no_config_read_restates_a_default_of_the_base_config():
     assert not restated, "reads with a default the base config already gives:\n" + "\n".join(
         restated
     )
+
+
+# The loop, the builders and the config checks: they know a method only through its registry.
+METHOD_BLIND = (
+    "builders.py",
+    "config_validation.py",
+    "grader.py",
+    "launch.py",
+    "run_state.py",
+    "sampler.py",
+    "services.py",
+    "step.py",
+    "step_callbacks.py",
+    "step_producer.py",
+    "trainer.py",
+    "trainer_batch.py",
+)
+
+
+def _names_of_methods(path, methods):
+    """Each (line, text) of ``path`` that names a method: a string equal to a method's name, or
+    an import of (or a string naming) a module in a method's room."""
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    rooms = tuple(f"rubric_rl.methods.{m}" for m in methods)
+    found = []
+    for n in ast.walk(tree):
+        modules = []
+        if isinstance(n, ast.Import):
+            modules = [a.name for a in n.names]
+        elif isinstance(n, ast.ImportFrom) and n.module:
+            modules = [n.module, *(f"{n.module}.{a.name}" for a in n.names)]
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+            if n.value in methods:
+                found.append((n.lineno, n.value))
+            modules = [n.value]
+        found += [(n.lineno, m) for m in modules if m.startswith(rooms)]
+    return found
+
+
+def test_the_loop_builders_and_config_checks_name_no_method():
+    from rubric_rl.methods.method import BUILTIN
+
+    named = []
+    for name in METHOD_BLIND:
+        path = os.path.join(ROOT, "rubric_rl", name)
+        named += [
+            f"rubric_rl/{name}:{line}: {text!r}"
+            for line, text in _names_of_methods(path, set(BUILTIN))
+        ]
+    assert not named, "a method named outside its room (ask the registry):\n" + "\n".join(named)
+
+
+def test_the_method_check_sees_each_way_of_naming_one(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        "from rubric_rl.methods.arise import arise\n"
+        "import rubric_rl.methods.rised.rised\n"
+        "from rubric_rl.methods import method\n"
+        "if config.get('method', 'grpo') == 'grpo':\n"
+        "    pass\n"
+        "x = 'rubric_rl.methods.harness_rl:f'\n"
+    )
+    found = _names_of_methods(str(path), {"grpo", "arise", "rised", "harness_rl"})
+    assert sorted({line for line, _ in found}) == [1, 2, 4, 6]
+    assert (4, "grpo") in found and (6, "rubric_rl.methods.harness_rl:f") in found

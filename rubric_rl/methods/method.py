@@ -40,6 +40,15 @@ BUILTIN: Mapping[str, str] = {
 }
 
 
+# The method of a config without ``config.method`` (the base config, a script's own config).
+DEFAULT_METHOD = "grpo"
+
+
+def method_of(config: Any) -> str:
+    """The name of the method ``config`` runs: ``config.method``, else ``DEFAULT_METHOD``."""
+    return str(config.get("method", DEFAULT_METHOD))
+
+
 def default_pipeline(config: Any, controllers: Sequence[Controller]) -> Pipeline:
     """The default stages (``step.DEFAULT_STAGES``): the controllers act through their hooks."""
     from rubric_rl.step import default_pipeline as stages
@@ -211,12 +220,14 @@ def method_names() -> list[str]:
 
 __all__ = [
     "BUILTIN",
+    "DEFAULT_METHOD",
     "Method",
     "default_pipeline",
     "complete_section",
     "from_section",
     "get_method",
     "method_names",
+    "method_of",
     "no_checks",
     "register_method",
     "section_defaults",

@@ -55,6 +55,28 @@ def validate_grpo(config: Any) -> None:
             f"config.controllers.sampler: must be one of {list(SAMPLERS.names())}, got "
             f"{controllers.get('sampler')!r}"
         )
+    _check_plain_dataset(config)
+
+
+def _check_plain_dataset(config: Any) -> None:
+    """GRPO trains the tasks' own (seed) rubrics: the dataset domain's ``plain`` format has none,
+    so such a run must train a reward function (another method may bring rubrics of its own)."""
+    from rubric_rl.rubrics.rewards import REWARDS
+
+    ds = config.domain.get("dataset")
+    if config.domain.name != "dataset" or ds is None or ds.format != "plain":
+        return
+    lo = config.loss
+    mix = dict(lo.get("reward_weights") or {})
+    if not ("rubric" in mix if mix else lo.reward in REWARDS.names()):
+        return
+    fns = list(config.get("reward_fns") or {})
+    field = "loss.reward_weights.rubric" if mix else "loss.reward"
+    raise ValueError(
+        f"config.{field}: trains the rubric, but domain.dataset.format='plain' tasks have none; "
+        f"train a reward function (config.reward_fns: {fns}) through loss.reward or "
+        "loss.reward_weights"
+    )
 
 
 METHOD = register_method(Method("grpo", grpo_controllers, validate=validate_grpo))
