@@ -51,14 +51,15 @@ from __future__ import annotations
 
 from configs import common, grpo
 
-# The section's checks and the controller's keyword arguments live in the package (the package
-# never imports configs/); re-exported here for callers of configs.arise.
+# The section's defaults and checks, and the controller's keyword arguments, live in the package
+# (the package never imports configs/); re-exported here for callers of configs.arise.
 from rubric_rl.methods.arise.arise_config import (  # noqa: F401
+    AriseSection,
     arise_controller_kwargs,
-    arise_defaults,
     frozen_arm_settings,
     validate_arise,
 )
+from rubric_rl.methods.method import section_defaults
 
 VARIANTS = (
     "smoke",
@@ -76,61 +77,9 @@ SAMPLER_CHOICES = {"capability": "capability", "uniform": "uniform", "variance":
 
 
 def get_arise_section() -> common.ConfigDict:
-    a = common.ConfigDict(arise_defaults())
-    # The inner task sampler (SAMPLERS name) and its options (capability / reward_variance).
-    a.sampler = "capability"
-    # Reward-variance selector options (sampling.RewardVarianceSampler; ``sampler=variance``).
-    # It scores the task (verifier) reward: ARISE's Evidence.rewards is the pool's rubric reward,
-    # undefined while the pool is empty.
-    a.variance = dict(explore_share=0.25, ema=0.5, floor=0.01, reward="task_verifier", min_group=2)
-    a.capability = dict(
-        # ARISE "prioritizes": draws are trained as drawn (u = 1). True multiplies each draw by
-        # u = 1/(N p) (HarnessRL's correction), which returns the objective to uniform in
-        # expectation: the earlier default, kept as an ablation.
-        importance_weights=False,
-        discovery_share=0.25,
-        prior_alpha=1.0,
-        prior_beta=1.0,
-        decay=1.0,
-        priority="variance",  # capability_sampler.PRIORITIES: variance = p(1-p), uniform
-        min_priority=1e-3,
-        min_cell_evidence=1.0,
-    )
-    # The reflection role (REFLECTIONS name) and each implementation's options.
-    a.reflection = "programmatic"
-    # rank="progress_mass": propose the criteria whose verdicts vary inside the most failing
-    # groups (partial progress the task reward cannot see), by Σ_g q_g(1 − q_g); "progress" ranks
-    # by the mean over those groups (a criterion reaching one group ties one reaching ten),
-    # "separation" ranks never-met criteria first, the earlier default
-    # (methods/arise/reflection.py).
-    a.programmatic = dict(
-        min_support=8,
-        min_failures=4,
-        min_separation=0.1,
-        redundant_agreement=0.98,
-        rank="progress_mass",
-        min_progress_variance=0.0,
-    )
-    a.llm = dict(
-        propose_template="arise_propose",
-        refine_template="arise_refine",
-        max_examples=12,
-        max_chars=600,
-        temperature=0.0,
-        max_tokens=1024,
-        # The reflection model's client; "" model = the judge's client settings (judge.llm).
-        backend="",
-        model="",
-        base_url="",
-        api_key_env="",
-    )
-    a.frozen_pool_from = ""  # a run directory (another seed's run): its rubric set, fixed
-    a.frozen_pool_entries = "lifecycle"  # every pair ever added | "final": the final pool only
-    # "rubrics": the rubric set fixed, skills from the base text through their lifecycle (needs
-    # evolve=True, fixed_rubrics=True); "frozen_pool_and_skills": the pool as the source run
-    # left it, skills included, no transition (needs evolve=False): the arm before.
-    a.frozen_mode = "rubrics"
-    return a
+    """``config.arise`` at ``AriseSection``'s defaults (rubric_rl/methods/arise/arise_config.py
+    says what each field does, what is the seed's and what is ours)."""
+    return common.ConfigDict(section_defaults(AriseSection))
 
 
 def apply_smoke(c: common.ConfigDict) -> None:

@@ -2,10 +2,15 @@
 controller; ``frozen_rubrics=<run dir>`` installs that run's lifecycle pool (read from its last
 checkpoint) and keeps it fixed."""
 
+import dataclasses
+import io
 import json
+import os
+import tarfile
 
 import numpy as np
 import pytest
+from ml_collections import ConfigDict
 
 from configs import arise
 from rubric_rl import analysis as an
@@ -13,6 +18,9 @@ from rubric_rl import builders
 from rubric_rl.config_validation import validate_config
 from rubric_rl.envs.constraint_corpus import warmstart_example
 from rubric_rl.methods.arise.arise import domain_kwargs, make_arise_controller
+from rubric_rl.methods.arise.arise_config import ABSENT_MEANS, AriseSection
+from rubric_rl.methods.arise.arise_pool import AriseConfig
+from rubric_rl.methods.method import section_defaults
 from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.judges import JudgeItem, ProgrammaticJudge
 
@@ -41,7 +49,7 @@ def test_variants(variant, evolve, inject, sampler, pool_cap):
     a = c.arise
     assert (a.evolve, a.inject_skills, a.sampler, a.pool_cap) == (evolve, inject, sampler, pool_cap)
     assert c.controllers.sampler == "arise" and c.method == "arise"
-    assert set(arise.arise_defaults()) <= set(a.keys())  # every AriseConfig field is a key
+    assert set(a.keys()) == {f.name for f in dataclasses.fields(arise.AriseSection)}
 
 
 def test_bad_variants_and_fields_are_named(tmp_path):
@@ -78,6 +86,86 @@ def test_start_up_validation_runs_the_arise_checks(field, value, match):
     c.arise[field] = value
     with pytest.raises(ValueError, match=match):
         validate_config(c, num_devices=8)
+
+
+def test_the_section_is_the_dataclass_defaults_and_reads_back_the_same():
+    """configs/arise.py starts ``config.arise`` from AriseSection's defaults (one default per
+    field, the pool's inherited from AriseConfig), and the method reads the same values back."""
+    assert arise.get_arise_section().to_dict() == section_defaults(AriseSection)
+    assert AriseSection.from_config(arise.get_config()) == AriseSection()
+    a = AriseSection.from_config(arise.get_config("smoke"))
+    assert (a.pool_cap, a.programmatic.min_support, a.capability.min_cell_evidence) == (4, 4, 1.0)
+    assert a.pool() == AriseConfig(
+        **{f.name: getattr(a, f.name) for f in dataclasses.fields(AriseConfig)}
+    )
+    assert a.pool().pool_cap == 4 and type(a.pool()) is AriseConfig
+
+
+@pytest.mark.parametrize(
+    "path, value, match",
+    [
+        ("pool_capp", 3, r"^config\.arise: unknown field\(s\) \['pool_capp'\]"),
+        ("pool_cap", "4", r"^config\.arise\.pool_cap must be of type int .*got '4'"),
+        ("evolve", 1, r"^config\.arise\.evolve must be of type bool"),
+        ("capability.decay", "1", r"^config\.arise\.capability\.decay must be of type float"),
+        ("capability.decay", 0.0, r"^config\.arise\.capability: .*decay must be in \(0, 1\]"),
+        ("variance.reward", "nope", r"^config\.arise\.variance: "),
+        ("programmatic.rankk", "x", r"^config\.arise\.programmatic: unknown field\(s\) \['rankk"),
+        ("llm.max_tokens", 1.5, r"^config\.arise\.llm\.max_tokens must be of type int"),
+        ("frozen_mode", "all", r"^config\.arise\.frozen_mode: must be one of"),
+    ],
+)
+def test_a_wrong_field_is_named_at_start_up(path, value, match):
+    c = arise.get_config("smoke").to_dict()
+    node = c["arise"]
+    *parents, field = path.split(".")
+    for p in parents:
+        node = node[p]
+    node[field] = value
+    with pytest.raises(ValueError, match=match):
+        validate_config(ConfigDict(c), num_devices=8)
+
+
+@pytest.mark.parametrize("field", ["sampler", "capability", "programmatic.rank"])
+def test_a_missing_field_is_named(field):
+    c = arise.get_config("smoke").to_dict()
+    *parents, name = field.split(".")
+    node = c["arise"]
+    for p in parents:
+        node = node[p]
+    del node[name]
+    where = ".".join(["config.arise", *parents])
+    with pytest.raises(ValueError, match=rf"^{where}: missing field\(s\) \['{name}'\]"):
+        AriseSection.from_config(ConfigDict(c))
+
+
+ARCHIVE = os.path.join(
+    os.path.dirname(__file__), "..", "..", "benchmarks", "results", "runs", "protocol_ws.tar.xz"
+)
+
+
+def test_archived_configs_without_the_later_keys_read_as_they_ran():
+    """The ARISE comparison's archived runs (written before ``fixed_rubrics`` and ``frozen_mode``
+    existed) read back with those keys at ``ABSENT_MEANS``: an evolving rubric set, and a frozen
+    arm that froze pool and skills."""
+    sections = {}
+    with tarfile.open(ARCHIVE) as tar:
+        for m in tar.getmembers():
+            if m.name.endswith("seed0/config.json") and m.name.startswith("arise-"):
+                config = json.load(io.TextIOWrapper(tar.extractfile(m), encoding="utf-8"))
+                sections[m.name.split("/")[0]] = config
+    assert len(sections) >= 4, sorted(sections)
+    for name, config in sections.items():
+        assert not set(ABSENT_MEANS) & set(config["arise"]), name  # the keys are absent
+        a = AriseSection.from_config(ConfigDict(config))
+        assert (a.fixed_rubrics, a.frozen_mode) == (False, "frozen_pool_and_skills"), name
+        # the frozen arm (a pool and skills frozen, no transition) passes the arm's checks
+        assert not a.frozen_pool_from or not a.evolve, name
+    assert any(config["arise"]["frozen_pool_from"] for config in sections.values())
+    c = arise.get_config("smoke").to_dict()
+    del c["arise"]["frozen_mode"], c["arise"]["fixed_rubrics"]
+    a = AriseSection.from_config(ConfigDict(c))
+    assert (a.fixed_rubrics, a.frozen_mode) == (False, "frozen_pool_and_skills")
 
 
 def test_a_bad_reflection_ranking_is_named_at_start_up():

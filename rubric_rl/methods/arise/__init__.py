@@ -2,7 +2,7 @@
 
 Modules: ``arise`` (the controller: pool, reflection and capability sampler in the step),
 ``arise_pool`` (entries and their lifecycle, ``AriseConfig``), ``arise_config`` (the
-``config.arise`` section: its defaults, checks and the controller's arguments),
+``config.arise`` section, ``AriseSection``: its defaults, checks and the controller's arguments),
 ``capability_sampler`` (task-type × capability adaptive sampling), ``reflection_base`` /
 ``reflection`` / ``reflection_llm`` (the programmatic and the LLM reflection).
 """
@@ -18,10 +18,11 @@ def arise_controllers(config: Any, domain: Any) -> list[Any]:
     """The ARISE controller over the domain's training tasks (it is the step's sampler); with
     ``arise.frozen_pool_from`` its pool is loaded from that run's final pool."""
     from rubric_rl.methods.arise.arise import domain_kwargs, make_arise_controller
-    from rubric_rl.methods.arise.arise_config import arise_controller_kwargs
+    from rubric_rl.methods.arise.arise_config import arise_controller_kwargs, validate_arise
 
+    section = validate_arise(config)
     client = None
-    if config.arise.reflection == "llm":
+    if section.reflection == "llm":
         from rubric_rl.rubrics.llm import client_from_settings
 
         client = client_from_settings(config.arise.llm, config.judge.llm)
@@ -33,14 +34,13 @@ def arise_controllers(config: Any, domain: Any) -> list[Any]:
         **domain_kwargs(domain),
         **arise_controller_kwargs(config),
     )
-    if config.arise.frozen_pool_from:
+    if section.frozen_pool_from:
         from rubric_rl.analysis import final_pool_state
-        from rubric_rl.methods.arise.arise_config import frozen_mode
 
         ctrl.load_pool(
-            final_pool_state(config.arise.frozen_pool_from),
-            config.arise.frozen_pool_entries,
-            mode=frozen_mode(config),
+            final_pool_state(section.frozen_pool_from),
+            section.frozen_pool_entries,
+            mode=section.frozen_mode,
         )
     return [ctrl]
 

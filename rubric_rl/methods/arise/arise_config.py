@@ -1,8 +1,9 @@
-"""The ``config.arise`` section read by the package: its start-up checks and the keyword arguments
-of ``make_arise_controller`` built from it.
-
-``configs/arise.py`` builds the section (variants, smoke settings) from ``arise_defaults()``; this
-module only reads it, so the package never imports ``configs/``. ``validate_arise`` runs from
+"""The ``config.arise`` section: ``AriseSection`` holds the one default of each field (the pool's
+and lifecycle's, inherited from ``AriseConfig``, and the sampler's, reflection's and frozen arms')
+and checks itself; ``configs/arise.py`` builds the section from ``section_defaults(AriseSection)``
+and sets only what a variant changes; ``AriseSection.from_config`` reads it back, refusing a
+missing, unknown or wrong-typed field with an error naming ``config.arise.<field>``. The package
+never imports ``configs/``. ``validate_arise`` runs from
 ``rubric_rl.config_validation.validate_config`` through the arise ``Method``, so a bad
 ``arise.*`` value fails at start-up naming the field, before any model is built.
 """
@@ -15,14 +16,16 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
-from rubric_rl.controllers.sampling import SAMPLERS
+from rubric_rl.controllers.sampling import SAMPLERS, RewardVarianceConfig
 from rubric_rl.methods.arise import (
     capability_sampler,  # noqa: F401  (registers "capability")
     reflection_llm,  # noqa: F401  (registers "llm")
 )
 from rubric_rl.methods.arise.arise import FROZEN_MODES, FROZEN_POOL_ENTRIES
 from rubric_rl.methods.arise.arise_pool import AriseConfig
+from rubric_rl.methods.arise.capability_sampler import CapabilitySamplerConfig
 from rubric_rl.methods.arise.reflection import RANKINGS, REFLECTIONS
+from rubric_rl.methods.method import complete_section
 from rubric_rl.rubrics.llm import role_max_failure_rate
 
 # The options that LLMReflection takes from ``arise.llm`` (the rest of that section selects the
@@ -35,6 +38,155 @@ _LLM_REFLECTION_OPTIONS = (
     "temperature",
     "max_tokens",
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class VarianceSection:
+    """``config.arise.variance``: the reward-variance selector's options
+    (``sampling.RewardVarianceConfig``; ``arise.sampler="reward_variance"``). It scores the task
+    (verifier) reward: ARISE's Evidence.rewards is the pool's rubric reward, undefined while the
+    pool is empty."""
+
+    explore_share: float = 0.25
+    ema: float = 0.5
+    floor: float = 0.01
+    reward: str = "task_verifier"
+    min_group: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class CapabilitySection:
+    """``config.arise.capability``: the capability sampler's options (``CapabilitySamplerConfig``;
+    ``arise.sampler="capability"``)."""
+
+    # ARISE "prioritizes": draws are trained as drawn (u = 1). True multiplies each draw by
+    # u = 1/(N p) (HarnessRL's correction), which returns the objective to uniform in
+    # expectation: the earlier default, kept as an ablation.
+    importance_weights: bool = False
+    discovery_share: float = 0.25
+    prior_alpha: float = 1.0
+    prior_beta: float = 1.0
+    decay: float = 1.0
+    priority: str = "variance"  # capability_sampler.PRIORITIES: variance = p(1-p), uniform
+    min_priority: float = 1e-3
+    min_cell_evidence: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgrammaticSection:
+    """``config.arise.programmatic``: ``ProgrammaticReflection``'s options
+    (``arise.reflection="programmatic"``)."""
+
+    min_support: int = 8
+    min_failures: int = 4
+    min_separation: float = 0.1
+    redundant_agreement: float = 0.98
+    # "progress_mass": propose the criteria whose verdicts vary inside the most failing groups
+    # (partial progress the task reward cannot see), by Σ_g q_g(1 − q_g); "progress" ranks by the
+    # mean over those groups (a criterion reaching one group ties one reaching ten), "separation"
+    # ranks never-met criteria first, the earlier default (methods/arise/reflection.py).
+    rank: str = "progress_mass"
+    min_progress_variance: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LLMReflectionSection:
+    """``config.arise.llm``: ``LLMReflection``'s options (``arise.reflection="llm"``) and the
+    reflection model's client; an empty ``model`` (and client field) is the judge's
+    (``judge.llm``)."""
+
+    propose_template: str = "arise_propose"
+    refine_template: str = "arise_refine"
+    max_examples: int = 12
+    max_chars: int = 600
+    temperature: float = 0.0
+    max_tokens: int = 1024
+    backend: str = ""
+    model: str = ""
+    base_url: str = ""
+    api_key_env: str = ""
+
+
+# A key missing from a run's config (a config.json written before the key existed) means the
+# behaviour the code had then, so an archived config reruns as it ran. Not a second default: a
+# config file starts the section from every field's default (``section_defaults``).
+ABSENT_MEANS: dict[str, Any] = {
+    "fixed_rubrics": False,  # the rubric set evolved with the skills
+    "frozen_mode": "frozen_pool_and_skills",  # a frozen pool froze its skills too
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class AriseSection(AriseConfig):
+    """``config.arise``: ``AriseConfig``'s fields (the pool, its lifecycle and the reward), the
+    inner task sampler and the reflection with their options, and the frozen arms."""
+
+    # The inner task sampler (a SAMPLERS name) and its options (capability / reward_variance).
+    sampler: str = "capability"
+    variance: VarianceSection = dataclasses.field(default_factory=VarianceSection)
+    capability: CapabilitySection = dataclasses.field(default_factory=CapabilitySection)
+    # The reflection role (a REFLECTIONS name) and each implementation's options.
+    reflection: str = "programmatic"
+    programmatic: ProgrammaticSection = dataclasses.field(default_factory=ProgrammaticSection)
+    llm: LLMReflectionSection = dataclasses.field(default_factory=LLMReflectionSection)
+    frozen_pool_from: str = ""  # a run directory (another seed's run): its rubric set, fixed
+    frozen_pool_entries: str = "lifecycle"  # every pair ever added | "final": the final pool only
+    # "rubrics": the rubric set fixed, skills from the base text through their lifecycle (needs
+    # evolve=True, fixed_rubrics=True); "frozen_pool_and_skills": the pool as the source run
+    # left it, skills included, no transition (needs evolve=False): the arm before.
+    frozen_mode: str = "rubrics"
+
+    def __post_init__(self):
+        super().__post_init__()
+        _one_of("reflection", self.reflection, REFLECTIONS.names())
+        _one_of("sampler", self.sampler, SAMPLERS.names())
+        if self.reflection == "programmatic":
+            _one_of("programmatic.rank", self.programmatic.rank, RANKINGS)
+        _one_of("frozen_pool_entries", self.frozen_pool_entries, FROZEN_POOL_ENTRIES)
+        _one_of("frozen_mode", self.frozen_mode, FROZEN_MODES)
+        for field, cls, options in (
+            ("capability", CapabilitySamplerConfig, self.capability),
+            ("variance", RewardVarianceConfig, self.variance),
+        ):
+            try:
+                cls(batch_size=1, **dataclasses.asdict(options))
+            except (ValueError, KeyError) as e:  # a registry's unknown name is a KeyError
+                raise ValueError(f"config.arise.{field}: {e.args[0]}") from None
+        if not self.frozen_pool_from:
+            return
+        if self.frozen_mode == "frozen_pool_and_skills" and self.evolve:
+            raise ValueError(
+                "config.arise.frozen_pool_from: a frozen pool needs arise.evolve=False "
+                "(frozen_mode='frozen_pool_and_skills')"
+            )
+        if self.frozen_mode == "rubrics" and not (self.evolve and self.fixed_rubrics):
+            raise ValueError(
+                "config.arise.frozen_pool_from: a frozen pool with frozen_mode='rubrics' needs "
+                "arise.evolve=True and arise.fixed_rubrics=True (the skills keep their lifecycle)"
+            )
+
+    @classmethod
+    def from_config(cls, config: Any) -> AriseSection:
+        """``config.arise`` as an ``AriseSection`` (``method.complete_section``; a key absent
+        from the section: ``ABSENT_MEANS``); a refused value is an error naming
+        ``config.arise``."""
+        try:
+            return complete_section(cls, config, "arise", absent=ABSENT_MEANS)
+        except ValueError as e:
+            if str(e).startswith("config.arise"):
+                raise
+            raise ValueError(f"config.arise: {e}") from None
+
+    def pool(self) -> AriseConfig:
+        """The pool's, lifecycle's and reward's settings (``AriseConfig``'s fields)."""
+        return AriseConfig(
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(AriseConfig)}
+        )
+
+
+def _one_of(field: str, value: str, allowed: Any) -> None:
+    if value not in allowed:
+        raise ValueError(f"config.arise.{field}: must be one of {list(allowed)}, got {value!r}")
 
 
 # ARISE's earlier defaults, each still a flag so that setting stays an ablation
@@ -70,57 +222,19 @@ def with_arise_settings(config: ConfigDict, settings: dict[str, Any]) -> ConfigD
     return out
 
 
-def arise_defaults() -> dict[str, Any]:
-    """Every ``AriseConfig`` field at its default (rubric_rl/methods/arise/arise_pool.py)."""
-    return dataclasses.asdict(AriseConfig())
-
-
-def validate_arise(config: ConfigDict) -> None:
-    """Start-up checks of the ``arise`` section (after overrides); errors name the field."""
-    a = config.arise
-    if a.reflection not in REFLECTIONS:
-        raise ValueError(
-            f"config.arise.reflection: must be one of {REFLECTIONS.names()}, got {a.reflection!r}"
-        )
-    if a.sampler not in SAMPLERS:
-        raise ValueError(
-            f"config.arise.sampler: must be one of {SAMPLERS.names()}, got {a.sampler!r}"
-        )
-    if a.reflection == "programmatic" and a.programmatic.rank not in RANKINGS:
-        raise ValueError(
-            f"config.arise.programmatic.rank: must be one of {RANKINGS}, "
-            f"got {a.programmatic.rank!r}"
-        )
-    if a.frozen_pool_entries not in FROZEN_POOL_ENTRIES:
-        raise ValueError(
-            f"config.arise.frozen_pool_entries: must be one of {FROZEN_POOL_ENTRIES}, "
-            f"got {a.frozen_pool_entries!r}"
-        )
-    mode = frozen_mode(config)
-    if mode not in FROZEN_MODES:
-        raise ValueError(f"config.arise.frozen_mode: must be one of {FROZEN_MODES}, got {mode!r}")
-    if a.frozen_pool_from:
-        if mode == "frozen_pool_and_skills" and a.evolve:
+def validate_arise(config: ConfigDict) -> AriseSection:
+    """Start-up checks of the ``arise`` section (after overrides); errors name the field. A
+    frozen arm's source run must exist (and, for ``frozen_mode="rubrics"``, be another seed's)."""
+    section = AriseSection.from_config(config)
+    if section.frozen_pool_from:
+        if not os.path.isdir(section.frozen_pool_from):
             raise ValueError(
-                "config.arise.frozen_pool_from: a frozen pool needs arise.evolve=False "
-                "(frozen_mode='frozen_pool_and_skills')"
-            )
-        if mode == "rubrics" and not (a.evolve and a.fixed_rubrics):
-            raise ValueError(
-                "config.arise.frozen_pool_from: a frozen pool with frozen_mode='rubrics' needs "
-                "arise.evolve=True and arise.fixed_rubrics=True (the skills keep their lifecycle)"
-            )
-        if not os.path.isdir(a.frozen_pool_from):
-            raise ValueError(
-                f"config.arise.frozen_pool_from: run directory {a.frozen_pool_from!r} "
+                f"config.arise.frozen_pool_from: run directory {section.frozen_pool_from!r} "
                 "does not exist"
             )
-        if mode == "rubrics":
+        if section.frozen_mode == "rubrics":
             _check_other_seed(config)
-    try:
-        AriseConfig(**{k: a[k] for k in arise_defaults()})
-    except ValueError as e:
-        raise ValueError(f"config.arise: {e}") from None
+    return section
 
 
 def frozen_arm_settings(mode: str) -> dict[str, Any]:
@@ -130,12 +244,6 @@ def frozen_arm_settings(mode: str) -> dict[str, Any]:
         raise ValueError(f"frozen mode must be one of {FROZEN_MODES}, got {mode!r}")
     rubrics = mode == "rubrics"
     return {"frozen_mode": mode, "evolve": rubrics, "fixed_rubrics": rubrics}
-
-
-def frozen_mode(config: ConfigDict) -> str:
-    """``config.arise.frozen_mode`` (``arise.FROZEN_MODES``); a config without the key (written
-    before it existed) froze pool and skills, and reruns that way."""
-    return str(config.arise.get("frozen_mode", "frozen_pool_and_skills"))
 
 
 def _check_other_seed(config: ConfigDict) -> None:
@@ -160,17 +268,16 @@ def _check_other_seed(config: ConfigDict) -> None:
 def arise_controller_kwargs(config: ConfigDict) -> dict[str, Any]:
     """Keyword arguments of ``make_arise_controller`` (all but tasks, batch size, seed and the
     LLM client): every AriseConfig field, the sampler and reflection with their options."""
-    validate_arise(config)
-    a = config.arise
-    kw: dict[str, Any] = {k: a[k] for k in arise_defaults()}
+    a = validate_arise(config)
+    kw: dict[str, Any] = dataclasses.asdict(a.pool())
     kw["sampler"] = a.sampler
     options = {"capability": a.capability, "reward_variance": a.variance}.get(a.sampler)
-    kw["sampler_options"] = options.to_dict() if options is not None else {}
+    kw["sampler_options"] = dataclasses.asdict(options) if options is not None else {}
     kw["reflection"] = a.reflection
     if a.reflection == "programmatic":
-        kw["reflection_options"] = a.programmatic.to_dict()
+        kw["reflection_options"] = dataclasses.asdict(a.programmatic)
     else:
-        llm = a.llm.to_dict()
+        llm = dataclasses.asdict(a.llm)
         kw["reflection_options"] = {k: llm[k] for k in _LLM_REFLECTION_OPTIONS}
         kw["reflection_options"]["max_failure_rate"] = role_max_failure_rate(config)
     return kw
