@@ -349,7 +349,11 @@ def scripted_run(
     live = None if engine is None else engine(tokenizer)
     services = Services(config, live, tokenizer, judge, domain, workdir, buckets)
     if policy is not None:
-        services.generate = scripted_services_generate(policy, services, domain.train)
+        # Both entry points: Services.generate, and the sampler's own, which Services.rollouts
+        # (calibration's probes, a controller's re-samples) reaches without Services.generate.
+        services.generate = services.sampler.generate = scripted_services_generate(
+            policy, services, domain.train
+        )
     if controllers is None:
         controllers, pipeline = builders.build_method(config, domain)
     else:  # given controllers: the method's pipeline over them
