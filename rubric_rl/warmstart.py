@@ -293,8 +293,10 @@ _DOMAIN_KEY_DEFAULTS = {
 
 
 def completion_len(config) -> int:
-    """Demonstration completions' cap: ``warmstart.completion_len``, else the rollout's."""
-    return int(config.warmstart.completion_len) or int(config.rollout.max_new_tokens)
+    """Demonstration completions' cap: ``warmstart.completion_len``, else the rollout's. A run's
+    saved config from before the option existed lacks the key: the rollout's cap, as then."""
+    n = config.warmstart.to_dict().get("completion_len", 0)
+    return int(n) or int(config.rollout.max_new_tokens)
 
 
 def cache_key(config) -> str:
