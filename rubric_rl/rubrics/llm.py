@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import inspect
 import logging
 import os
@@ -45,6 +46,21 @@ from rubric_rl.rubrics.llm_client import (  # noqa: F401  (re-exported API)
 from rubric_rl.rubrics.types import Message
 
 logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptTemplate:
+    """A versioned chat prompt of an LLM role (reflection, tagger, coach): editing a prompt
+    means a new version, never an in-place change."""
+
+    name: str
+    version: int
+    system: str
+    user: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}@v{self.version}"
 
 
 def make_client(kind: str, **cfg: Any) -> LLMClient:

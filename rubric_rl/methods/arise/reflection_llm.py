@@ -11,7 +11,6 @@ of it is applied — and counted (``stats()``: calls / accepted / rejected).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -26,24 +25,19 @@ from rubric_rl.methods.arise.reflection_base import (
     failing_records,
 )
 from rubric_rl.registry import Registry
-from rubric_rl.rubrics.llm import LLMClient, LLMError, SchemaCaller, strip_json_fence
+from rubric_rl.rubrics.llm import (
+    LLMClient,
+    LLMError,
+    PromptTemplate,
+    SchemaCaller,
+    strip_json_fence,
+)
 from rubric_rl.rubrics.prompts import FENCE_RULE, fence
 
 logger = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass(frozen=True)
-class ReflectionTemplate:
-    """A versioned chat prompt; editing a prompt means a new version, never an in-place change."""
-
-    name: str
-    version: int
-    system: str
-    user: str
-
-    @property
-    def key(self) -> str:
-        return f"{self.name}@v{self.version}"
+ReflectionTemplate = PromptTemplate  # the LLM roles' shared versioned prompt
 
 
 REFLECTION_TEMPLATES: Registry[ReflectionTemplate] = Registry("reflection template")

@@ -37,7 +37,13 @@ from typing import Any
 
 from rubric_rl.envs.base import GENERIC_STYLE, Style
 from rubric_rl.registry import Registry
-from rubric_rl.rubrics.llm import LLMClient, LLMError, SchemaCaller, strip_json_fence
+from rubric_rl.rubrics.llm import (
+    LLMClient,
+    LLMError,
+    PromptTemplate,
+    SchemaCaller,
+    strip_json_fence,
+)
 from rubric_rl.rubrics.prompts import FENCE_RULE, fence
 
 logger = logging.getLogger(__name__)
@@ -46,18 +52,7 @@ COACHES = ("rule", "llm")
 FENCE_LABEL = "quote"
 
 
-@dataclasses.dataclass(frozen=True)
-class CoachTemplate:
-    """A versioned coach prompt; a changed prompt is a new version, never an edit in place."""
-
-    name: str
-    version: int
-    system: str
-    user: str
-
-    @property
-    def key(self) -> str:
-        return f"{self.name}@v{self.version}"
+CoachTemplate = PromptTemplate  # the LLM roles' shared versioned prompt
 
 
 COACH_TEMPLATES: Registry[CoachTemplate] = Registry("coach template")
