@@ -1,11 +1,12 @@
 """Asynchronous rollouts (rubric_rl/async_rollouts.py): the schedule against hand values, the
 prefetcher, the config checks, and launched runs — overlapped equals the same schedule run
-inline, SIGKILL + --resume equals uninterrupted, and the stale weights are really the ones used
-(step 2 differs from a synchronous run, step 1 does not)."""
+inline, --resume from a checkpoint inside a segment equals uninterrupted, and the stale weights
+are really the ones used (step 2 differs from a synchronous run, step 1 does not)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -15,7 +16,7 @@ import pytest
 from rubric_rl.async_rollouts import Prefetcher, Weights, prefetch_steps, weight_version
 from rubric_rl.metrics import read_metrics
 from rubric_rl.rollout.scripted import ScriptedEngine, prompt_words
-from tests.launch_env import kill_then_resume, launch_env, metric_diffs, stable_rows
+from tests.launch_env import launch_env, metric_diffs, stable_rows
 from tests.trainer_spy import serve_scripted
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -182,42 +183,46 @@ def test_config_checks_name_the_field():
 # ----------------------------------------------------------------------------- launched runs
 
 STEPS = 7
-# Sync points: checkpoints at 3 and 6, evaluations at 5 (and the final step 7).
+# Sync points: checkpoints at 3 and 6, evaluations at 5 (and the final step 7); all three
+# checkpoints kept, so the run can be resumed from 3. No warm start: the schedule and its numbers
+# do not depend on where the policy starts.
 ARGS = (
-    f"--config.train.steps={STEPS}", "--config.checkpoint.every=3", "--config.eval.every=5",
-    "--config.eval.at_start=False",
+    f"--config.train.steps={STEPS}", "--config.checkpoint.every=3", "--config.checkpoint.keep=3",
+    "--config.eval.every=5", "--config.eval.at_start=False", "--config.warmstart.steps=0",
 )  # fmt: skip
 # w(s) for k = 1 with sync points {3, 5, 6, 7}: max(s - 2, c(s)).
 VERSIONS = [0, 0, 1, 3, 3, 5, 6]
 
 
-def _cmd(workdir, *extra):
-    return [
+def _launch(workdir, env, *extra):
+    cmd = [
         sys.executable, "-m", "rubric_rl.launch", "--config=configs/grpo.py:smoke", *ARGS,
         f"--workdir={workdir}", *extra,
     ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, timeout=900, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    """The overlapped run; the same schedule inline; the synchronous run; and the overlapped
+    run resumed from its step-3 checkpoint: its directory copied with checkpoints 6 and 7
+    removed, as a kill after step 7's metrics row and before checkpoint 6 was complete would
+    leave it (rows, rollouts and controller files of steps 4-7 on disk; tests/test_trainer.py
+    kills a launched run itself)."""
     base = tmp_path_factory.mktemp("async")
     env = launch_env(base / "jax_cache")
-    k1 = ("--config.rollout.max_staleness=1",)
-    out = {}
-    for name, extra in (
-        ("overlap", k1),
-        ("inline", (*k1, "--config.rollout.async_overlap=False")),
-        ("sync", ()),
-    ):
-        out[name] = base / name
-        subprocess.run(
-            _cmd(out[name], *extra), cwd=REPO, env=env, check=True, timeout=900,
-            capture_output=True,
-        )  # fmt: skip
-    out["killed"] = base / "killed"
-    out["rows_at_kill"] = kill_then_resume(
-        _cmd(out["killed"], *k1), env, out["killed"], after_step=4, checkpoint=3
-    )
+    k1 = "--config.rollout.max_staleness=1"
+    out = {name: base / name for name in ("overlap", "inline", "sync", "resumed")}
+    _launch(out["overlap"], env, k1)
+    _launch(out["inline"], env, k1, "--config.rollout.async_overlap=False")
+    _launch(out["sync"], env)
+    shutil.copytree(out["overlap"], out["resumed"])
+    assert sorted(int(p.name) for p in (out["resumed"] / "checkpoints").iterdir()) == [3, 6, STEPS]
+    for step in (6, STEPS):
+        shutil.rmtree(out["resumed"] / "checkpoints" / str(step))
+    out["resume_log"] = _launch(out["resumed"], env, k1, "--resume").stderr
     return out
 
 
@@ -234,7 +239,9 @@ def test_versions_and_staleness_follow_the_schedule(runs):
         s - 1 - v for s, v in zip(range(1, 8), VERSIONS)
     ]
     assert all(r["time/rollout_wait"] >= 0 and r["time/pipeline"] > 0 for r in rows)
-    assert all("rollout/staleness" not in r for r in _rows(runs["sync"]))  # k = 0: as before
+    sync = _rows(runs["sync"])
+    assert [r["step"] for r in sync] == list(range(1, STEPS + 1))
+    assert all("rollout/staleness" not in r for r in sync)  # k = 0: as before
 
 
 @pytest.mark.slow
@@ -246,10 +253,15 @@ def test_overlapped_equals_the_same_schedule_inline(runs):
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_equals_uninterrupted(runs):
-    assert max(r["step"] for r in runs["rows_at_kill"]) < STEPS, "the run was not interrupted"
-    diffs = metric_diffs(_rows(runs["overlap"]), _rows(runs["killed"]))
-    assert [r["step"] for r in _rows(runs["killed"])] == [r["step"] for r in _rows(runs["overlap"])]
+def test_resume_inside_a_segment_equals_uninterrupted(runs):
+    """Resumed at checkpoint 3, inside the segment that ends at the evaluation of step 5: the
+    rows of steps 4-7 on disk are dropped and replayed (4 and 5 sampled with version 3 again,
+    the prefetch scheduled anew), and every row matches the uninterrupted run's."""
+    assert "resumed from step 3 " in runs["resume_log"]
+    diffs = metric_diffs(_rows(runs["overlap"]), _rows(runs["resumed"]))
+    assert [r["step"] for r in _rows(runs["resumed"])] == [
+        r["step"] for r in _rows(runs["overlap"])
+    ]
     assert not diffs, f"resumed vs uninterrupted (step, key, a, b): {diffs[:10]}"
 
 

@@ -316,8 +316,8 @@ def test_controller_files_are_rolled_back_to_the_checkpoint_on_resume(tmp_path):
     from rubric_rl.trainer import Trainer
 
     c = _config()
-    c.train.steps = 4
-    c.checkpoint.every = 2
+    c.train.steps = 3
+    c.checkpoint.every = 2  # and the final step's
     c.optim.schedule = "constant"
 
     def run(workdir, resume=False):
@@ -329,20 +329,18 @@ def test_controller_files_are_rolled_back_to_the_checkpoint_on_resume(tmp_path):
             t.close()
 
     run(tmp_path / "full")
-    # Killed after the checkpoint of step 2, while step 3 had written its files: run to step 3,
-    # then drop checkpoint 3, as a SIGKILL before it was written would have left the run.
-    c.train.steps = 3
-    run(tmp_path / "killed")
+    # Killed after the checkpoint of step 2, while step 3 had written its files: the full run's
+    # directory without checkpoint 3, as a SIGKILL before it was written would have left it.
+    shutil.copytree(tmp_path / "full", tmp_path / "killed")
     shutil.rmtree(tmp_path / "killed" / "checkpoints" / "3")
     scribe = tmp_path / "killed" / "controllers" / "scribe"
     assert (scribe / "step_000003").exists()
-    c.train.steps = 4
     run(tmp_path / "killed", resume=True)
     want = _files(tmp_path / "full" / "controllers")
     got = _files(tmp_path / "killed" / "controllers")
     assert sorted(got) == sorted(want) and got == want
     rows = [json.loads(x) for x in open(scribe / "log.jsonl")]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows] == [1, 2, 3]
 
 
 def test_with_context_places_the_teacher_context():

@@ -13,9 +13,11 @@ import pytest
 
 from configs import grpo
 from rubric_rl.metrics import read_metrics
+from rubric_rl.rollout.scripted import ScriptedEngine, prompt_words
 from rubric_rl.rubrics.judges import Judge
 from rubric_rl.rubrics.types import verdict_failed
 from tests.launch_env import kill_then_resume, launch_env, metric_diffs
+from tests.trainer_spy import serve_scripted
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 5
@@ -127,8 +129,33 @@ class _StepRecorder:
 _RECORDER = _StepRecorder()  # registered through Trainer(callbacks=...) by the fixture below
 
 
+def _short_words(request, prompt_text, k):
+    """``prompt_words`` cut to 3 words: with EOS within the smoke config's 8 new tokens, as the
+    model's samples are, so every step's batch has one shape (one train program compiled)."""
+    return " ".join(prompt_words(request, prompt_text, k).split()[:3])
+
+
+class _ServedParams(ScriptedEngine):
+    """The scripted engine (``_short_words`` replies), keeping a copy of the parameters and the
+    version of each ``update_weights``: what the trainer hands its engine to serve."""
+
+    def __init__(self, tok):
+        super().__init__(tok, _short_words)
+        self.served = []
+
+    def update_weights(self, params_or_path, version):
+        import jax
+        import numpy as np
+
+        params = jax.tree.map(np.array, jax.device_get(params_or_path.params))
+        self.served.append((int(version), params))
+        super().update_weights(params_or_path, version)
+
+
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
+    """One in-process Trainer for the loop's tests, sampling from the scripted engine (no
+    generation program compiled; the updates, checkpoints and logs are the real ones)."""
     from rubric_rl.trainer import Trainer
 
     c = grpo.get_config("smoke")
@@ -139,6 +166,7 @@ def trainer(tmp_path_factory):
     t = Trainer(
         c, str(tmp_path_factory.mktemp("inproc")), judge=_SwitchableJudge(), callbacks=[_RECORDER]
     )
+    serve_scripted(t, _ServedParams(t.tokenizer))
     t._restore_or_warmstart(resume=False)
     yield t
     t.close()
@@ -505,7 +533,12 @@ def test_kl_reference_is_the_warm_start_policy_and_survives_a_resume(tmp_path):
     def leaves(tree):
         return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
-    t = Trainer(c, str(tmp_path))
+    def scripted(workdir):  # the updates are what is checked: no generation compiled
+        t = Trainer(c, str(workdir))
+        serve_scripted(t, ScriptedEngine(t.tokenizer, _short_words))
+        return t
+
+    t = scripted(tmp_path)
     try:
         t._restore_or_warmstart(resume=False)
         warm = ocp.StandardCheckpointer().restore(str(tmp_path / "warmstart" / "params"))
@@ -521,7 +554,7 @@ def test_kl_reference_is_the_warm_start_policy_and_survives_a_resume(tmp_path):
         assert any(not np.array_equal(a, b) for a, b in zip(ref, leaves(t.state.params)))
     finally:
         t.close()
-    resumed = Trainer(c, str(tmp_path))
+    resumed = scripted(tmp_path)
     try:
         resumed._restore_or_warmstart(resume=True)
         assert resumed.step == 2
@@ -529,7 +562,7 @@ def test_kl_reference_is_the_warm_start_policy_and_survives_a_resume(tmp_path):
     finally:
         resumed.close()
     c.warmstart.steps = 0  # no warm start: the reference is the initial (checkpoint) policy
-    cold = Trainer(c, str(tmp_path / "cold"))
+    cold = scripted(tmp_path / "cold")
     try:
         init = leaves(cold.state.params)
         cold._restore_or_warmstart(resume=False)
@@ -537,7 +570,7 @@ def test_kl_reference_is_the_warm_start_policy_and_survives_a_resume(tmp_path):
     finally:
         cold.close()
     c.loss.kl_ref_dtype = "bfloat16"  # the gpu variants' reference: the same weights in bf16
-    half = Trainer(c, str(tmp_path / "half"))
+    half = scripted(tmp_path / "half")
     try:
         init = leaves(half.state.params)
         half._restore_or_warmstart(resume=False)
@@ -626,12 +659,12 @@ def test_checkpoint_every_0_and_final_false_write_no_checkpoint(trainer):
 
 def test_load_policy_serves_a_checkpoint_of_this_run_or_another(trainer, tmp_path):
     """(After the test above: its final checkpoint is the one loaded.) The restored parameters
-    are the checkpoint's, bit for bit, and the engine serves them at that step's version."""
+    are the checkpoint's, bit for bit, and the engine is given them to serve at that step's
+    version (that the engine serves what it is given: tests/rollout/test_jax_engine.py)."""
     import shutil
 
     import jax
     import numpy as np
-    from flax import nnx
 
     from rubric_rl.policy_loading import load_policy
     from rubric_rl.run_dir import checkpoint_steps
@@ -657,4 +690,5 @@ def test_load_policy_serves_a_checkpoint_of_this_run_or_another(trainer, tmp_pat
         load_policy(trainer, ck, where)
         assert trainer.step == ck and trainer.engine.weight_version == ck
         assert same(jax.tree.map(np.asarray, trainer.state.params))
-        assert same(jax.tree.map(np.asarray, nnx.state(trainer.engine.model(), nnx.Param)))
+        version, served = trainer.engine.served[-1]
+        assert version == ck and same(served)
