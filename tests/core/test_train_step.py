@@ -228,7 +228,9 @@ def sd_reference(graphdef, state, batch):
             return value, g_const, g_nosg
 
         _CACHE["sd_reference"] = jax.jit(fn, compiler_options=FAST)
-    value, g, g_nosg = _CACHE["sd_reference"](state.params, state.rest, batch, _sd_weights(batch))
+    # the reference reads the masks only through w: a [B] sd_mask keeps one input layout
+    w, batch = _sd_weights(batch), batch.replace(sd_mask=np.ones(B, np.float32))
+    value, g, g_nosg = _CACHE["sd_reference"](state.params, state.rest, batch, w)
     return float(value), g, g_nosg
 
 
