@@ -4,6 +4,7 @@ and the compiled attention keeping the batch sharded."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -113,12 +114,19 @@ def test_fsdp_splits_the_state_and_the_embedding(fused_on_eight_devices):
     assert before["argument_parts"]["ref"] == before["argument_parts"]["params"]
 
 
-def test_gated_deltanet_backward_keeps_less_than_the_loop():
-    """Qwen3.5's tiny preset at 512 tokens: the --before program (autodiff of the triangular
-    solve's loop: its carry at each of 64 steps) needs more temporary memory than the custom
-    backward; the difference is at least the loop's saved carries of one layer."""
-    argv = ["--config=configs/grpo.py:gpu", "--model=qwen3_5_tiny", "--rows=8", "--seq=512",
-            "--devices=1", "--mesh=1,1,1"]  # fmt: skip
+def test_gated_deltanet_backward_keeps_less_than_the_loop(monkeypatch):
+    """Qwen3.5's tiny preset cut to its first layer (one Gated DeltaNet layer: the property is
+    per layer, and each layer is compiled) at 512 tokens: the --before program (autodiff of the
+    triangular solve's loop: its carry at each of 64 steps) needs more temporary memory than the
+    custom backward; the difference is at least the loop's saved carries of the layer."""
+    from rubric_rl.models import qwen3_5_config
+
+    tiny = qwen3_5_config.ALL_PRESETS["qwen3_5_tiny"]
+    assert tiny.layer_types[0] == "linear_attention"
+    one_layer = dataclasses.replace(tiny, num_hidden_layers=1, layer_types=tiny.layer_types[:1])
+    monkeypatch.setitem(qwen3_5_config.ALL_PRESETS, "qwen3_5_tiny_one_layer", one_layer)
+    argv = ["--config=configs/grpo.py:gpu", "--model=qwen3_5_tiny_one_layer", "--rows=8",
+            "--seq=512", "--devices=1", "--mesh=1,1,1"]  # fmt: skip
     after = _run(*argv)
     before = _run(*argv, "--before")
     # The rhs of the solve: [B, H, N, C, dv + dk] float32 (B a micro-batch's rows); the loop
