@@ -28,7 +28,7 @@ from rubric_rl.controllers.base import Controller, ControllerSet
 from rubric_rl.core import sharding
 from rubric_rl.core.train_step import TrainConfig
 from rubric_rl.envs import tool_domain
-from rubric_rl.envs.base import Domain
+from rubric_rl.envs.base import Domain, check_domain
 from rubric_rl.models import (
     Qwen3_5Config,
     Qwen3_5ForCausalLM,
@@ -361,6 +361,8 @@ def given_or_configured_domain(
         raise ValueError("Trainer: give tasks= or domain=, not both")
     if tasks is None and domain is None:
         return build_domain(config)
+    if domain is not None:
+        check_domain(domain, "Trainer(domain=)")
     out = domain if domain is not None else tasks_domain(tasks)
     if int(config.warmstart.steps) > 0 and out.corpus is None:
         raise ValueError(

@@ -38,6 +38,7 @@ import numpy as np
 from absl import logging
 
 from rubric_rl.controllers.base import Controller
+from rubric_rl.envs.base import DomainContract
 from rubric_rl.methods.arise.reflection_base import satisfied
 from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.types import Criterion, Task
@@ -188,7 +189,7 @@ def _logged(fig: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def build_calibration(config: Any, domain: Any) -> list[Controller]:
+def build_calibration(config: Any, domain: DomainContract) -> list[Controller]:
     """``[CalibrationController]`` when ``config.calibration.enabled``, else ``[]``; also ``[]``
     (logged) when no training task has criteria (the ``plain`` format's): there is nothing to
     calibrate."""

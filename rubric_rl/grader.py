@@ -20,6 +20,7 @@ from typing import Any
 
 from absl import logging
 
+from rubric_rl.envs.base import DomainContract
 from rubric_rl.rubrics.judges import Judge, JudgeItem
 from rubric_rl.rubrics.types import Criterion, Rubric, Task, Verdict
 
@@ -78,7 +79,7 @@ def judge_name(judge: Any) -> str:
 class Grader:
     """Verdicts from one judge (``judge_impl``) and the domain's verifier (module docstring)."""
 
-    def __init__(self, config: Any, judge: Any, domain: Any):
+    def __init__(self, config: Any, judge: Any, domain: DomainContract):
         self.config, self.judge_impl, self.domain = config, judge, domain
         self.cache = VerdictCache()
 

@@ -28,6 +28,7 @@ from typing import Any
 from absl import logging
 
 from rubric_rl.buckets import round_up_to_bucket
+from rubric_rl.envs.base import DomainContract
 from rubric_rl.grader import ComponentError
 from rubric_rl.rollout.batch import Messages, Trajectory
 from rubric_rl.rollout.engine import GenerationRequest, SamplingParams
@@ -55,7 +56,9 @@ def _check_seed_indices(seed_indices: Sequence[int] | None, n: int) -> None:
 class Sampler:
     """Generation over one engine, tokenizer and domain (module docstring)."""
 
-    def __init__(self, config: Any, engine: Any, tokenizer: Any, domain: Any, prompt_buckets):
+    def __init__(
+        self, config: Any, engine: Any, tokenizer: Any, domain: DomainContract, prompt_buckets
+    ):
         self.config, self.engine, self.tokenizer, self.domain = config, engine, tokenizer, domain
         self._prompt_buckets = prompt_buckets  # fn(cap) -> buckets
         self.step = 0  # the step being produced (sampled with the weights of step - 1)

@@ -20,7 +20,12 @@ def test_sql_domain_trains_through_launch_in_agent_mode(tmp_path):
     work = tmp_path / "sql"
     cmd = [
         sys.executable, "-m", "rubric_rl.launch", "--config=configs/grpo.py:smoke,domain=sql",
-        "--config.train.steps=2", "--config.eval.every=2", f"--workdir={work}",
+        "--config.train.steps=2", "--config.eval.every=2",
+        # One padded prompt shape (model.max_prompt_len: an agent turn's prompt is the episode
+        # so far, which would otherwise cross every bucket) and the warm start without its copy
+        # phase: fewer programs to compile; the episodes are the agent loop's all the same.
+        "--config.model.prompt_buckets=()", "--config.warmstart.copy_steps=0",
+        f"--workdir={work}",
     ]  # fmt: skip
     env = launch_env(tmp_path / "jax_cache")
     subprocess.run(cmd, cwd=REPO, env=env, check=True, timeout=600, capture_output=True)
@@ -73,6 +78,7 @@ def test_agent_steps_train_model_turns_and_mask_tool_outputs(tmp_path):
     c.warmstart.steps = 0
     c.eval.update(at_start=False, every=0)
     c.optim.mini_batches = 1
+    c.model.prompt_buckets = ()  # one padded length for every scored turn: one score program
     # The stand-in policy serves every caller of the engine: no calibration probes beside the
     # step's own rollouts, which are what is checked.
     c.calibration.enabled = False

@@ -4,6 +4,7 @@ and the compiled attention keeping the batch sharded."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -22,7 +23,20 @@ def _run(*argv):
     return aot_fit.main(["--target=cpu", *argv])
 
 
-def test_arguments_equal_a_hand_count_on_one_device():
+ONE_DEVICE_ROWS, ONE_DEVICE_SEQ = 8, 32
+
+
+@pytest.fixture(scope="module")
+def one_device():
+    """The tiny preset's step on one device, compiled from abstract state and then run once
+    (``--measure``): read by the hand count and by the measured step."""
+    return _run(
+        "--config=configs/grpo.py:gpu", "--model=tiny", "--devices=1", "--mesh=1,1,1",
+        f"--rows={ONE_DEVICE_ROWS}", f"--seq={ONE_DEVICE_SEQ}", "--measure",
+    )  # fmt: skip
+
+
+def test_arguments_equal_a_hand_count_on_one_device(one_device):
     """One device, the gpu variant's dtypes (bf16 compute, float32 master weights, bf16 KL
     reference) on the tiny preset: the compiled program's argument bytes are the state, the
     reference and the batch counted by hand — 4 B/param of weights, 8 of AdamW's moments, 2 of
@@ -30,11 +44,7 @@ def test_arguments_equal_a_hand_count_on_one_device():
     3 int32 + 2 float32 [T] arrays and 2 float32 scalars."""
     from rubric_rl.models import PRESETS
 
-    rows, seq = 8, 64
-    r = _run(
-        "--config=configs/grpo.py:gpu", "--model=tiny", "--devices=1", "--mesh=1,1,1",
-        f"--rows={rows}", f"--seq={seq}",
-    )  # fmt: skip
+    rows, seq, r = ONE_DEVICE_ROWS, ONE_DEVICE_SEQ, one_device
     n = PRESETS["tiny"].num_params()
     assert r["params"] == n and r["kl_ref_dtype"] == "bfloat16"
     batch = rows * seq * (3 * 4 + 2 * 4) + rows * 2 * 4
@@ -55,7 +65,31 @@ def test_arguments_equal_a_hand_count_on_one_device():
     assert r["temp_bytes"] > 0 and r["fits_pool"] is None  # a CPU target has no memory figure
 
 
-def test_fsdp_splits_the_state_and_the_embedding():
+EIGHT_DEVICES = ["--config=configs/grpo.py:gpu", "--model=tiny", "--rows=64", "--seq=64"]
+
+
+@pytest.fixture(scope="module")
+def fused_on_eight_devices():
+    """(result, the fused attention's keyword arguments per call): the tiny preset's step for 8
+    fsdp devices with the fused attention path taken (jax's XLA implementation standing in for
+    cuDNN on CPU). Read by the attention test and, as the "after" program, by the fsdp test (the
+    attention path changes no argument's shape or sharding)."""
+    from rubric_rl.models import qwen3
+
+    fused = qwen3.fused_attention
+    calls = []
+
+    def xla(q, k, v, mask, impl, **kw):
+        calls.append(kw)
+        return fused(q, k, v, mask, "xla", **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(qwen3, "_use_fused", lambda impl, q: True)
+        mp.setattr(qwen3, "fused_attention", xla)
+        return _run(*EIGHT_DEVICES), calls
+
+
+def test_fsdp_splits_the_state_and_the_embedding(fused_on_eight_devices):
     """8 fsdp devices: every parameter of the tiny preset divides by 8 (the embedding's
     vocabulary too), so each device holds an eighth of the weights and moments; the --before
     program replicates the embedding (its vocabulary on "tensor" alone)."""
@@ -63,14 +97,13 @@ def test_fsdp_splits_the_state_and_the_embedding():
 
     cfg = PRESETS["tiny"]
     n = cfg.num_params()
-    argv = ["--config=configs/grpo.py:gpu", "--model=tiny", "--rows=64", "--seq=64"]
-    after = _run(*argv)
+    after, _ = fused_on_eight_devices
     assert after["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1}
     norms = (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size + 2 * cfg.num_hidden_layers * (
         cfg.head_dim
     )  # replicated RMSNorm scales (input, post-attention, final; q and k norms)
     assert after["argument_parts"]["params"] == 4 * ((n - norms) // 8 + norms)
-    before = _run(*argv, "--before")
+    before = _run(*EIGHT_DEVICES, "--before")
     table = cfg.vocab_size * cfg.hidden_size
     assert before["argument_parts"]["params"] - after["argument_parts"]["params"] == (
         4 * (table - table // 8)
@@ -81,12 +114,19 @@ def test_fsdp_splits_the_state_and_the_embedding():
     assert before["argument_parts"]["ref"] == before["argument_parts"]["params"]
 
 
-def test_gated_deltanet_backward_keeps_less_than_the_loop():
-    """Qwen3.5's tiny preset at 512 tokens: the --before program (autodiff of the triangular
-    solve's loop: its carry at each of 64 steps) needs more temporary memory than the custom
-    backward; the difference is at least the loop's saved carries of one layer."""
-    argv = ["--config=configs/grpo.py:gpu", "--model=qwen3_5_tiny", "--rows=8", "--seq=512",
-            "--devices=1", "--mesh=1,1,1"]  # fmt: skip
+def test_gated_deltanet_backward_keeps_less_than_the_loop(monkeypatch):
+    """Qwen3.5's tiny preset cut to its first layer (one Gated DeltaNet layer: the property is
+    per layer, and each layer is compiled) at 512 tokens: the --before program (autodiff of the
+    triangular solve's loop: its carry at each of 64 steps) needs more temporary memory than the
+    custom backward; the difference is at least the loop's saved carries of the layer."""
+    from rubric_rl.models import qwen3_5_config
+
+    tiny = qwen3_5_config.ALL_PRESETS["qwen3_5_tiny"]
+    assert tiny.layer_types[0] == "linear_attention"
+    one_layer = dataclasses.replace(tiny, num_hidden_layers=1, layer_types=tiny.layer_types[:1])
+    monkeypatch.setitem(qwen3_5_config.ALL_PRESETS, "qwen3_5_tiny_one_layer", one_layer)
+    argv = ["--config=configs/grpo.py:gpu", "--model=qwen3_5_tiny_one_layer", "--rows=8",
+            "--seq=512", "--devices=1", "--mesh=1,1,1"]  # fmt: skip
     after = _run(*argv)
     before = _run(*argv, "--before")
     # The rhs of the solve: [B, H, N, C, dv + dk] float32 (B a micro-batch's rows); the loop
@@ -96,33 +136,19 @@ def test_gated_deltanet_backward_keeps_less_than_the_loop():
     assert before["temp_bytes"] - after["temp_bytes"] >= 32 * carry, (before, after)
 
 
-def test_model_attention_keeps_the_batch_sharded_on_cpu_devices(monkeypatch):
+def test_model_attention_keeps_the_batch_sharded_on_cpu_devices(fused_on_eight_devices):
     """The fused path (jax's XLA implementation standing in for cuDNN on CPU) compiled for 8
     fsdp devices: no all-gather of a whole micro-batch of q, k or v."""
-    from rubric_rl.models import qwen3
-
-    fused = qwen3.fused_attention
-    calls = []
-
-    def xla(q, k, v, mask, impl, **kw):
-        calls.append(kw)
-        return fused(q, k, v, mask, "xla", **kw)
-
-    monkeypatch.setattr(qwen3, "_use_fused", lambda impl, q: True)
-    monkeypatch.setattr(qwen3, "fused_attention", xla)
-    r = _run("--config=configs/grpo.py:gpu", "--model=tiny", "--rows=64", "--seq=128")
+    r, calls = fused_on_eight_devices
     assert calls and all(kw == {"causal_padding": True} for kw in calls)
     assert r["micro_rows"] == 64 // r["micro_batches"] == 8
     assert r["qkv_batch_gathers"] == 0
 
 
-def test_measure_runs_one_real_step_beside_the_estimate():
+def test_measure_runs_one_real_step_beside_the_estimate(one_device):
     """--measure: the same step with real (random) weights and batch on the attached devices;
     CPU devices keep no allocator statistics, so the measured peak is None there."""
-    r = _run(
-        "--config=configs/grpo.py:gpu", "--model=tiny", "--devices=1", "--mesh=1,1,1",
-        "--rows=8", "--seq=32", "--measure",
-    )  # fmt: skip
+    r = one_device
     assert math.isfinite(r["measured_loss"]) and r["measured_step_s"] > 0
     assert r["measured_device"] == "cpu" and r["measured_peak_bytes"] is None
 

@@ -49,11 +49,19 @@ def test_verify_names_a_missing_file_a_short_event_log_and_lost_records(tmp_path
     assert run_files.verify(root, saved, {})[-1].startswith(f"{root}/harness: 0 memory")
 
 
+# What these runs need not do (the controllers' files are the point): no warm start, no
+# calibration pass, no OOD evaluation (the held-out one logs step 0).
+LEAN = (
+    "--config.warmstart.steps=0", "--config.calibration.enabled=False",
+    "--config.eval.splits.ood=0",
+)  # fmt: skip
+
+
 def _resume(w, env, *extra, config="configs/harness_rl.py:smoke"):
     return subprocess.run(
         [
-            sys.executable, "-m", "rubric_rl.launch", f"--config={config}",
-            "--config.train.steps=3", "--config.checkpoint.every=1", f"--workdir={w}",
+            sys.executable, "-m", "rubric_rl.launch", f"--config={config}", *LEAN,
+            "--config.train.steps=2", "--config.checkpoint.every=1", f"--workdir={w}",
             "--resume", "--allow_config_change=train.steps", *extra,
         ],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
@@ -62,14 +70,14 @@ def _resume(w, env, *extra, config="configs/harness_rl.py:smoke"):
 
 @pytest.mark.slow
 def test_a_harness_resume_with_its_memory_deleted_is_refused_then_rebuilt_on_request(tmp_path):
-    """Real processes: a 2-step HarnessRL smoke run, its memory directory deleted, ``--resume``
-    for a third step. It used to exit 0 on an empty memory (the next step's metrics diverged);
+    """Real processes: a 1-step HarnessRL smoke run, its memory directory deleted, ``--resume``
+    for a second step. It used to exit 0 on an empty memory (the next step's metrics diverged);
     now it exits 1 naming the memory's files and its lost records, trains nothing, and with
     ``--rebuild_controller_files`` continues with one warning per difference."""
     pytest.importorskip("chromadb")
     w = tmp_path / "w"
-    launch_train(w, 2, "--config=configs/harness_rl.py:smoke")
-    with open(w / "checkpoints" / "2" / "run_state" / "metadata") as f:
+    launch_train(w, 1, "--config=configs/harness_rl.py:smoke", *LEAN)
+    with open(w / "checkpoints" / "1" / "run_state" / "metadata") as f:
         saved = json.load(f)["controller_files"]
     records = saved["records"]["harness"]
     assert records["memory time_records"] > 0 and "harness/memory/chroma.sqlite3" in saved["files"]
@@ -79,7 +87,7 @@ def test_a_harness_resume_with_its_memory_deleted_is_refused_then_rebuilt_on_req
     refused = _resume(w, env)
     assert refused.returncode == 1, refused.stderr[-3000:]
     err = refused.stderr
-    assert "the controllers' files do not match checkpoint step 2" in err
+    assert "the controllers' files do not match checkpoint step 1" in err
     # The database file is re-created empty when the controller opens its memory; the index
     # segments it had are named as missing, and the records it lost are counted.
     gone = [f for f in saved["files"] if f.startswith("harness/memory/") and "sqlite" not in f]
@@ -92,23 +100,23 @@ def test_a_harness_resume_with_its_memory_deleted_is_refused_then_rebuilt_on_req
         in err
     )
     assert "--rebuild_controller_files" in err
-    assert [r["step"] for r in read_metrics(str(w / "metrics.jsonl"))] == [0, 1, 2]
+    assert [r["step"] for r in read_metrics(str(w / "metrics.jsonl"))] == [0, 1]
 
     rebuilt = _resume(w, env, "--rebuild_controller_files")
     assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
     assert "--rebuild_controller_files: continuing without" in rebuilt.stderr
-    assert [r["step"] for r in read_metrics(str(w / "metrics.jsonl"))] == [0, 1, 2, 3]
+    assert [r["step"] for r in read_metrics(str(w / "metrics.jsonl"))] == [0, 1, 2]
 
 
 @pytest.mark.slow
 def test_an_arise_resume_with_its_event_log_cut_short_is_refused_naming_it(tmp_path):
-    """Real processes: a 2-step ARISE smoke run, its event log ``controllers/arise.jsonl`` cut to
-    its first row, ``--resume`` for a third step. It used to exit 0 with the log silently short
+    """Real processes: a 1-step ARISE smoke run, its event log ``controllers/arise.jsonl`` cut to
+    its first row, ``--resume`` for a second step. It used to exit 0 with the log silently short
     (its pool lifecycle and calibration gone, so aggregate.py left the run out); now it exits 1
     naming the file and both row counts, and trains nothing."""
     w = tmp_path / "w"
-    launch_train(w, 2, "--config=configs/arise.py:smoke")
-    with open(w / "checkpoints" / "2" / "run_state" / "metadata") as f:
+    launch_train(w, 1, "--config=configs/arise.py:smoke", *LEAN)
+    with open(w / "checkpoints" / "1" / "run_state" / "metadata") as f:
         rows = json.load(f)["controller_files"]["files"]["arise.jsonl"]
     log = w / "controllers" / "arise.jsonl"
     lines = log.read_text().splitlines(keepends=True)
@@ -117,11 +125,11 @@ def test_an_arise_resume_with_its_event_log_cut_short_is_refused_naming_it(tmp_p
 
     refused = _resume(w, launch_env(tmp_path / "jax_cache"), config="configs/arise.py:smoke")
     assert refused.returncode == 1, refused.stderr[-3000:]
-    assert "the controllers' files do not match checkpoint step 2" in refused.stderr
+    assert "the controllers' files do not match checkpoint step 1" in refused.stderr
     assert f"  {log}: 1 rows, the checkpoint was written with {rows}\n" in refused.stderr
     assert "--rebuild_controller_files" in refused.stderr
     assert "Traceback" not in refused.stderr
-    assert [r["step"] for r in read_metrics(str(w / "metrics.jsonl"))] == [0, 1, 2]
+    assert [r["step"] for r in read_metrics(str(w / "metrics.jsonl"))] == [0, 1]
     assert log.read_text() == lines[0]  # the evidence left as it was
 
 

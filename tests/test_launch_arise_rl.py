@@ -17,13 +17,23 @@ pytestmark = pytest.mark.slow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 6  # smoke: 2 cycles x (1 generator step + 2 solver steps)
+# One padded shape for every batch: prompts at their cap (model.max_prompt_len, the teacher's at
+# max_teacher_prompt_len, the warm start's at warmstart.max_prompt_len) and completions at 16
+# tokens, so the generator's and the solver's steps run one compiled train step; the warm start
+# without its copy phase (ARISE-RL's own setting) is one program too. What is checked does not
+# depend on the padding.
+ONE_SHAPE = (
+    "--config.model.prompt_buckets=()", "--config.warmstart.prompt_buckets=()",
+    "--config.rollout.buckets=(16,)", "--config.warmstart.copy_steps=0",
+)  # fmt: skip
 
 
 def _cmd(workdir, *extra):
     return [
         sys.executable, "-m", "rubric_rl.launch", "--config=configs/arise_rl.py:smoke",
         f"--config.train.steps={STEPS}", "--config.checkpoint.every=1",
-        "--config.domain.n_heldout=8", "--config.eval.every=3", f"--workdir={workdir}", *extra,
+        "--config.domain.n_heldout=8", "--config.eval.every=3", *ONE_SHAPE,
+        f"--workdir={workdir}", *extra,
     ]  # fmt: skip
 
 
@@ -92,6 +102,7 @@ def test_gkd_with_an_external_teacher_of_another_shape(tmp_path):
     launch_train(
         w, 2, "--config=configs/arise_rl.py:smoke,gkd", "--config.teacher.model=1m",
         f"--config.teacher.params={tmp_path / 'teacher'}", "--config.domain.n_heldout=8",
+        *ONE_SHAPE,
     )  # fmt: skip
     rows = read_metrics(str(w / "metrics.jsonl"))[1:]
     for r in rows:

@@ -24,6 +24,11 @@ def test_rised_smoke_run_trains_through_launch(tmp_path):
         "--config.rised.tagging=unconditioned",
         "--config.domain.n_heldout=16",
         "--config.eval.n=16",
+        # One padded shape for every batch (prompts at model.max_prompt_len, teacher prompts at
+        # max_teacher_prompt_len): the three steps run one compiled train step. The warm start
+        # without its copy phase: one program.
+        "--config.model.prompt_buckets=()",
+        "--config.warmstart.copy_steps=0",
     )
     config = json.loads((w / "config.json").read_text())
     assert config["method"] == "rised" and config["controllers"]["sampler"] == "env_quota"

@@ -1,6 +1,8 @@
 """``python -m rubric_rl.launch`` against its run-directory faults (real processes, real files): two
 runs into one workdir, refused launches that must not touch the run's config record, ``--resume``
-with nothing to resume or a changed config, a damaged latest checkpoint, and the CLI's messages."""
+with nothing to resume or a changed config, a damaged latest checkpoint, and the CLI's messages.
+A refusal that only repeats ``run_dir.claim``'s check on another path (the launcher prints every
+``RunDirError`` and exits 1, shown through a process once) is checked on ``run_dir.claim``."""
 
 import glob
 import json
@@ -12,6 +14,8 @@ import time
 
 import pytest
 
+from configs import grpo
+from rubric_rl import run_dir
 from rubric_rl.metrics import read_metrics
 from rubric_rl.run_summary import summarize_run
 from tests.launch_env import launch_env
@@ -21,10 +25,13 @@ STEPS = 3
 
 
 def _cmd(workdir, *extra):
+    # No warm start, no calibration pass, no OOD evaluation: the run directory's files are the
+    # point (the held-out evaluations stay, for the summary).
     return [
         sys.executable, "-m", "rubric_rl.launch", "--config=configs/grpo.py:smoke",
         f"--config.train.steps={STEPS}", "--config.checkpoint.every=1", f"--workdir={workdir}",
-        *extra,
+        "--config.warmstart.steps=0", "--config.calibration.enabled=False",
+        "--config.eval.splits.ood=0", *extra,
     ]  # fmt: skip
 
 
@@ -92,27 +99,37 @@ def test_refused_relaunches_leave_the_config_record_untouched(run):
     assert fresh.returncode == 1
     assert "already holds checkpoints (latest step 3); pass --resume" in fresh.stderr
     lr = json.loads(before)["optim"]["lr"]
-    changed = _launch(env, *_cmd(w, "--resume", "--config.optim.lr=0.5")[3:])
+    # A changed learning rate and another model in one launch: both are the config check,
+    # made before orbax is reached, which names each changed key.
+    changed = _launch(
+        env, *_cmd(w, "--resume", "--config.optim.lr=0.5", "--config.model.name=1m")[3:]
+    )
     assert changed.returncode == 1
     assert f"  optim.lr: {lr!r} -> 0.5\n" in changed.stderr
-    assert "--allow_config_change=optim.lr" in changed.stderr
-    # Another model is the same config check, before orbax is reached.
-    model = _launch(env, *_cmd(w, "--resume", "--config.model.name=1m")[3:])
-    assert model.returncode == 1 and "  model.name: 'tiny' -> '1m'\n" in model.stderr
-    assert "orbax" not in model.stderr and "Traceback" not in model.stderr
+    assert "  model.name: 'tiny' -> '1m'\n" in changed.stderr
+    assert "--allow_config_change=model.name,optim.lr" in changed.stderr
+    assert "orbax" not in changed.stderr and "Traceback" not in changed.stderr
     assert (w / "config.json").read_bytes() == before
 
 
 def test_resume_with_nothing_to_resume_is_an_error(tmp_path):
+    # Through the launcher: a missing workdir is refused with exit 1, and nothing is created.
     env = launch_env(tmp_path / "jax_cache")
-    for w in (tmp_path / "missing", tmp_path / "empty"):
-        if w.name == "empty":
-            w.mkdir()
-        r = _launch(env, "--config=configs/grpo.py:smoke", f"--workdir={w}", "--resume")
-        assert r.returncode == 1
-        assert f"--resume: nothing to resume, {w}" in r.stderr
-        assert "run without --resume to start a new run" in r.stderr
-    assert not (tmp_path / "missing").exists() and os.listdir(tmp_path / "empty") == []
+    w = tmp_path / "missing"
+    r = _launch(env, "--config=configs/grpo.py:smoke", f"--workdir={w}", "--resume")
+    assert r.returncode == 1
+    assert f"--resume: nothing to resume, {w}" in r.stderr
+    assert "run without --resume to start a new run" in r.stderr
+    assert not w.exists()
+    # An empty workdir is refused by the same check (run_dir.claim, whose refusal the launcher
+    # prints and exits 1 with, as above), leaving it empty.
+    w = tmp_path / "empty"
+    w.mkdir()
+    with pytest.raises(run_dir.RunDirError) as e:
+        run_dir.claim(str(w), grpo.get_config("smoke"), resume=True)
+    assert str(e.value).startswith(f"--resume: nothing to resume, {w}")
+    assert "run without --resume to start a new run" in str(e.value)
+    assert os.listdir(w) == []
 
 
 def test_cli_messages_help_typo_and_a_file_as_workdir(tmp_path):
@@ -125,10 +142,12 @@ def test_cli_messages_help_typo_and_a_file_as_workdir(tmp_path):
         "--config.rollout.temprature: no such config key 'temprature'\n"
         'Did you mean "temperature" instead of "temprature"?\n'
     ) in r.stderr
+    # A file as the workdir: run_dir.claim's refusal (printed by the launcher, exit 1, as for
+    # the missing workdir above).
     (tmp_path / "afile").write_text("x")
-    r = _launch(env, "--config=configs/grpo.py:smoke", f"--workdir={tmp_path / 'afile'}")
-    assert r.returncode == 1
-    assert f"--workdir {tmp_path / 'afile'} is a file, not a directory" in r.stderr
+    with pytest.raises(run_dir.RunDirError) as e:
+        run_dir.claim(str(tmp_path / "afile"), grpo.get_config("smoke"))
+    assert str(e.value).startswith(f"--workdir {tmp_path / 'afile'} is a file, not a directory")
 
 
 @pytest.mark.slow
@@ -191,10 +210,9 @@ def test_a_save_that_fails_on_a_full_disk_stops_the_run_with_one_error(run, tmp_
     limit = largest // 2
     tb = max(glob.glob(str(w / "tb" / "*")), key=os.path.getsize)
     assert os.path.getsize(tb) * 3 < limit, (largest, os.path.getsize(tb))
-    # A copy of the compilation cache: an entry the limit cuts short is read by no other test.
-    cache = tmp_path / "jax_cache"
-    shutil.copytree(run["env"]["JAX_COMPILATION_CACHE_DIR"], cache)
-    env = dict(run["env"], JAX_COMPILATION_CACHE_DIR=str(cache))
+    # The session's compilation cache, read but never written by this process (no compile
+    # takes a billion seconds): an entry the limit would cut short is never written.
+    env = dict(run["env"], JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="1e9")
     r = subprocess.run(
         [*_cmd(w, "--resume", "--allow_config_change=train.steps"), "--config.train.steps=5"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,

@@ -232,7 +232,7 @@ def absl_handler_records():
 def _trainer(workdir, *, library_info=False, **model):
     from rubric_rl.trainer import Trainer
 
-    c = _config(**model)
+    c = _config(shape={"num_hidden_layers": 1}, **model)  # one layer: logging is checked
     c.warmstart.steps = 0
     c.calibration.enabled = False
     c.logging.update(tensorboard=False, progress_bar=False, library_info=library_info)

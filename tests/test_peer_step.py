@@ -145,12 +145,10 @@ def test_roofline_fractions_by_hand():
     assert peer_step.roofline(sides, flops, []) == dict(flops=flops, matmul_flops_s_per_round=[])
 
 
-def test_matmul_peak_runs_and_reports_errors(tmp_path):
-    row = peer_step.matmul_peak(sys.executable, dict(os.environ))
-    assert row["matmul_flops_s"] == max(row["by_shape"].values()) > 1e8
-    assert row["shapes"]["mlp_up"] == [32 * 72, 256, 768] and row["devices"] == 1
+def test_matmul_peak_reports_a_missing_python_as_an_error(tmp_path):
+    """(Its line from a real Python: test_missing_peer_venvs_are_skipped_not_errors.)"""
     bad = peer_step.matmul_peak(str(tmp_path / "no-python"), dict(os.environ))
-    assert set(bad) == {"error"}
+    assert set(bad) == {"error"} and "no-python" in bad["error"]
 
 
 def _row(step, gen, train, **extra):
@@ -294,7 +292,17 @@ def test_rounds_alternate_the_sides_and_report_failures(tmp_path):
     assert out["ours_over_trl"]["step"] is None and out["goal_step_le_0.5x_trl"] is None
 
 
-def test_missing_peer_venvs_are_skipped_not_errors(tmp_path, capsys):
+def test_missing_peer_venvs_are_skipped_not_errors(tmp_path, capsys, monkeypatch):
+    """Also the roofline's calibration: benchmarks/peers/matmul_peak.py run with this Python
+    (one JAX device), its line read back by `matmul_peak`."""
+    peaks = []
+    real_peak = peer_step.matmul_peak
+
+    def recorded_peak(python, env, *args, **kw):
+        peaks.append((python, real_peak(python, env, *args, **kw)))
+        return peaks[-1][1]
+
+    monkeypatch.setattr(peer_step, "matmul_peak", recorded_peak)
     venvs = tmp_path / "peer-venvs"
     out = peer_step.main(
         [
@@ -323,6 +331,10 @@ def test_missing_peer_venvs_are_skipped_not_errors(tmp_path, capsys):
         workload.step_flops()["step"] / roof["matmul_flops_s"]
     )
     assert roof["peak_fraction"] == {} and roof["peak_fraction_needed"] == {}
+    [(python, row)] = peaks
+    assert python == sys.executable and roof["matmul_flops_s_per_round"] == [row["matmul_flops_s"]]
+    assert row["matmul_flops_s"] == max(row["by_shape"].values()) > 1e8
+    assert row["shapes"]["mlp_up"] == [32 * 72, 256, 768] and row["devices"] == 1
     assert line["tokenizer_digest"] == workload.tokenizer_digest(
         workload.byte_bpe(str(tmp_path / "bpe"))
     )
@@ -359,6 +371,7 @@ def test_host_devices_per_side(tmp_path, capsys):
     ):
         assert peer_step.parse_sides(text, known, host_devices=1)[1] == wrong
     common = ["--sides=tunix,tunix@2", f"--venvs={tmp_path}", "--rounds=1", "--steps=1"]
+    common.append("--roofline=off")  # the calibration: test_missing_peer_venvs_are_skipped...
     line = peer_step.main([*common, "--host_devices=cores", f"--workdir={tmp_path}"])
     assert sorted(line["sides"]) == ["tunix", "tunix@2"]
     for bad_count in ("0", "two"):

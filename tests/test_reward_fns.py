@@ -399,6 +399,7 @@ def test_tasks_in_python_train_on_a_plain_function_without_a_rubric(tmp_path):
         return rollouts
 
     c = grpo.get_config("smoke")
+    c.model.update(shape={"num_hidden_layers": 1})  # the fewest compiled layers: Python checked
     c.warmstart.steps = 0
     c.loss.update(reward="count_words", advantage="grpo", mismatch_every=0)
     c.optim.mini_batches = 1  # one update per step, no π_old forward: the test's seconds
@@ -525,6 +526,7 @@ from configs import grpo
 
 def get_config(arg=None):
     c = grpo.get_config("smoke")
+    c.model.update(shape={{"num_hidden_layers": 1}})
     c.domain.name = "dataset"
     c.domain.dataset.update(format="plain", train={train!r}, heldout={heldout!r})
     c.reward_fns = dict(words="my_rewards:words")

@@ -1,7 +1,8 @@
 """benchmarks/smollm2_speed.py on a tiny Llama GGUF (written by tests/models/test_gguf.py's
 writer), so the benchmark cannot rot: every part runs end to end (ours and transformers' decode
 and train step, the bf16 and frozen-layer options, the step shape, the group prefill) and its
-figures agree with each other."""
+figures agree with each other. Two runs, each compiling its stages once: decode and train (both
+sides), then the step alone (ours only, no transformers model loaded)."""
 
 from __future__ import annotations
 
@@ -23,25 +24,30 @@ def _load(name: str, rel: str):
     return mod
 
 
-def _tiny(tmp_path):
+@pytest.fixture(scope="module")
+def bench():
+    return _load("smollm2_speed", "benchmarks/smollm2_speed.py")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
     writer = _load("test_gguf_writer", "tests/models/test_gguf.py")
-    path = str(tmp_path / "tiny.gguf")
+    path = str(tmp_path_factory.mktemp("smollm2_speed") / "tiny.gguf")
     writer.write_gguf(path, qtype="Q8_0")
     return path
 
 
-@pytest.mark.slow  # ~2-3 min: eight train steps and six engines compile
-def test_tiny_run_prints_consistent_figures(tmp_path, capsys):
-    bench = _load("smollm2_speed", "benchmarks/smollm2_speed.py")
-    path = _tiny(tmp_path)
-    argv = ["--model", path, "--prompt-bucket", "128", "--batch", "2", "--new", "4"]
-    argv += ["--train-batch", "2", "--seq", "32", "--tasks", "2", "--rollouts", "3"]
-    argv += ["--step-new", "4", "--trainable-layers", "1", "--rounds", "1"]
-    argv += ["--step-micro-batches", "2"]
-    out = bench.main(argv)
+@pytest.mark.slow  # ~1 min: two engines and three train steps compile, transformers' model loads
+def test_decode_and_train_print_consistent_figures(bench, tiny, capsys):
+    """``--stages`` in any order runs them in the benchmark's order; decode and train figures
+    of every runner, and the ratios of the unrounded times."""
+    argv = ["--model", tiny, "--prompt-bucket", "128", "--batch", "2", "--new", "4"]
+    argv += ["--train-batch", "2", "--seq", "32", "--trainable-layers", "1", "--rounds", "1"]
+    out = bench.main(argv + ["--stages", "train,decode"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out
-    assert out["model"] == path and out["params"] > 0
-    assert out["stages"] == ["decode", "train", "step"]
+    assert out["model"] == tiny and out["params"] > 0
+    assert out["stages"] == ["decode", "train"] and "step_s" not in out
+    assert out["load_s_transformers"] >= 0
     for k in ("ours", "hf", "ours_bf16"):
         assert out[f"decode_tokens_per_s_{k}"] > 0
     for k in ("ours", "ours_top1", "ours_bf16", "hf"):
@@ -52,6 +58,20 @@ def test_tiny_run_prints_consistent_figures(tmp_path, capsys):
     assert out["ratio_decode"] == pytest.approx(ratio, rel=0.1)
     ratio = out["train_tokens_per_s_ours"] / out["train_tokens_per_s_hf"]
     assert out["ratio_train"] == pytest.approx(ratio, rel=0.1)
+
+
+@pytest.mark.slow  # ~1 min: three engines and four train steps compile
+def test_step_alone_prints_consistent_figures(bench, tiny, capsys):
+    """``--stages step`` measures the step alone (no transformers model is loaded), its parts
+    adding up to each variant's step time; a stage name outside the three is an error naming
+    the flag."""
+    argv = ["--model", tiny, "--prompt-bucket", "128", "--tasks", "2", "--rollouts", "3"]
+    argv += ["--step-new", "4", "--trainable-layers", "1", "--step-micro-batches", "2"]
+    out = bench.main(argv + ["--stages", "step"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out
+    assert out["stages"] == ["step"]
+    assert "load_s_transformers" not in out and "ratio_decode" not in out
+    assert "ratio_train" not in out
     # The step: 2 tasks x 3 rollouts; group prefill prefills 2 prompt rows, not 6.
     assert out["step_train_tokens"] == 2 * 3 * (128 + 4)
     assert out["step_prefill_rows_group_prefill"] == 2
@@ -72,19 +92,5 @@ def test_tiny_run_prints_consistent_figures(tmp_path, capsys):
     # ratio must lie within what those roundings allow (tiny steps here: a wide interval).
     s, s1, h = out["step_s"], out["step_s_top1"], 0.005
     assert (s - h) / (s1 + h) - 1e-3 <= out["ratio_step_top1"] <= (s + h) / (s1 - h) + 1e-3
-
-
-@pytest.mark.slow  # ~1 min: three engines and four train steps compile
-def test_stage_selection_runs_only_those_stages(tmp_path):
-    """``--stages step`` measures the step alone (no transformers model is loaded); a stage
-    name outside the three is an error naming the flag."""
-    bench = _load("smollm2_speed", "benchmarks/smollm2_speed.py")
-    path = _tiny(tmp_path)
-    argv = ["--model", path, "--prompt-bucket", "128", "--tasks", "2", "--rollouts", "2"]
-    argv += ["--step-new", "4", "--trainable-layers", "1", "--step-micro-batches", "1"]
-    out = bench.main(argv + ["--stages", "step"])
-    assert out["stages"] == ["step"]
-    assert "load_s_transformers" not in out and "ratio_decode" not in out
-    assert "ratio_train" not in out and out["step_prefill_rows_group_prefill"] == 2
     with pytest.raises(ValueError, match="--stages"):
         bench.main(argv + ["--stages", "decode,prefill"])

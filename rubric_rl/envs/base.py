@@ -38,7 +38,7 @@ import logging
 import random
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from rubric_rl.envs.tool_calls import (
     ToolCall,
@@ -563,9 +563,71 @@ class TaskWriter(Protocol):
     ) -> Task | None: ...
 
 
+@runtime_checkable
+class DomainContract(Protocol):
+    """The Domain contract: what the loop, the evaluation and every method may read of a domain.
+
+    Any object with these members is a domain (a method takes one as an argument and imports no
+    domain module); ``Domain`` below is the ready-made implementation, with every optional part
+    absent by default. An optional part is ``None`` where the domain does not have it.
+
+    The tasks: ``name``; the splits ``train``, ``validation`` (for choices the held-out set must
+    never make), ``heldout`` and ``ood``; ``episodic`` (which tasks are agent episodes).
+    Judging: ``verify`` (a task passes when every stated constraint holds), ``oracle`` (hidden
+    quality in [0, 1], analysis only), ``criteria_library`` (the rule-checked criteria a
+    rubric-writing method may propose for a task). Reading responses without a judge:
+    ``surface_features``, ``behaviours``. Writing tasks: ``task_writer``. Method text in prompts:
+    ``style`` (skills, guidance fields, coach memory, anti-patterns, teacher context),
+    ``skill_texts``, ``guidance`` (the task's prompt with the domain's own guidance). The policy's
+    side: ``corpus`` / ``copy_corpus`` (warm-start demonstrations), ``vocabulary`` and
+    ``embedded_tokenizer`` (the embedded tokenizer), ``make_env`` (a task's tool environment)."""
+
+    name: str
+    train: Sequence[Task]
+    validation: Sequence[Task]
+    heldout: Sequence[Task]
+    ood: Sequence[Task]
+    episodic: Callable[[Task], bool] | None
+    verify: Callable[[Task, str], bool] | None
+    oracle: Callable[[Task, str], float] | None
+    criteria_library: Callable[[Task], Sequence[Any]] | None
+    surface_features: Callable[[str], SurfaceFeatures] | None
+    behaviours: Behaviours | None
+    task_writer: Callable[..., TaskWriter] | None
+    style: Style
+    skill_texts: Mapping[str, str]
+    guidance: Callable[[Task], list[dict]] | None
+    corpus: Callable[[int, int, float, float], list[tuple[list[dict], str]]] | None
+    copy_corpus: Callable[[int, int], list[tuple[list[dict], str]]] | None
+    vocabulary: Sequence[str] | None
+    embedded_tokenizer: str
+    make_env: Callable[[Task], Env] | None
+
+
+CONTRACT_MEMBERS: tuple[str, ...] = tuple(DomainContract.__annotations__)
+
+
+def check_domain(domain: Any, where: str) -> None:
+    """A clear error naming the Domain contract's members that ``domain`` lacks (``where``: who
+    was given it, e.g. ``Trainer(domain=)``)."""
+    missing = [m for m in CONTRACT_MEMBERS if not hasattr(domain, m)]
+    if missing:
+        raise TypeError(
+            f"{where}: {type(domain).__name__} is not a domain: it lacks {', '.join(missing)} of "
+            "the Domain contract (rubric_rl/envs/base.py DomainContract; envs.base.Domain "
+            "implements every member, the optional ones absent by default)"
+        )
+    if not isinstance(domain.style, Style):
+        raise TypeError(
+            f"{where}: {type(domain).__name__}.style is {type(domain.style).__name__}, not an "
+            "envs.base.Style (GENERIC_STYLE, or a subclass overriding its renderers)"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class Domain:
-    """The Domain contract: what the loop, the evaluation and every method know of a domain.
+    """The Domain contract's ready-made implementation (``DomainContract``): what the loop, the
+    evaluation and every method know of a domain, the optional parts absent by default.
 
     Task splits (``train``, ``validation``, ``heldout``, ``ood``), the task verifier (``verify``:
     a task passes when every stated constraint holds), the hidden oracle (``oracle``: quality in

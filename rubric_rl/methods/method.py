@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -172,6 +173,26 @@ def _typed(default: Any, value: Any, where: str) -> Any:
             f"got {value!r} ({type(value).__name__})"
         )
     return float(value) if isinstance(default, float) else value
+
+
+def default_of(owner: Any, name: str) -> Any:
+    """The default of ``owner``'s field or keyword parameter ``name`` (a dataclass field, or a
+    parameter of a class's ``__init__`` / a function): a config section's field that feeds it
+    takes its default from here, so each default has one source. An error when it has none."""
+    if dataclasses.is_dataclass(owner):
+        for f in dataclasses.fields(owner):
+            if f.name == name:
+                if f.default is not dataclasses.MISSING:
+                    return f.default
+                if f.default_factory is not dataclasses.MISSING:
+                    return f.default_factory()
+                break
+        raise TypeError(f"default_of: {owner.__name__}.{name} has no default")
+    target = owner.__init__ if isinstance(owner, type) else owner
+    param = inspect.signature(target).parameters.get(name)
+    if param is None or param.default is inspect.Parameter.empty:
+        raise TypeError(f"default_of: {getattr(owner, '__name__', owner)}({name}=) has no default")
+    return param.default
 
 
 def section_defaults(cls: type, *fixed: str) -> dict[str, Any]:

@@ -16,13 +16,16 @@ def saved(tmp_path_factory):
     mesh = sharding.make_mesh(2, 2, 2)
     model = sharding.init_sharded(lambda: Qwen3ForCausalLM(PRESETS["tiny"], rngs=nnx.Rngs(0)), mesh)
     _, state = ts.init_train_state(model, ts.TrainConfig(), mesh)
-    # non-trivial optimiser moments and step, so a restore that dropped them would show
-    keys = iter(jax.random.split(jax.random.key(1), len(jax.tree.leaves(state))))
-    noisy = lambda x: x + jax.random.normal(next(keys), x.shape, x.dtype)
-    state = jax.tree.map(lambda x: noisy(x) if x.dtype.kind == "f" else x + 7, state)
+    # non-trivial optimiser moments and step, so a restore that dropped them would show (noise
+    # drawn on the host: one device_put, no compiled program per leaf)
+    rng = np.random.default_rng(1)
+    noisy = lambda x: (x + rng.normal(size=x.shape)).astype(x.dtype)
+    host = jax.tree.map(
+        lambda x: noisy(x) if x.dtype.kind == "f" else x + 7, jax.tree.map(np.asarray, state)
+    )
+    state = jax.device_put(host, ts.train_state_shardings(state, mesh))
     manager = ck.make_checkpoint_manager(str(tmp_path_factory.mktemp("ckpt")))
     assert ck.save_train_state(manager, 7, state)
-    host = jax.tree.map(np.asarray, state)
     return manager, state, host
 
 

@@ -208,3 +208,59 @@ def test_arise_rls_generator_role_runs_on_the_domains_task_writer():
     assert out.reason == "no_question" and r_fmt(out) == 0.0 and out.num_criteria == 0
     with pytest.raises(ValueError, match="another domain.*writer is 'toy'"):
         build_generator_domain("constraint", ToyDomain())
+
+
+# --- the contract itself ------------------------------------------------------------------------
+
+
+def test_the_ready_made_domain_implements_exactly_the_contract_and_the_builders_return_one():
+    from configs import grpo
+    from rubric_rl import builders
+    from rubric_rl.envs.base import CONTRACT_MEMBERS, Domain, DomainContract
+
+    assert {f.name for f in dataclasses.fields(Domain)} == set(CONTRACT_MEMBERS)
+    config = grpo.get_config("smoke")
+    for name in ("constraints", "instruct"):
+        with config.unlocked():
+            config.domain.name = name
+        assert isinstance(builders.build_domain(config), DomainContract), name
+
+
+class _OwnDomain:
+    """A domain written without envs.base.Domain: any object with the contract's members."""
+
+    def __init__(self, **absent: Any):
+        from rubric_rl.envs.base import CONTRACT_MEMBERS, GENERIC_STYLE
+
+        for m in CONTRACT_MEMBERS:
+            setattr(self, m, None)
+        self.name, self.embedded_tokenizer = "own", "word"
+        self.train = self.heldout = self.ood = tuple(task(i) for i in range(3))
+        self.validation, self.skill_texts, self.style = (), {}, GENERIC_STYLE
+        for m, value in absent.items():
+            if value is _DELETE:
+                delattr(self, m)
+            else:
+                setattr(self, m, value)
+
+
+_DELETE = object()
+
+
+def test_a_trainer_takes_any_object_with_the_contracts_members_and_names_what_one_lacks():
+    from configs import grpo
+    from rubric_rl.builders import given_or_configured_domain
+    from rubric_rl.envs.base import DomainContract
+
+    config = grpo.get_config("smoke")
+    with config.unlocked():
+        config.warmstart.steps = 0
+    own = _OwnDomain()
+    assert isinstance(own, DomainContract)
+    assert given_or_configured_domain(config, None, own) is own
+    lacking = _OwnDomain(style=_DELETE, skill_texts=_DELETE)
+    assert not isinstance(lacking, DomainContract)
+    with pytest.raises(TypeError, match=r"Trainer\(domain=\).*lacks style, skill_texts"):
+        given_or_configured_domain(config, None, lacking)
+    with pytest.raises(TypeError, match=r"_OwnDomain.style is str, not an envs.base.Style"):
+        given_or_configured_domain(config, None, _OwnDomain(style="plain"))

@@ -244,3 +244,39 @@ def test_smoke_pool_evolves_and_frozen_rubrics_reloads_it(tmp_path):
     _simulate(frozen, b, j, 2)
     assert {e.id: (e.state, e.skill) for e in frozen.pool.entries.values()} == before
     assert frozen.pop_events() == []
+
+
+def test_nested_sections_take_their_defaults_from_the_parts_they_configure():
+    import dataclasses
+
+    from rubric_rl.controllers.sampling import RewardVarianceConfig
+    from rubric_rl.methods.arise.arise_config import (
+        CapabilitySection,
+        LLMReflectionSection,
+        ProgrammaticSection,
+        VarianceSection,
+    )
+    from rubric_rl.methods.arise.capability_sampler import CapabilitySamplerConfig
+    from rubric_rl.methods.arise.reflection import ProgrammaticReflection
+    from rubric_rl.methods.arise.reflection_llm import LLMReflection
+    from rubric_rl.methods.method import default_of
+
+    def section(cls):
+        return {f.name: f.default for f in dataclasses.fields(cls)}
+
+    cap = section(CapabilitySection)
+    assert cap == {k: default_of(CapabilitySamplerConfig, k) for k in cap}
+    prog = section(ProgrammaticSection)
+    assert prog == {k: default_of(ProgrammaticReflection, k) for k in prog}
+    llm = {k: v for k, v in section(LLMReflectionSection).items() if k in (
+        "propose_template", "refine_template", "max_examples", "max_chars", "temperature",
+        "max_tokens")}  # fmt: skip
+    assert llm == {k: default_of(LLMReflection, k) for k in llm} and len(llm) == 6
+    var = section(VarianceSection)
+    # ARISE scores the task verifier's reward; the selector's own default is the evidence's.
+    assert var.pop("reward") == "task_verifier" != default_of(RewardVarianceConfig, "reward")
+    assert var == {k: default_of(RewardVarianceConfig, k) for k in var}
+    with pytest.raises(TypeError, match="batch_size has no default"):
+        default_of(CapabilitySamplerConfig, "batch_size")
+    with pytest.raises(TypeError, match=r"ProgrammaticReflection\(nope=\) has no default"):
+        default_of(ProgrammaticReflection, "nope")

@@ -250,6 +250,10 @@ def test_force_refuses_a_live_run_naming_its_pid_and_moves_an_idle_one_aside(tmp
     env = launch_env(tmp_path / "jax_cache")
     argv = ["--root", str(root), "--config", "configs/grpo.py:smoke"]
     argv += ["--set", "train.steps=3", "--set", "checkpoint.every=1"]
+    # No warm start, no calibration pass, no OOD evaluation: the run's files and lock are the
+    # point.
+    argv += ["--set", "warmstart.steps=0", "--set", "calibration.enabled=False"]
+    argv += ["--set", "eval.splits.ood=0"]
     wd = root / "grpo-smoke" / "seed0"
     live = subprocess.Popen(
         [sys.executable, "-m", "launch.sweep", *argv], cwd=REPO, env=env,

@@ -1,5 +1,7 @@
 """Attention fast paths: causal key-block skipping and the `attention_impl` option."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -55,7 +57,7 @@ def test_causal_blocks_gradients_equal_unblocked():
             return jnp.sum(attention(q, k, v, mask, causal_blocks=blocks) * ct)
 
         args = tuple(jnp.asarray(a, jnp.float32) for a in (q, k, v))
-        return jax.grad(loss, argnums=(0, 1, 2))(*args)
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*args)  # eager grads compile op by op
 
     ref, got = grads(1), grads(4)
     for a, b in zip(got, ref, strict=True):
@@ -102,7 +104,8 @@ def test_attention_impl_option():
     xla = Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0))
     auto = Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0), attention_impl="auto")
     # On CPU "auto" is the hand-written path: identical logits.
-    np.testing.assert_array_equal(np.asarray(auto(ids)), np.asarray(xla(ids)))
+    forward = nnx.jit(lambda m, i: m(i))
+    np.testing.assert_array_equal(np.asarray(forward(auto, ids)), np.asarray(forward(xla, ids)))
 
 
 @pytest.mark.parametrize(
@@ -176,7 +179,7 @@ def test_cache_layout_equals_token_major_and_numpy(t):
 
 # Padding patterns of a causal self-attention batch (True = real token), T = 10.
 _PAD = {
-    "none": [[1] * 10],
+    "none": [[1] * 10, [1] * 10],  # two rows, as every pattern: one shape, one compile
     "left": [[0, 0, 0] + [1] * 7, [1] * 10],
     "right": [[1] * 6 + [0] * 4, [1] * 10],
     "both": [[0, 0] + [1] * 5 + [0] * 3, [0] * 4 + [1] * 6],
@@ -195,6 +198,23 @@ def _padded_inputs(pattern, seed=0, h=4, kv=2, d=8):
     return q, k, v, mask, valid
 
 
+# Jitted once for every pattern (the masks are arguments; eager grads compile op by op).
+@jax.jit
+def _padded_causal(q, k, v, valid):
+    return qwen3.causal_padded_attention(q, k, v, valid, "xla")
+
+
+@jax.jit
+def _masked(q, k, v, mask):
+    return attention(q, k, v, mask)
+
+
+@functools.cache
+def _grads_of(fn):
+    """jit(dq, dk, dv of sum(fn(q, k, v, mask) * ct))."""
+    return jax.jit(jax.grad(lambda q, k, v, m, ct: jnp.sum(fn(q, k, v, m) * ct), (0, 1, 2)))
+
+
 @pytest.mark.parametrize("pattern", sorted(_PAD))
 def test_causal_padded_attention_equals_numpy_on_real_tokens(pattern):
     """The padding-causal path (rows rotated so their real tokens lead, `is_causal` with the rows'
@@ -204,19 +224,12 @@ def test_causal_padded_attention_equals_numpy_on_real_tokens(pattern):
     ok, key_real = qwen3.padded_causal_rows(jnp.asarray(mask))
     assert bool(ok) and np.array_equal(np.asarray(key_real), valid)
 
-    def fast(q, k, v):
-        return qwen3.causal_padded_attention(q, k, v, jnp.asarray(valid), "xla")
-
-    got = np.asarray(fast(q, k, v))
+    got = np.asarray(_padded_causal(q, k, v, valid))
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got[valid], _reference(q, k, v, mask)[valid], atol=1e-5)
     ct = np.random.RandomState(1).randn(*q.shape) * valid[:, :, None, None]
-
-    def grads(fn):
-        return jax.grad(lambda *a: jnp.sum(fn(*a) * ct), argnums=(0, 1, 2))(q, k, v)
-
-    want = grads(lambda q, k, v: attention(q, k, v, mask))
-    for a, b in zip(grads(fast), want, strict=True):
+    want = _grads_of(_masked)(q, k, v, mask, ct)
+    for a, b in zip(_grads_of(_padded_causal)(q, k, v, valid, ct), want, strict=True):
         assert np.isfinite(np.asarray(a)).all()
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
     if valid.any():
@@ -353,8 +366,11 @@ def test_padded_causal_path_selects_away_kernel_garbage(monkeypatch):
         def f(q, k, v):
             return qwen3.causal_padded_attention(q, k, v, jnp.asarray(valid), "xla")
 
-        out = f(q, k, v)
-        grads = jax.grad(lambda *a: jnp.sum(f(*a) * ct), argnums=(0, 1, 2))(q, k, v)
+        # A new jit per run: traced with the kernel in place at the call (eager grads compile
+        # op by op).
+        out, grads = jax.jit(
+            lambda *a: (f(*a), jax.grad(lambda *b: jnp.sum(f(*b) * ct), argnums=(0, 1, 2))(*a))
+        )(q, k, v)
         return np.asarray(out), [np.asarray(g) for g in grads]
 
     want_out, want_grads = run()

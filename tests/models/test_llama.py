@@ -74,15 +74,17 @@ def test_cache_decode_equals_full_forward():
     cfg = Qwen3Config(96, 32, 48, 2, 4, 2, 16, model_type="llama")
     model = Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(3))
     ids = np.random.RandomState(0).randint(0, 96, (2, 7)).astype(np.int32)
-    full = np.asarray(model(jnp.asarray(ids)))
+    full = np.asarray(nnx.jit(lambda m, i: m(i))(model, jnp.asarray(ids)))
+    # Jitted (eager decoding compiles op by op): one program for the prefill, one for the steps.
+    decode = nnx.jit(lambda m, i, p, c, s, k: m.decode(i, p, c, s, k))
     cache = model.init_cache(2, 8)
     mask = np.zeros((2, 8), np.int32)
     mask[:, :4] = 1
     pos = np.broadcast_to(np.arange(7, dtype=np.int32), (2, 7))
-    logits, cache = model.decode(ids[:, :4], pos[:, :4], cache, 0, jnp.asarray(mask))
+    logits, cache = decode(model, ids[:, :4], pos[:, :4], cache, jnp.int32(0), jnp.asarray(mask))
     got = [np.asarray(logits)]
     for i in range(4, 7):
         mask[:, i] = 1
-        step, cache = model.decode(ids[:, i : i + 1], pos[:, i : i + 1], cache, i, mask)
+        step, cache = decode(model, ids[:, i : i + 1], pos[:, i : i + 1], cache, jnp.int32(i), mask)
         got.append(np.asarray(step))
     np.testing.assert_allclose(np.concatenate(got, axis=1), full, atol=1e-5, rtol=0)

@@ -86,37 +86,48 @@ def test_rmsnorm_and_rope_against_numpy():
     )
 
 
-@pytest.mark.parametrize("first", [0, 7, -3])
-def test_rope_tables_fusion_boundary_changes_no_value(model, monkeypatch, first):
+def test_rope_tables_fusion_boundary_changes_no_value(model, monkeypatch):
     """On CPU the tables of T > 1 positions come out of a one-trip while loop (a fusion boundary,
-    see `rope_tables`): bit-identical to the plain formulation, for any first position (a
-    negative one makes the loop run more trips), jitted, in the model's logits and gradients,
-    and with T = 1 (no loop); both match numpy."""
+    see `rope_tables`): bit-identical to the plain formulation, for any first position (0, 7, and
+    a negative one, which makes the loop run more trips), jitted, in the model's logits and
+    gradients, and with T = 1 (no loop); both match numpy."""
     import rubric_rl.models.qwen3 as q3
 
     rs = np.random.RandomState(2)
-    pos = rs.randint(0, 300, (3, 6)).astype(np.int32)
-    pos[0, 0] = first
+    base = rs.randint(0, 300, (3, 6)).astype(np.int32)
     ids = jnp.asarray(rs.randint(0, CFG.vocab_size, (3, 6)))
+    positions = []
+    for first in (0, 7, -3):
+        pos = base.copy()
+        pos[0, 0] = first
+        positions.append(pos)
 
     def run():
+        # New jits, traced under the current ROPE_TABLE_LOOP; the positions are arguments, so
+        # each program compiles once for the three first positions.
         tables = jax.jit(rope_tables, static_argnums=(1, 2))
-        out = [tables(jnp.asarray(pos), 16, 1e6), tables(jnp.asarray(pos[:, :1]), 16, 1e6)]
         loss = nnx.jit(lambda m, p: jnp.sum(jnp.sin(m(ids, positions=p))))
-        grads = nnx.grad(loss)(model, jnp.asarray(pos))
-        return out, model(ids, positions=jnp.asarray(pos)), nnx.state(grads)
+        grad = nnx.jit(nnx.grad(loss))
+        out = []
+        for pos in positions:
+            p = jnp.asarray(pos)
+            t = [tables(p, 16, 1e6), tables(p[:, :1], 16, 1e6)]
+            out.append((t, model(ids, positions=p), nnx.state(grad(model, p))))
+        return out
 
-    tables, logits, grads = run()
-    text = jax.jit(rope_tables, static_argnums=(1, 2)).lower(jnp.asarray(pos), 16, 1e6).as_text()
+    looped = run()
+    text = jax.jit(rope_tables, static_argnums=(1, 2)).lower(positions[2], 16, 1e6).as_text()
     assert ("while" in text) == (jax.default_backend() == "cpu")
     monkeypatch.setattr(q3, "ROPE_TABLE_LOOP", False)
     plain = run()
-    for a, b in zip(jax.tree.leaves((tables, logits, grads)), jax.tree.leaves(plain), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    ang = pos[..., None].astype(np.float64) / (1e6 ** (np.arange(0, 16, 2) / 16))
-    np.testing.assert_allclose(np.asarray(tables[0][0][:, :, 0]), np.cos(ang), atol=5e-5)
-    np.testing.assert_allclose(np.asarray(tables[0][1][:, :, 0]), np.sin(ang), atol=5e-5)
-    assert tables[1][0].shape == (3, 1, 1, 8)
+    for pos, (tables, logits, grads), want in zip(positions, looped, plain, strict=True):
+        got = jax.tree.leaves((tables, logits, grads))
+        for a, b in zip(got, jax.tree.leaves(want), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        ang = pos[..., None].astype(np.float64) / (1e6 ** (np.arange(0, 16, 2) / 16))
+        np.testing.assert_allclose(np.asarray(tables[0][0][:, :, 0]), np.cos(ang), atol=5e-5)
+        np.testing.assert_allclose(np.asarray(tables[0][1][:, :, 0]), np.sin(ang), atol=5e-5)
+        assert tables[1][0].shape == (3, 1, 1, 8)
 
 
 def test_gqa_attention_against_numpy():

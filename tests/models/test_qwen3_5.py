@@ -106,7 +106,8 @@ def test_export_loads_in_transformers(torch_ckpts, helpers, tmp_path, name):
     )
     assert type(hf).__name__ == "Qwen3_5ForCausalLM"
     assert not info["missing_keys"] and not info["unexpected_keys"], info
-    ids, mask = helpers.padded_batch(ours.config.vocab_size, [6, 8], 8, "left", seed=5)
+    # test_logits_match_transformers' batch: the same compiled forward.
+    ids, mask = helpers.padded_batch(ours.config.vocab_size, [9, 5, 1], 9, "left", seed=3)
     ref = helpers.torch_logits(hf.eval(), ids, mask)
     got = helpers.forward(ours, ids, mask)
     np.testing.assert_allclose(got[mask > 0], ref[mask > 0], atol=1e-4, rtol=0)
@@ -151,7 +152,8 @@ def test_multimodal_checkpoint_loads_text_tower(tmp_path, helpers, caplog):
     lines = [r.getMessage() for r in caplog.records if "multimodal" in r.getMessage()]
     assert len(lines) == 1 and "ignoring" in lines[0]
     assert ours.config == text
-    ids, mask = helpers.padded_batch(text.vocab_size, [8, 4], 8, "left", seed=2)
+    # test_logits_match_transformers' batch: the same compiled forward (the same config).
+    ids, mask = helpers.padded_batch(text.vocab_size, [9, 5, 1], 9, "left", seed=3)
     ref = helpers.torch_logits(mm, ids, mask)
     got = helpers.forward(ours, ids, mask)
     np.testing.assert_allclose(got[mask > 0], ref[mask > 0], atol=1e-4, rtol=0)
@@ -202,7 +204,8 @@ def test_decode_with_cache_matches_full_forward(torch_ckpts, helpers, name):
     attention layers, conv + recurrent state for linear ones): every logit equals the full
     forward's at the same position; a row whose slot is masked keeps its cache."""
     _, _, model = torch_ckpts[name]
-    lengths, p, n = [6, 3, 1], 6, 5
+    # p + n = 9 with 3 rows: the full forward is test_logits_match_transformers' compiled program.
+    lengths, p, n = [4, 3, 1], 4, 5
     prompt, pmask = helpers.padded_batch(model.config.vocab_size, lengths, p, "left", seed=4)
     rs = np.random.RandomState(9)
     cont = rs.randint(0, model.config.vocab_size, (3, n)).astype(np.int32)
@@ -257,7 +260,8 @@ def test_sharded_import_equals_one_device(torch_ckpts, helpers):
         np.asarray(conv), np.asarray(ours.layers[0].linear_attn.conv1d.kernel[...])
     )
     assert gdn.A_log[...].sharding.spec == P("tensor")
-    ids, mask = helpers.padded_batch(ours.config.vocab_size, [8, 3, 6, 1], 8, "left", seed=4)
+    # test_logits_match_transformers' batch: the one-device forward is compiled already.
+    ids, mask = helpers.padded_batch(ours.config.vocab_size, [9, 5, 1], 9, "left", seed=3)
     np.testing.assert_allclose(
         helpers.forward(sharded, ids, mask), helpers.forward(ours, ids, mask), atol=1e-5, rtol=0
     )

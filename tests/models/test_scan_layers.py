@@ -5,7 +5,9 @@ on 8 forced CPU devices, orbax train-state checkpoints and the builder's flag.""
 
 import dataclasses
 import filecmp
+import functools
 import os
+import types
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +23,7 @@ from rubric_rl.models.layer_stack import stack_layers, unstack_layers
 from rubric_rl.rollout.engine import GenerationRequest, SamplingParams
 from rubric_rl.rollout.jax_engine import JaxEngine, JaxEngineConfig
 
-LAYERS = 4
+LAYERS = 2  # the smallest stack where a dropped, repeated or swapped layer shows
 FAMILIES = ["tiny", "qwen2_tiny"]
 ENGINE_CFG = JaxEngineConfig(prompt_buckets=(16,), batch_buckets=(4,), pad_id=0)
 is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
@@ -71,14 +73,16 @@ def _loss(model, ids, mask):
     return jnp.sum(nll * w) / jnp.sum(w)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _value_and_grad(graphdef, params, rest, ids, mask):
+    return jax.value_and_grad(lambda p: _loss(nnx.merge(graphdef, p, rest), ids, mask))(params)
+
+
 def _grads(model, ids, mask):
+    """(loss, gradients): one compiled program per model structure (the graphdef, remat
+    included), shared by every test that differentiates that structure."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-
-    @jax.jit
-    def run(params, rest, ids, mask):
-        return jax.value_and_grad(lambda p: _loss(nnx.merge(graphdef, p, rest), ids, mask))(params)
-
-    return run(params, rest, ids, mask)
+    return _value_and_grad(graphdef, params, rest, ids, mask)
 
 
 def _unstacked_grads(grads, cfg) -> nnx.State:
@@ -190,78 +194,81 @@ def test_init_cache_is_one_stacked_pair():
     )
 
 
-@pytest.mark.parametrize("preset", FAMILIES)
-def test_engine_greedy_equals_loop(preset):
-    loop, scan = _pair(preset, seed=3)
-    reqs = _requests(loop.config.vocab_size)
-    tok_l, lp_l = _generate(JaxEngine(loop, ENGINE_CFG), reqs)
-    eng = JaxEngine(scan, ENGINE_CFG)
+def _session_turns(engine, vocab: int):
+    """Two agent turns of two conversations through a prefix-reuse session: ([(tokens,
+    log-probs)] per conversation and turn, the session's reused prompt tokens)."""
+    params = SamplingParams(max_new_tokens=4, temperature=0.0)
+    convs = [list(r.prompt_ids) for r in _requests(vocab, (3, 6))]
+    turns = []
+    with engine.prefix_session() as s:
+        for k in range(2):
+            reqs = [GenerationRequest(tuple(c), f"e{e}/{k}") for e, c in enumerate(convs)]
+            gens = s.generate(reqs, params, [f"e{e}" for e in range(len(convs))])
+            for e, (g,) in enumerate(gens):
+                turns.append((g.token_ids, np.asarray(g.logprobs)))
+                convs[e] += list(g.token_ids) + [5 + e, 7]
+        reused = s.stats["reused_tokens"]
+    return turns, reused
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def decoding(request):
+    """A (looped, scanned) pair and the looped model's decoding through the JAX engine, read by
+    the decoding tests: greedy tokens and log-probs of `_requests`, prefix-session turns."""
+    loop, scan = _pair(request.param, seed=3)
+    vocab = loop.config.vocab_size
+    engine = JaxEngine(loop, ENGINE_CFG)
+    reqs = _requests(vocab)
+    greedy = _generate(engine, reqs)
+    turns, reused = _session_turns(engine, vocab)
+    assert reused > 0
+    return types.SimpleNamespace(
+        preset=request.param, loop=loop, scan=scan, reqs=reqs, greedy=greedy, turns=turns
+    )
+
+
+def test_engine_greedy_equals_loop(decoding):
+    """Scanned decoding (under the scan over the stacked cache) == looped: greedy tokens and
+    log-probs; and (tiny) two agent turns through a prefix-reuse session (slot relayout of the
+    stacked cache)."""
+    tok_l, lp_l = decoding.greedy
+    eng = JaxEngine(decoding.scan, ENGINE_CFG)
     assert eng.kv_only_cache  # prefix reuse stays available for the scanned cache
-    tok_s, lp_s = _generate(eng, reqs)
+    tok_s, lp_s = _generate(eng, decoding.reqs)
     assert tok_s == tok_l and all(len(t) == 6 for t in tok_l)
     for a, b in zip(lp_s, lp_l, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     assert len({t for toks in tok_l for t in toks}) > 3  # not one repeated token
+    if decoding.preset == "tiny":
+        turns, reused = _session_turns(eng, decoding.loop.config.vocab_size)
+        assert reused > 0
+        for (ta, la), (tb, lb) in zip(turns, decoding.turns, strict=True):
+            assert ta == tb
+            np.testing.assert_allclose(la, lb, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("preset", FAMILIES)
-def test_unscanned_decode_of_a_scanned_model_equals_loop(preset):
+def test_unscanned_decode_of_a_scanned_model_equals_loop(decoding):
     """`JaxEngineConfig(scan_decode=False)`: a scanned model decodes through its `unscanned`
     view (layers as a loop over slices of the stacked weights, per-layer caches): the loop
     model's tokens and log-probs, bit for bit; a prefix-reuse session equals the loop's too.
     The view leaves the scanned model as it was."""
-    loop, scan = _pair(preset, seed=6)
+    loop, scan = decoding.loop, decoding.scan
     assert loop.unscanned() is loop
     view = scan.unscanned()
     assert not view.config.scan_layers and len(view.layers) == LAYERS
     assert scan.config.scan_layers and len(scan.init_cache(3, 11)) == 1
     cache = view.init_cache(3, 11)
     assert len(cache) == LAYERS and cache[0]["k"].ndim == 4
-    reqs = _requests(loop.config.vocab_size)
-    tok_l, lp_l = _generate(JaxEngine(loop, ENGINE_CFG), reqs)
+    tok_l, lp_l = decoding.greedy
     eng = JaxEngine(scan, dataclasses.replace(ENGINE_CFG, scan_decode=False))
     assert eng.kv_only_cache
-    tok_u, lp_u = _generate(eng, reqs)
+    tok_u, lp_u = _generate(eng, decoding.reqs)
     assert tok_u == tok_l and len({t for toks in tok_l for t in toks}) > 3
     for a, b in zip(lp_u, lp_l, strict=True):
         np.testing.assert_array_equal(a, b)
-    params = SamplingParams(max_new_tokens=4, temperature=0.0)
-    outs = []
-    for engine in (JaxEngine(loop, ENGINE_CFG), eng):
-        convs = [list(r.prompt_ids) for r in _requests(loop.config.vocab_size, (3, 6))]
-        turns = []
-        with engine.prefix_session() as s:
-            for k in range(2):
-                rq = [GenerationRequest(tuple(c), f"e{e}/{k}") for e, c in enumerate(convs)]
-                for e, (g,) in enumerate(s.generate(rq, params, ["e0", "e1"])):
-                    turns.append(g.token_ids)
-                    convs[e] += list(g.token_ids) + [5, 7]
-        outs.append(turns)
-    assert outs[0] == outs[1]
-
-
-def test_prefix_session_turns_equal_loop():
-    """Two agent turns through a prefix-reuse session (slot relayout of the stacked cache):
-    scanned == looped, tokens and log-probs."""
-    loop, scan = _pair(seed=4)
-    params = SamplingParams(max_new_tokens=4, temperature=0.0)
-    results = []
-    for model in (loop, scan):
-        eng = JaxEngine(model, ENGINE_CFG)
-        convs = [list(r.prompt_ids) for r in _requests(loop.config.vocab_size, (3, 6))]
-        turns = []
-        with eng.prefix_session() as s:
-            for k in range(2):
-                reqs = [GenerationRequest(tuple(c), f"e{e}/{k}") for e, c in enumerate(convs)]
-                gens = s.generate(reqs, params, [f"e{e}" for e in range(len(convs))])
-                for e, (g,) in enumerate(gens):
-                    turns.append((g.token_ids, np.asarray(g.logprobs)))
-                    convs[e] += list(g.token_ids) + [5 + e, 7]
-            assert s.stats["reused_tokens"] > 0
-        results.append(turns)
-    for (ta, la), (tb, lb) in zip(*results, strict=True):
-        assert ta == tb
-        np.testing.assert_allclose(la, lb, atol=1e-5, rtol=0)
+    turns, reused = _session_turns(eng, loop.config.vocab_size)
+    assert reused > 0
+    assert [t for t, _ in turns] == [t for t, _ in decoding.turns]
 
 
 # ----------------------------------------------------------------------------- HF I/O
@@ -387,8 +394,9 @@ def test_orbax_train_state_round_trip_and_layout_mismatch(tmp_path):
 
 @pytest.mark.parametrize("remat", ["full", "dots"])
 def test_loop_remat_policies_keep_gradients(remat):
-    loop, _ = _pair(seed=8)
-    ids, mask = _batch(loop.config.vocab_size, "right")
+    # test_gradients_equal_loop's looped model and batch: its gradient program is shared.
+    loop, _ = _pair(seed=2, tie_word_embeddings=False)
+    ids, mask = _batch(loop.config.vocab_size, "left")
     _, want = _grads(loop, ids, mask)
     loop.remat = remat
     _, got = _grads(loop, ids, mask)

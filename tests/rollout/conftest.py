@@ -12,22 +12,22 @@ from pathlib import Path
 import pytest
 
 from rubric_rl.rollout.sglang_server import SGLangServer, SGLangServerConfig
-from tests.rollout.sglang_env import require_sglang_venv
+from tests.rollout.sglang_env import SERVER_ENV, TINY_QWEN3, require_sglang_venv
 
-# A model small enough for a 2-core CI machine; vocab above 256 so ids are not byte-like.
-TINY_QWEN3 = dict(
-    vocab_size=320,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=512,
-    tie_word_embeddings=False,
-    bos_token_id=0,
-    eos_token_id=1,
-)
+
+def server_config(model_path: Path, log: Path) -> SGLangServerConfig:
+    """A test's server of `model_path` (float32, the recipe's 8192-token KV pool) with the
+    tests' SGLang settings (sglang_env.SERVER_ENV), skipping SGLang's start-up warm-up request
+    (a second of sleeping; every test sends its own requests at once)."""
+    return SGLangServerConfig(
+        model_path=str(model_path),
+        dtype="float32",
+        max_total_tokens=8192,
+        startup_timeout_s=300,
+        log_path=str(log),
+        extra_flags=("--skip-server-warmup",),
+        extra_env=tuple(SERVER_ENV.items()),
+    )
 
 
 def _export_ours(path: Path, seed: int) -> Path:
@@ -81,15 +81,7 @@ def sglang_server(request, tmp_path_factory):
     require_sglang_venv()
     tiny_checkpoints = request.getfixturevalue("tiny_checkpoints")
     log = tmp_path_factory.mktemp("sglang_log") / "server.log"
-    server = SGLangServer(
-        SGLangServerConfig(
-            model_path=str(tiny_checkpoints[0]),
-            dtype="float32",
-            max_total_tokens=8192,
-            startup_timeout_s=300,
-            log_path=str(log),
-        )
-    )
+    server = SGLangServer(server_config(tiny_checkpoints[0], log))
     t0 = time.monotonic()
     server.start()
     print(f"\n[sglang] server up at {server.url} in {time.monotonic() - t0:.1f} s (log {log})")

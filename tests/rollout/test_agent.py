@@ -256,26 +256,37 @@ def test_async_driver_and_pack(tok):
 
 # ----------------------------------------------------------------------------- real engine
 
+# Each sampling kernel takes seconds to compile: the real-engine tests share one engine whose
+# two prompt buckets (the first turn; every later one of these short episodes) and one batch
+# bucket give each kind of call one shape. max_new_tokens is static: one value for all.
+MAX_NEW = 20
 
-def test_real_jax_engine_invariants(tok):
+
+@pytest.fixture(scope="module")
+def jax_engine(tok):
     from flax import nnx
 
     from rubric_rl.models.qwen3 import PRESETS, Qwen3ForCausalLM
-    from rubric_rl.rollout.diagnostics import rescore_trajectories
     from rubric_rl.rollout.jax_engine import JaxEngine, JaxEngineConfig
 
-    model = Qwen3ForCausalLM(PRESETS["tiny"], rngs=nnx.Rngs(0))
     cfg = JaxEngineConfig(
-        prompt_buckets=(128,), batch_buckets=(4,), eos_token_ids=(tok.eos_id,), pad_id=0
+        prompt_buckets=(64, 512), batch_buckets=(8,), eos_token_ids=(tok.eos_id,), pad_id=0
     )
-    engine = JaxEngine(model, cfg)
+    engine = JaxEngine(Qwen3ForCausalLM(PRESETS["tiny"], rngs=nnx.Rngs(1)), cfg)
+    yield engine
+    engine.close()
+
+
+def test_real_jax_engine_invariants(tok, jax_engine):
+    from rubric_rl.rollout.diagnostics import rescore_trajectories
+
     n = 4
     trajs = run_agent(
-        engine,
+        jax_engine,
         ChatFormat(tok, tools_in_system=False),  # the test template ignores tools=: short prompt
         [AddEnv() for _ in range(n)],
         [_task(0)] * n,
-        SamplingParams(max_new_tokens=10, temperature=1.0),
+        SamplingParams(max_new_tokens=MAX_NEW, temperature=1.0),
         AgentConfig(max_turns=2, max_total_tokens=120),
         sample_indices=range(n),
     )
@@ -285,9 +296,9 @@ def test_real_jax_engine_invariants(tok):
         lp = np.asarray(t.logprobs)
         assert len(t.token_ids) == len(lp) == len(m) and t.prompt_len > 0
         assert m[: t.prompt_len].sum() == 0 and np.all(lp[m == 0] == 0)
-        assert np.all(lp[m == 1] < 0) and 0 < m.sum() <= 10 * len(t.turns)
+        assert np.all(lp[m == 1] < 0) and 0 < m.sum() <= MAX_NEW * len(t.turns)
         assert t.status in ("stop", "length")
-    report = rescore_trajectories(model, trajs, temperature=1.0)
+    report = rescore_trajectories(jax_engine.model(), trajs, temperature=1.0)
     assert report["num_tokens"] == sum(sum(t.loss_mask) for t in trajs)
     assert report["max_abs_diff"] <= 1e-5
 
@@ -309,23 +320,15 @@ class EchoEnv(AddEnv):
 
 
 @pytest.mark.slow
-def test_prefix_reuse_equals_reprefill_in_agent_episodes(tok):
-    from flax import nnx
-
-    from rubric_rl.models.qwen3 import PRESETS, Qwen3ForCausalLM
-    from rubric_rl.rollout.jax_engine import JaxEngine, JaxEngineConfig
-
-    cfg = JaxEngineConfig(
-        prompt_buckets=(32, 64, 128, 256, 512), batch_buckets=(4, 8), eos_token_ids=(tok.eos_id,)
-    )
-    engine = JaxEngine(Qwen3ForCausalLM(PRESETS["tiny"], rngs=nnx.Rngs(1)), cfg)
+def test_prefix_reuse_equals_reprefill_in_agent_episodes(tok, jax_engine):
+    engine = jax_engine
     n = 6
     # Greedy multi-turn equality: tests/rollout/test_prefix_reuse.py (the random model's greedy
     # turns here never stop, so every episode would end at turn 1 on "length").
     for temperature in (1.0, 0.7):
         # 15 more stop ids: most turns of the random model end on a stop, not on the length
         sp = SamplingParams(
-            max_new_tokens=20, temperature=temperature, stop_token_ids=tuple(range(20, 35))
+            max_new_tokens=MAX_NEW, temperature=temperature, stop_token_ids=tuple(range(20, 35))
         )
         runs = {}
         for reuse in (True, False):
@@ -365,16 +368,15 @@ def test_hybrid_model_agent_episodes_reprefill_instead_of_reusing_prefixes(tok):
     # (prefix_reuse on) re-sends whole conversations — the episodes of prefix_reuse=False.
     from flax import nnx
 
-    from rubric_rl.models import QWEN3_5_PRESETS, Qwen3_5ForCausalLM
+    from rubric_rl.models import Qwen3_5ForCausalLM
     from rubric_rl.models.qwen3 import PRESETS, Qwen3ForCausalLM
     from rubric_rl.rollout.diagnostics import rescore_trajectories
     from rubric_rl.rollout.jax_engine import JaxEngine, JaxEngineConfig
+    from tests.rollout.test_qwen3_5_engine import HYBRID
 
-    cfg = JaxEngineConfig(
-        prompt_buckets=(64, 128, 256), batch_buckets=(4,), eos_token_ids=(tok.eos_id,)
-    )
+    cfg = JaxEngineConfig(prompt_buckets=(256,), batch_buckets=(4,), eos_token_ids=(tok.eos_id,))
     assert JaxEngine(Qwen3ForCausalLM(PRESETS["tiny"], rngs=nnx.Rngs(0)), cfg).prefix_session()
-    model = Qwen3_5ForCausalLM(QWEN3_5_PRESETS["qwen3_5_tiny"], rngs=nnx.Rngs(2))
+    model = Qwen3_5ForCausalLM(HYBRID, rngs=nnx.Rngs(2))  # one linear, one full layer
     engine = JaxEngine(model, cfg)
     assert not engine.kv_only_cache and engine.prefix_session() is None
     sp = SamplingParams(max_new_tokens=12, temperature=1.0, stop_token_ids=tuple(range(20, 35)))

@@ -59,9 +59,16 @@ def _assert_same(got, want):
         np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5, rtol=0)
 
 
-def test_group_prefill_equals_a_prefill_of_every_row(model, per_row):
-    eng = JaxEngine(model, CFG)
+@pytest.fixture(scope="module")
+def grouped(model):
+    """The default engine (group prefill on)."""
+    return JaxEngine(model, CFG)
+
+
+def test_group_prefill_equals_a_prefill_of_every_row(grouped, per_row):
+    eng = grouped
     assert eng.config.group_prefill  # the default
+    eng.stats.update(rows=0, prefill_rows=0)
     got = eng.generate(_requests(), SamplingParams(n=3, max_new_tokens=N_NEW, temperature=1.0))
     assert eng.stats == {"rows": 9, "prefill_rows": 2}  # two distinct prompts, nine rows
     _assert_same(got, per_row)
@@ -71,13 +78,15 @@ def test_group_prefill_equals_a_prefill_of_every_row(model, per_row):
     assert got[0][0].token_ids != got[2][0].token_ids
 
 
-def test_distinct_prompts_prefill_every_row(model):
+def test_distinct_prompts_prefill_every_row(grouped):
     """All prompts distinct: the distinct rows fill the same bucket as the rows, so the plain
-    path runs (nothing to share)."""
-    eng = JaxEngine(model, CFG)
-    reqs = _requests()[:2]
+    path runs (nothing to share). Nine rows: the 16-row bucket of `per_row` (its program)."""
+    eng = grouped
+    eng.stats.update(rows=0, prefill_rows=0)
+    b = _requests()[1].prompt_ids
+    reqs = [GenerationRequest(b[: 9 + k], f"d{k}", step=1, task_index=k) for k in range(9)]
     eng.generate(reqs, SamplingParams(max_new_tokens=N_NEW))
-    assert eng.stats == {"rows": 2, "prefill_rows": 2}
+    assert eng.stats == {"rows": 9, "prefill_rows": 9}
 
 
 def test_group_prefill_on_a_mesh(per_row):

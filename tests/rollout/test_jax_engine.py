@@ -99,6 +99,15 @@ def _jit_logits(model, ids):
     return model(ids)
 
 
+def _full_logits(model, seqs):
+    """Full-forward logits (float64 on the host) of right-padded token sequences, in the one
+    [8, REF_LEN] shape of every call (compiled once per model family)."""
+    ids = np.zeros((8, REF_LEN), np.int32)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = s
+    return np.asarray(_jit_logits(model, jnp.asarray(ids)), np.float64)[: len(seqs)]
+
+
 def test_logprobs_equal_trainer_and_score(family_engine):
     engine = family_engine
     reqs = _requests()
@@ -131,10 +140,7 @@ def test_greedy_equals_stepwise_argmax_of_full_forward(family_engine):
     want = [[] for _ in reqs]
     want_lp = [[] for _ in reqs]
     for _ in range(N_NEW):  # one full forward per step over right-padded rows
-        ids = np.zeros((len(seqs), REF_LEN), np.int32)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)] = s
-        logits = np.asarray(_jit_logits(model, jnp.asarray(ids)), np.float64)
+        logits = _full_logits(model, seqs)
         for i, s in enumerate(seqs):
             row = logits[i, len(s) - 1]
             tok = int(np.argmax(row))
@@ -374,10 +380,7 @@ def test_min_new_tokens_keeps_stops_out_and_logprobs_trainer_exact(engine):
         np.testing.assert_allclose(s, g.logprobs, atol=1e-5, rtol=0)
     # ... not those of the masked distribution the first m tokens were drawn from, which are
     # higher by -log(1 - p_stop).
-    ids = np.zeros((len(pairs), REF_LEN), np.int32)
-    for i, (p, c) in enumerate(pairs):
-        ids[i, : len(p) + len(c)] = list(p) + list(c)
-    logits = np.asarray(_jit_logits(model, jnp.asarray(ids)), np.float64)
+    logits = _full_logits(model, [list(p) + list(c) for p, c in pairs])
     for i, ((p, c), g) in enumerate(zip(pairs, got)):
         rows = logits[i, len(p) - 1 : len(p) - 1 + m]
         probs = np.exp(rows - rows.max(-1, keepdims=True))
@@ -397,10 +400,8 @@ def test_min_new_tokens_greedy_takes_the_best_non_stop_token(engine):
     assert g.token_ids == (stop,) and g.finish_reason == "stop"
     (g,) = engine.generate(reqs, dataclasses.replace(sp, min_new_tokens=3))[0]
     assert stop not in g.token_ids[:3] and len(g.token_ids) >= 4
-    ids = np.zeros((1, REF_LEN), np.int32)
     prompt = reqs[0].prompt_ids
-    ids[0, : len(prompt)] = prompt
-    row = np.asarray(_jit_logits(engine.model(), jnp.asarray(ids)), np.float64)[0, len(prompt) - 1]
+    row = _full_logits(engine.model(), [prompt])[0, len(prompt) - 1]
     second = int(np.argsort(-row)[1])
     assert int(np.argmax(row)) == stop and g.token_ids[0] == second
     lse = np.log(np.sum(np.exp(row - row.max()))) + row.max()

@@ -4,6 +4,9 @@ The server tests (`@pytest.mark.sglang`) need third_party/sglang_cpu/install.sh'
 with that instruction when it is absent. Log-probs are checked against a reference forward pass
 on the same weights by every function in `REFERENCES`: `transformers`' PyTorch forward and our
 trainer's own scoring (`rubric_rl.core.logprobs.sequence_logprobs` on our JAX Qwen3).
+
+The two-process test (export once, update every server, sample once: docs/gpu.md) runs against
+recording servers of its own, then, with the venv, against the same session server.
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ import asyncio
 import dataclasses
 import json
 import os
+import random
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -30,8 +36,18 @@ from rubric_rl.rollout.sglang_client import (
     SGLangRequestError,
     parse_generation,
 )
-from rubric_rl.rollout.sglang_server import SGLangServer, SGLangServerConfig, SGLangServerError
+from rubric_rl.rollout.sglang_server import (
+    SGLangServer,
+    SGLangServerConfig,
+    SGLangServerError,
+    default_server_python,
+)
 from rubric_rl.rollout.weight_sync import WeightSync, WeightSyncError
+from tests.launch_env import launch_env
+from tests.rollout.sglang_env import TINY_QWEN3, smoke_config
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("multihost_sglang_worker.py")
 
 # f32 weights on both sides: only summation order differs (bf16 would need ~1e-2).
 LOGPROB_ATOL = 2e-4
@@ -67,7 +83,7 @@ def transformers_logprobs(model_dir: Path, pairs: Pairs, temperature: float) -> 
 def trainer_logprobs(model_dir: Path, pairs: Pairs, temperature: float) -> list[np.ndarray]:
     """The trainer's own numbers: our JAX Qwen3 loaded from the same safetensors, scored by
     `rubric_rl.core.logprobs.sequence_logprobs` (prediction layout: entry t predicts t+1), all
-    pairs right-padded into one batch of a bucketed length (one compile per bucket)."""
+    pairs right-padded into one batch of bucketed rows and length (one compile per bucket)."""
     import jax.numpy as jnp
 
     from rubric_rl.core.logprobs import sequence_logprobs
@@ -78,8 +94,10 @@ def trainer_logprobs(model_dir: Path, pairs: Pairs, temperature: float) -> list[
         model = _JAX_CACHE[str(model_dir)] = from_pretrained(str(model_dir))
     seqs = [list(p) + list(c) for p, c in pairs]
     width = -(-max(len(x) for x in seqs) // 64) * 64
-    ids = np.zeros((len(seqs), width), np.int32)
-    mask = np.zeros((len(seqs), width), np.int32)
+    rows = -(-len(seqs) // 8) * 8  # padding rows too: the 3 scored pairs reuse the 8 sampled's
+    ids = np.zeros((rows, width), np.int32)
+    mask = np.zeros((rows, width), np.int32)
+    mask[len(seqs) :, 0] = 1  # a padding row is one token, never an all-masked row
     for i, x in enumerate(seqs):
         ids[i, : len(x)], mask[i, : len(x)] = x, 1
     t = temperature if temperature > 0 else 1.0
@@ -98,7 +116,8 @@ REFERENCES: dict[str, Callable[[Path, Pairs, float], list[np.ndarray]]] = {
 }
 
 
-EOS = 1  # eos_token_id of the tiny checkpoints (conftest.TINY_QWEN3); servers stop on it
+EOS = TINY_QWEN3["eos_token_id"]  # of the tiny checkpoints; servers stop on it
+VOCAB = TINY_QWEN3["vocab_size"]
 
 
 def _assert_complete(g, max_new_tokens: int) -> None:
@@ -114,7 +133,7 @@ def _assert_complete(g, max_new_tokens: int) -> None:
 
 def _prompts(n: int, seed: int, lo: int = 4, hi: int = 12) -> list[list[int]]:
     rng = np.random.default_rng(seed)
-    return [rng.integers(2, 320, size=int(rng.integers(lo, hi))).tolist() for _ in range(n)]
+    return [rng.integers(2, VOCAB, size=int(rng.integers(lo, hi))).tolist() for _ in range(n)]
 
 
 # ----------------------------------------------------------------------------- unit tests
@@ -429,7 +448,7 @@ def test_n_samples_per_request_and_stop_tokens(sglang_server):
         out = engine.generate(reqs, SamplingParams(max_new_tokens=6, temperature=1.0, n=3))
         assert [len(g) for g in out] == [3, 3]
         for group in out:
-            assert len({g.token_ids for g in group}) > 1  # samples differ (320-token vocab, T=1)
+            assert len({g.token_ids for g in group}) > 1  # samples differ (576-token vocab, T=1)
             for g in group:
                 _assert_complete(g, 6)
         # A stop token: generation ends at (and keeps) the first sampled occurrence.
@@ -536,6 +555,200 @@ def test_server_killed_mid_batch_loses_no_request(sglang_engine, sglang_server):
     assert sglang_engine.health()
 
 
+# ----------------------------------------------------------------------------- two processes
+
+
+class _RecordingServer:
+    """SGLang's /generate (random tokens, log-probs, the served weight version) and the weight
+    update endpoints; every request is recorded as (path, body). At each update it reads the
+    checkpoint directory, so an update sent before the export was complete fails the test."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict]] = []
+        self.updates: list[dict] = []  # /update_weights_from_disk: body + what the path held
+        self.version = "0"
+        self.rng = random.Random()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _reply(self, obj, status=200):
+                data = json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append((self.path, body))
+                if self.path == "/update_weights_from_disk":
+                    path = Path(body["model_path"])
+                    cfg = json.loads((path / "config.json").read_text())
+                    outer.updates.append(dict(body, files=sorted(os.listdir(path)), config=cfg))
+                    outer.version = body["weight_version"]
+                if self.path != "/generate":
+                    return self._reply({"success": True})
+                if body["input_ids"] in ([99], [[99]]):
+                    return self._reply({"error": "refused"}, status=400)
+                if "logprob_start_len" in body:  # scoring: the prompt's and completion's
+                    ids = body["input_ids"]
+                    lps = [[None, ids[0], None]] + [[-0.5 * (i + 1), t, None] for i, t in
+                                                    enumerate(ids[1:])]  # fmt: skip
+                    return self._reply({"meta_info": {"input_token_logprobs": lps}})
+                many = isinstance(body["input_ids"][0], list)
+                items = []
+                for _ in range(len(body["input_ids"]) if many else 1):
+                    n = body["sampling_params"][0]["max_new_tokens"] if many else 1
+                    toks = [outer.rng.randrange(3, 50) for _ in range(n)]
+                    items.append({
+                        "output_ids": toks,
+                        "meta_info": {
+                            "output_token_logprobs": [[-outer.rng.random(), t, None] for t in toks],
+                            "finish_reason": {"type": "length", "length": n},
+                            "weight_version": outer.version,
+                        },
+                    })  # fmt: skip
+                self._reply(items if many else items[0])
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def paths(self) -> list[str]:
+        return [p for p, _ in self.requests]
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _run_two_processes(tmp_path, *urls: str) -> list[dict]:
+    """multihost_sglang_worker.py on 2 processes x 2 CPU devices; what each process saw."""
+    env = dict(launch_env(tmp_path / "jax_cache"),
+               XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               PYTHONPATH=str(REPO))  # fmt: skip
+    coordinator = f"127.0.0.1:{_closed_port()}"
+    procs = []
+    for i in range(2):
+        log = open(tmp_path / f"p{i}.log", "w")  # noqa: SIM115 - closed with the process
+        cmd = [sys.executable, str(WORKER), coordinator, str(i), str(tmp_path), *urls]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log,
+                                      stderr=subprocess.STDOUT))  # fmt: skip
+    try:
+        for i, p in enumerate(procs):
+            assert p.wait(timeout=600) == 0, (tmp_path / f"p{i}.log").read_text()[-4000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return [json.loads((tmp_path / f"p{i}.json").read_text()) for i in range(2)]
+
+
+def _assert_bf16_exports_equal_the_model(tmp_path, *dirs: str) -> None:
+    """`<tmp_path>/<dir>/v2` of each of `dirs` is bit-equal to the same model built in this
+    process (8 CPU devices) and exported in bf16."""
+    from rubric_rl import builders
+    from rubric_rl.models import save_pretrained
+    from rubric_rl.models.hf_io import SafetensorsFile
+
+    c = smoke_config()
+    tokenizer = builders.build_tokenizer(c, builders.build_domain(c), str(tmp_path / "ref_work"))
+    model = builders.build_model(c, tokenizer, builders.build_mesh(c))
+    save_pretrained(model, str(tmp_path / "ref"), dtype="bfloat16")
+    ref = SafetensorsFile(str(tmp_path / "ref" / "model.safetensors"))
+    for d in dirs:
+        got = SafetensorsFile(str(tmp_path / d / "v2" / "model.safetensors"))
+        assert got.names() == ref.names() and len(got.names()) > 5
+        for name in ref.names():
+            a, b = got.array(name), ref.array(name)
+            assert a.dtype == b.dtype and str(a.dtype) == "bfloat16", name
+            np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=name)
+        assert not list((tmp_path / d).glob("*.tmp"))
+
+
+def test_two_processes_export_once_update_every_server_and_sample_once(request, tmp_path):
+    """Two processes (jax.distributed over loopback, 2 x 2 CPU devices) export the policy, update
+    the servers and generate through the SGLang engine built from the config: first against two
+    recording servers of this test (the router samples, the worker's URL is for updates only),
+    then, with the server's venv, against the session's real server (the smoke model takes its
+    shape: sglang_env.smoke_config), whose weights are the session's again afterwards."""
+    real = None
+    if default_server_python().exists():  # without the venv: the recording servers only
+        real = request.getfixturevalue("sglang_server")
+        engine = request.getfixturevalue("sglang_engine")
+        ours = request.getfixturevalue("tiny_checkpoints")[0]
+    router, worker = _RecordingServer(), _RecordingServer()
+    try:
+        urls = (router.url, f"{router.url},{worker.url}") + ((real.url,) if real else ())
+        procs = _run_two_processes(tmp_path, *urls)
+    finally:
+        router.close()
+        worker.close()
+        if real is not None:  # the session server serves its own checkpoint again
+            engine.update_weights(str(ours), engine.weight_version + 1)
+    p0, p1 = (p["recording"] for p in procs)
+    assert procs[0]["devices"] == procs[1]["devices"] == 4
+    assert (p0["engine"], p0["inner"]) == ("BroadcastEngine", "SGLangEngine")
+    assert (p1["engine"], p1["inner"]) == ("BroadcastEngine", "NoneType")  # no client of its own
+    assert p0["versions"] == p1["versions"] == [1, 2]
+
+    # Every server got each version once, from process 0, after the export was complete (the
+    # recording server read its config.json): pause -> flush -> update -> continue.
+    for srv in (router, worker):
+        assert [u["weight_version"] for u in srv.updates] == ["1", "2"]
+        assert [Path(u["model_path"]).name for u in srv.updates] == ["v1", "v2"]
+        assert all(u["config"]["torch_dtype"] == "bfloat16" for u in srv.updates)
+        assert all("model.safetensors" in u["files"] for u in srv.updates)
+        admin = [p for p in srv.paths() if p != "/generate"]
+        cycle = ["/pause_generation", "/flush_cache", "/update_weights_from_disk",
+                 "/continue_generation"]  # fmt: skip
+        assert admin == cycle * 2
+    # Only the router samples (the worker's URL is for updates only): the version probes after
+    # each update on both, then process 0's generate (one request per task) and 2 scores.
+    assert worker.paths().count("/generate") == 2
+    assert router.paths().count("/generate") == 2 + 3 + 2 + 1  # + the refused request
+
+    # The same random samples on both processes: sampled once, broadcast.
+    assert p0["generations"] == p1["generations"]
+    gens = p0["generations"]
+    assert [len(g) for g in gens] == [2, 2, 2] and all(len(s[0]) == 3 for g in gens for s in g)
+    assert all(s[3] == 2 for g in gens for s in g)  # served by version 2
+    seeds = [s[2] for g in gens for s in g]
+    assert None not in seeds and len(set(seeds)) == 6  # per-sample seeds, sent by process 0
+    assert p0["scores"] == p1["scores"] == [[-1.0, -1.5], [-0.5]]
+    assert p0["failure"].startswith("SGLangRequestError") and "answered 400" in p0["failure"]
+    assert p1["failure"].startswith("RuntimeError: process 0's rollout engine failed: SGLang")
+    assert "answered 400" in p1["failure"]
+    # data=2 over two hosts: each data row is one host's devices (FSDP's gathers stay inside).
+    assert procs[0]["data_rows"] == procs[1]["data_rows"] == [[0, 0], [1, 1]]
+    # One export per version (written once, the last two kept), in bf16, equal to the model.
+    assert p0["exports"] == p1["exports"] == ["v1", "v2"]  # no init: the servers run
+
+    if real is None:
+        _assert_bf16_exports_equal_the_model(tmp_path, "weights")
+        return
+    # The real server: both versions served in turn, the samples the same on both processes.
+    r0, r1 = (p["real"] for p in procs)
+    assert r0["versions"] == r1["versions"] == [1, 2]
+    assert (r0["inner"], r1["inner"]) == ("SGLangEngine", "NoneType")
+    assert r0["generations"] == r1["generations"]
+    gens = [s for g in r0["generations"] for s in g]
+    assert len(gens) == 6 and all(s[3] == 2 for s in gens)  # the server reports version 2
+    assert all(len(s[0]) == len(s[1]) >= 1 and all(lp <= 0 for lp in s[1]) for s in gens)
+    assert r0["scores"] == r1["scores"] and [len(s) for s in r0["scores"]] == [2, 1]
+    assert all(lp <= 0 for s in r0["scores"] for lp in s)
+    assert r0["exports"] == r1["exports"] == ["v1", "v2"]
+    assert r0["failure"] is None
+    _assert_bf16_exports_equal_the_model(tmp_path, "weights", "weights_real")
+    # Restored: the session server serves its own checkpoint under the engine's version.
+    out = engine.generate([GenerationRequest((5, 6, 7), "back")], SamplingParams(4))
+    assert out[0][0].weight_version == engine.weight_version
+
+
 @pytest.mark.sglang
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
 def test_idle_server_does_not_spin_a_core(sglang_server):
@@ -546,12 +759,13 @@ def test_idle_server_does_not_spin_a_core(sglang_server):
     assert "--sleep-on-idle" in sglang_server.command(1)
     assert sglang_server.alive()
     pgid = sglang_server.pid  # the server is its own process group (SGLangServer.start)
-    # Up to three 4-second windows: a server still finishing earlier work (a restart by an
-    # earlier test) settles within one; a spinning scheduler never goes under the bound.
+    # Up to three 2-second windows (CPU time counts in 10 ms ticks: 0.5 % of a window): a server
+    # still finishing earlier work (a restart by an earlier test) settles within one; a spinning
+    # scheduler never goes under the bound.
     used = []
     for _ in range(3):
         cpu0, t0 = _group_cpu_seconds(pgid), time.monotonic()
-        time.sleep(4.0)
+        time.sleep(2.0)
         used.append((_group_cpu_seconds(pgid) - cpu0) / (time.monotonic() - t0))
         if used[-1] < 0.25:
             break

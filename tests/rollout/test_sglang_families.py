@@ -23,9 +23,9 @@ import pytest
 
 from rubric_rl.rollout.engine import GenerationRequest, SamplingParams
 from rubric_rl.rollout.sglang_client import RetryPolicy, SGLangEngine
-from rubric_rl.rollout.sglang_server import SGLangServer, SGLangServerConfig, SGLangServerError
-from tests.rollout.conftest import TINY_QWEN3
-from tests.rollout.sglang_env import require_sglang_venv
+from rubric_rl.rollout.sglang_server import SGLangServer, SGLangServerError
+from tests.rollout.conftest import server_config
+from tests.rollout.sglang_env import TINY_QWEN3, require_sglang_venv
 from tests.rollout.test_sglang import EOS, LOGPROB_ATOL, REFERENCES, _assert_complete, _prompts
 
 VOCAB = TINY_QWEN3["vocab_size"]
@@ -67,24 +67,12 @@ def _export(family: str, path: Path) -> Path:
     return path
 
 
-def _server(model_dir: Path, log: Path) -> SGLangServer:
-    return SGLangServer(
-        SGLangServerConfig(
-            model_path=str(model_dir),
-            dtype="float32",
-            max_total_tokens=8192,
-            startup_timeout_s=300,
-            log_path=str(log),
-        )
-    )
-
-
 @pytest.mark.sglang
 def test_qwen2_export_is_served_with_trainer_exact_logprobs(tmp_path):
     require_sglang_venv()
     model_dir = _export("qwen2", tmp_path / "qwen2")
     assert '"model_type": "qwen2"' in (model_dir / "config.json").read_text()
-    server = _server(model_dir, tmp_path / "server.log")
+    server = SGLangServer(server_config(model_dir, tmp_path / "server.log"))
     server.start()
     try:
         retry = RetryPolicy(max_attempts=3, base_s=0.2, max_s=2.0)
@@ -114,7 +102,7 @@ def test_qwen2_export_is_served_with_trainer_exact_logprobs(tmp_path):
 def test_qwen3_5_export_is_refused_on_cpu_with_a_clear_error(tmp_path):
     require_sglang_venv()
     model_dir = _export("qwen3_5", tmp_path / "qwen3_5")
-    server = _server(model_dir, tmp_path / "server.log")
+    server = SGLangServer(server_config(model_dir, tmp_path / "server.log"))
     try:
         with pytest.raises(SGLangServerError) as err:
             server.start()

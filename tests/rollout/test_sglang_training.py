@@ -13,7 +13,7 @@ import pytest
 
 from rubric_rl.metrics import read_metrics
 from tests.launch_env import launch_env
-from tests.rollout.sglang_env import require_sglang_venv
+from tests.rollout.sglang_env import SERVER_ENV, require_sglang_venv
 
 # Real-model end-to-end runs (launched processes that train): the slow tier.
 pytestmark = pytest.mark.slow
@@ -33,9 +33,9 @@ def run(tmp_path_factory):
         "--config.checkpoint.every=3", "--config.loss.mismatch_every=1",
         "--config.rollout.max_staleness=1", f"--workdir={wd}",
     ]  # fmt: skip
+    env = dict(launch_env(base / "jax_cache"), **SERVER_ENV)  # the server inherits it
     proc = subprocess.run(
-        cmd, cwd=REPO, env=launch_env(base / "jax_cache"), capture_output=True, text=True,
-        timeout=900,
+        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return wd, proc.stderr

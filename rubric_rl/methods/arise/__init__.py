@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rubric_rl.envs.base import DomainContract
 from rubric_rl.methods.method import Method, register_method
 
 
-def arise_controllers(config: Any, domain: Any) -> list[Any]:
+def arise_controllers(config: Any, domain: DomainContract) -> list[Any]:
     """The ARISE controller over the domain's training tasks (it is the step's sampler); with
     ``arise.frozen_pool_from`` its pool is loaded from that run's final pool."""
     from rubric_rl.methods.arise.arise import domain_kwargs, make_arise_controller

@@ -28,7 +28,7 @@ import numpy as np
 
 from rubric_rl.controllers.base import Controller, Messages, TaskBatch
 from rubric_rl.core.advantages import multi_signal_advantages
-from rubric_rl.envs.base import GENERIC_STYLE, Style
+from rubric_rl.envs.base import GENERIC_STYLE, DomainContract, Style
 from rubric_rl.methods.arise.arise_pool import (
     ACTIVE,
     ADDED,
@@ -471,7 +471,7 @@ def make_arise_controller(
     )
 
 
-def domain_kwargs(domain: Any) -> dict[str, Any]:
+def domain_kwargs(domain: DomainContract) -> dict[str, Any]:
     """What ``make_arise_controller`` reads of the Domain contract: its verifier, checker
     library, style and skill texts."""
     return {

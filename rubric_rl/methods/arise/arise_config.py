@@ -24,8 +24,9 @@ from rubric_rl.methods.arise import (
 from rubric_rl.methods.arise.arise import FROZEN_MODES, FROZEN_POOL_ENTRIES
 from rubric_rl.methods.arise.arise_pool import AriseConfig
 from rubric_rl.methods.arise.capability_sampler import CapabilitySamplerConfig
-from rubric_rl.methods.arise.reflection import RANKINGS, REFLECTIONS
-from rubric_rl.methods.method import complete_section
+from rubric_rl.methods.arise.reflection import RANKINGS, REFLECTIONS, ProgrammaticReflection
+from rubric_rl.methods.arise.reflection_llm import LLMReflection
+from rubric_rl.methods.method import complete_section, default_of
 from rubric_rl.rubrics.llm import role_max_failure_rate
 
 # The options that LLMReflection takes from ``arise.llm`` (the rest of that section selects the
@@ -47,11 +48,11 @@ class VarianceSection:
     (verifier) reward: ARISE's Evidence.rewards is the pool's rubric reward, undefined while the
     pool is empty."""
 
-    explore_share: float = 0.25
-    ema: float = 0.5
-    floor: float = 0.01
-    reward: str = "task_verifier"
-    min_group: int = 2
+    explore_share: float = default_of(RewardVarianceConfig, "explore_share")
+    ema: float = default_of(RewardVarianceConfig, "ema")
+    floor: float = default_of(RewardVarianceConfig, "floor")
+    reward: str = "task_verifier"  # ARISE's choice (docstring); RewardVarianceConfig: "evidence"
+    min_group: int = default_of(RewardVarianceConfig, "min_group")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,14 +63,15 @@ class CapabilitySection:
     # ARISE "prioritizes": draws are trained as drawn (u = 1). True multiplies each draw by
     # u = 1/(N p) (HarnessRL's correction), which returns the objective to uniform in
     # expectation: the earlier default, kept as an ablation.
-    importance_weights: bool = False
-    discovery_share: float = 0.25
-    prior_alpha: float = 1.0
-    prior_beta: float = 1.0
-    decay: float = 1.0
-    priority: str = "variance"  # capability_sampler.PRIORITIES: variance = p(1-p), uniform
-    min_priority: float = 1e-3
-    min_cell_evidence: float = 1.0
+    importance_weights: bool = default_of(CapabilitySamplerConfig, "importance_weights")
+    discovery_share: float = default_of(CapabilitySamplerConfig, "discovery_share")
+    prior_alpha: float = default_of(CapabilitySamplerConfig, "prior_alpha")
+    prior_beta: float = default_of(CapabilitySamplerConfig, "prior_beta")
+    decay: float = default_of(CapabilitySamplerConfig, "decay")
+    # capability_sampler.PRIORITIES: variance = p(1-p), uniform
+    priority: str = default_of(CapabilitySamplerConfig, "priority")
+    min_priority: float = default_of(CapabilitySamplerConfig, "min_priority")
+    min_cell_evidence: float = default_of(CapabilitySamplerConfig, "min_cell_evidence")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,16 +79,16 @@ class ProgrammaticSection:
     """``config.arise.programmatic``: ``ProgrammaticReflection``'s options
     (``arise.reflection="programmatic"``)."""
 
-    min_support: int = 8
-    min_failures: int = 4
-    min_separation: float = 0.1
-    redundant_agreement: float = 0.98
+    min_support: int = default_of(ProgrammaticReflection, "min_support")
+    min_failures: int = default_of(ProgrammaticReflection, "min_failures")
+    min_separation: float = default_of(ProgrammaticReflection, "min_separation")
+    redundant_agreement: float = default_of(ProgrammaticReflection, "redundant_agreement")
     # "progress_mass": propose the criteria whose verdicts vary inside the most failing groups
     # (partial progress the task reward cannot see), by Σ_g q_g(1 − q_g); "progress" ranks by the
     # mean over those groups (a criterion reaching one group ties one reaching ten), "separation"
     # ranks never-met criteria first, the earlier default (methods/arise/reflection.py).
-    rank: str = "progress_mass"
-    min_progress_variance: float = 0.0
+    rank: str = default_of(ProgrammaticReflection, "rank")
+    min_progress_variance: float = default_of(ProgrammaticReflection, "min_progress_variance")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,12 +97,12 @@ class LLMReflectionSection:
     reflection model's client; an empty ``model`` (and client field) is the judge's
     (``judge.llm``)."""
 
-    propose_template: str = "arise_propose"
-    refine_template: str = "arise_refine"
-    max_examples: int = 12
-    max_chars: int = 600
-    temperature: float = 0.0
-    max_tokens: int = 1024
+    propose_template: str = default_of(LLMReflection, "propose_template")
+    refine_template: str = default_of(LLMReflection, "refine_template")
+    max_examples: int = default_of(LLMReflection, "max_examples")
+    max_chars: int = default_of(LLMReflection, "max_chars")
+    temperature: float = default_of(LLMReflection, "temperature")
+    max_tokens: int = default_of(LLMReflection, "max_tokens")
     backend: str = ""
     model: str = ""
     base_url: str = ""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rubric_rl.envs.base import DomainContract
 from rubric_rl.methods.method import Method, register_method
 
 
@@ -25,7 +26,7 @@ def arise_rl_config(config: Any) -> Any:
     return AriseRLConfig.from_config(config)
 
 
-def arise_rl_controllers(config: Any, domain: Any) -> list[Any]:
+def arise_rl_controllers(config: Any, domain: DomainContract) -> list[Any]:
     """One controller that is the sampler (the cycle schedule: generator tasks, then the pool of
     generated tasks) and owns R_G, the solver reward and RG-SED. The generator role writes tasks
     of the solver domain through its task writer (``Domain.task_writer``), which must be the one

@@ -9,10 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rubric_rl.envs.base import DomainContract
 from rubric_rl.methods.method import Method, from_section, register_method
 
 
-def task_sampler(config: Any, domain: Any, train: Sequence[Any] | None = None) -> list[Any]:
+def task_sampler(
+    config: Any, domain: DomainContract, train: Sequence[Any] | None = None
+) -> list[Any]:
     """The step's sampler over ``train`` (default: the domain's training tasks), chosen by
     ``controllers.sampler``."""
     from rubric_rl.controllers.sampling import SAMPLERS
@@ -29,7 +32,7 @@ def task_sampler(config: Any, domain: Any, train: Sequence[Any] | None = None) -
     return [sampler_cls(train, int(config.rollout.tasks_per_step), seed=int(config.train.seed))]
 
 
-def grpo_controllers(config: Any, domain: Any) -> list[Any]:
+def grpo_controllers(config: Any, domain: DomainContract) -> list[Any]:
     """Static seed rubrics, a sampler from SAMPLERS (``config.controllers.sampler``), and
     RuscaRL's scaffold / SkillRL's skills / a variance selector when the config has a
     ``ruscarl`` / ``skillrl`` / ``variance_select`` section."""

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rubric_rl.envs.base import DomainContract
 from rubric_rl.methods.method import Method, register_method
 
 
-def harness_controllers(config: Any, domain: Any) -> list[Any]:
+def harness_controllers(config: Any, domain: DomainContract) -> list[Any]:
     """The harness controller (the step's sampler); with ``harness.rollout_rule="ruscarl"`` (the
     g_t <- RuscaRL switching arm) RuscaRL's scaffold after it."""
     from rubric_rl.methods.harness_rl.builder import make_harness_controller

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from rubric_rl.envs.base import DomainContract
 from rubric_rl.methods.harness_rl.controller import HarnessConfig, HarnessController
 from rubric_rl.methods.harness_rl.section import HarnessSection
 from rubric_rl.methods.harness_rl.style import style_for
@@ -115,7 +116,9 @@ def task_bank(tasks, size: int, seed: int) -> tuple:
     return tuple(tasks[i] for i in sorted(rng.choice(len(tasks), size, replace=False)))
 
 
-def make_harness_controller(config: Any, domain: Any, llm_client=None) -> HarnessController:
+def make_harness_controller(
+    config: Any, domain: DomainContract, llm_client=None
+) -> HarnessController:
     h = config.harness
     floor = float(h.floor)
     client = llm_client if llm_client is not None else evolver_client(config)

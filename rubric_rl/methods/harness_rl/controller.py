@@ -116,44 +116,47 @@ REVERSAL_WINDOW = 100  # steps (the seed's reversal rate is per 100-step window)
 
 @dataclasses.dataclass(frozen=True)
 class HarnessConfig:
+    """The controller's settings, built from ``config.harness`` by ``builder.harness_config``:
+    every field is required here, its one default is ``HarnessSection``'s (section.py)."""
+
     total_steps: int
     batch_size: int
     samples_per_task: int
-    seed: int = 0
-    levels: tuple[float, ...] = (1.0, 0.61, 0.38, 0.17)  # the seed's, until calibrated
-    rollout_band: tuple[float, float] = (10.2, 28.0)
-    rubric_band: tuple[float, float] = (3.1, 28.0)
-    total_weight: float = 100.0  # Λ
-    interfaces: tuple[str, ...] = INTERFACES
-    critic: bool = True
-    memory: str = "full"
-    anchors: str = "library"  # library | none | seed
-    retry_after: int = 2  # draws of the task during which a rejected (op, target) is not retried
-    max_rollout_measurements: int = 32  # rollout candidates the critic re-samples per step
-    cold_start_tasks: int = 32  # 0: the seed's levels and bands
-    cold_start_groups: int = 3
-    cold_start_regradings: int = 2
-    deterministic_floor: float = 3.1
-    band_floor: float = 3.1  # points: a band's least lower bound and least width (ours)
+    seed: int
+    levels: tuple[float, ...]  # the seed's, until calibrated
+    rollout_band: tuple[float, float]
+    rubric_band: tuple[float, float]
+    total_weight: float  # Λ
+    interfaces: tuple[str, ...]
+    critic: bool
+    memory: str
+    anchors: str  # library | none | seed
+    retry_after: int  # draws of the task during which a rejected (op, target) is not retried
+    max_rollout_measurements: int  # rollout candidates the critic re-samples per step
+    cold_start_tasks: int  # 0: the seed's levels and bands
+    cold_start_groups: int
+    cold_start_regradings: int
+    deterministic_floor: float
+    band_floor: float  # points: a band's least lower bound and least width (ours)
     # "quarter" (ours): the bands are re-measured on the current policy at the start of each
     # training quarter (the levels stay); "never": the seed's bands, frozen at the cold start.
-    recalibrate: str = "quarter"
+    recalibrate: str
     # "paired" (ours): a rollout candidate's group and the current harness's group re-sampled on
     # shared seeds, paired_samples (J') each; "unpaired": the seed's re-sampled group (J) against
     # the recorded one (critic.py).
-    measurement: str = "paired"
-    paired_samples: int = 16
+    measurement: str
+    paired_samples: int
     # The in-step proposer-critic loop (§1: rejected updates "return with their measurements to
     # the proposer"): a rollout candidate rejected on a measurement is re-proposed with that
     # (field, target) excluded, up to in_step_rounds proposals per task and step, within the
     # step's measurement budget. 1 = one proposal per draw.
-    in_step_rounds: int = 1
-    attributor: AttributorConfig = dataclasses.field(default_factory=AttributorConfig)
-    sampling_rule: str = "harness"  # harness | sec (the p_t <- SEC switching arm)
-    rollout_rule: str = "harness"  # harness | ruscarl (the g_t <- RuscaRL switching arm)
-    rubric_rule: str = "harness"  # harness | evorubric (the c_t <- EvoRubric switching arm)
-    sec: SECConfig = dataclasses.field(default_factory=SECConfig)
-    evolver: str = "programmatic"  # programmatic | llm (attributor and proposer via LLMClient)
+    in_step_rounds: int
+    attributor: AttributorConfig
+    sampling_rule: str  # harness | sec (the p_t <- SEC switching arm)
+    rollout_rule: str  # harness | ruscarl (the g_t <- RuscaRL switching arm)
+    rubric_rule: str  # harness | evorubric (the c_t <- EvoRubric switching arm)
+    sec: SECConfig
+    evolver: str  # programmatic | llm (attributor and proposer via LLMClient)
 
     def __post_init__(self):
         validate_levels(self.levels)

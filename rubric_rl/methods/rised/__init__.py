@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rubric_rl.envs.base import DomainContract
 from rubric_rl.methods.method import Method, register_method
 
 
-def rised_controllers(config: Any, domain: Any) -> list[Any]:
+def rised_controllers(config: Any, domain: DomainContract) -> list[Any]:
     """The per-environment quota sampler (over ``_rised_train``'s tasks) and the RISED
     controller (tagger, selection, anti-patterns, per-rollout teacher contexts)."""
     from rubric_rl.methods.grpo import task_sampler
@@ -65,7 +66,7 @@ def rised_controllers(config: Any, domain: Any) -> list[Any]:
     return [*task_sampler(config, domain, _rised_train(rc, domain)), ctl]
 
 
-def _rised_train(rc: Any, domain: Any) -> list[Any]:
+def _rised_train(rc: Any, domain: DomainContract) -> list[Any]:
     """The training tasks RISED samples: all, or one environment's (``rised.train_environment``,
     the transfer analysis's single-environment runs; evaluation still covers every
     environment)."""

@@ -88,3 +88,18 @@ def test_start_up_validation_names_an_unknown_field():
         ValueError, match=r"config\.harness\.cold_start: unknown field\(s\) \['task'\]"
     ):
         validate_config(c)
+
+
+def test_the_controllers_config_has_no_default_of_its_own():
+    """HarnessSection holds the one default of each field: HarnessConfig (built only from the
+    section by builder.harness_config) declares none."""
+    import dataclasses
+
+    from rubric_rl.methods.harness_rl.controller import HarnessConfig
+
+    own = [
+        f.name
+        for f in dataclasses.fields(HarnessConfig)
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    ]
+    assert own == []
