@@ -13,11 +13,11 @@ import pytest
 
 from configs import grpo
 from rubric_rl.metrics import read_metrics
-from rubric_rl.rollout.scripted import ScriptedEngine, prompt_words
+from rubric_rl.rollout.scripted import ScriptedEngine
 from rubric_rl.rubrics.judges import Judge
 from rubric_rl.rubrics.types import verdict_failed
 from tests.launch_env import kill_then_resume, launch_env, metric_diffs
-from tests.trainer_spy import serve_scripted
+from tests.trainer_spy import serve_scripted, short_words
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 5
@@ -129,18 +129,12 @@ class _StepRecorder:
 _RECORDER = _StepRecorder()  # registered through Trainer(callbacks=...) by the fixture below
 
 
-def _short_words(request, prompt_text, k):
-    """``prompt_words`` cut to 3 words: with EOS within the smoke config's 8 new tokens, as the
-    model's samples are, so every step's batch has one shape (one train program compiled)."""
-    return " ".join(prompt_words(request, prompt_text, k).split()[:3])
-
-
 class _ServedParams(ScriptedEngine):
-    """The scripted engine (``_short_words`` replies), keeping a copy of the parameters and the
+    """The scripted engine (``short_words`` replies), keeping a copy of the parameters and the
     version of each ``update_weights``: what the trainer hands its engine to serve."""
 
     def __init__(self, tok):
-        super().__init__(tok, _short_words)
+        super().__init__(tok, short_words)
         self.served = []
 
     def update_weights(self, params_or_path, version):
@@ -535,7 +529,7 @@ def test_kl_reference_is_the_warm_start_policy_and_survives_a_resume(tmp_path):
 
     def scripted(workdir):  # the updates are what is checked: no generation compiled
         t = Trainer(c, str(workdir))
-        serve_scripted(t, ScriptedEngine(t.tokenizer, _short_words))
+        serve_scripted(t, ScriptedEngine(t.tokenizer, short_words))
         return t
 
     t = scripted(tmp_path)

@@ -26,3 +26,12 @@ def serve_scripted(trainer, engine) -> None:
     # The services' sampler is shared by every caller's view (controllers included); the weight
     # server tells the engine each new version.
     trainer.engine = trainer.services.sampler.engine = trainer.weights.engine = engine
+
+
+def short_words(request, prompt_text: str, k: int) -> str:
+    """``rollout.scripted.prompt_words`` cut to 3 words: with EOS within the smoke configs' 8 new
+    tokens, as the model's own samples are, so a step's batch has the completion bucket the
+    model's would (one train program compiled, not one per bucket)."""
+    from rubric_rl.rollout.scripted import prompt_words
+
+    return " ".join(prompt_words(request, prompt_text, k).split()[:3])
