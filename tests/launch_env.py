@@ -12,7 +12,7 @@ def launch_env(cache_dir) -> dict[str, str]:
     session = os.environ.get("RUBRIC_RL_TEST_JAX_CACHE", "off")
     env = dict(os.environ)
     env.update(
-        XLA_FLAGS="",
+        XLA_FLAGS=os.environ.get("RUBRIC_RL_TEST_XLA_FLAGS", ""),  # conftest.py
         JAX_PLATFORMS="cpu",
         JAX_COMPILATION_CACHE_DIR=str(cache_dir) if session == "off" else session,
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
