@@ -262,40 +262,25 @@ def test_single_env_variant_trains_one_environment_and_evaluates_all():
 
 @pytest.mark.slow
 def test_tiny_single_env_run_analysed_end_to_end(tmp_path, monkeypatch):
-    """A 3-step single-environment run (in this process: the run directory as the launcher
-    writes it, config record included), then the analysis: the pass rates the run logged
-    (rewritten here to distinct values; removed at step 3, where the fresh evaluation must give
-    what the run logged) give the improvements, a stand-in verifier gives non-zero rewards so
-    the pool gradients are not 0, and the files hold what summarize says."""
-    from rubric_rl import run_dir
+    """A 3-step single-environment run (launch), then the analysis: the pass rates the run
+    logged (rewritten here to distinct values; removed at step 3, where the fresh evaluation must
+    give what the run logged) give the improvements, a stand-in verifier gives non-zero rewards
+    so the pool gradients are not 0, and the files hold what summarize says."""
     from rubric_rl.methods.rised.rised_transfer import main
     from rubric_rl.metrics import read_metrics
     from rubric_rl.services import Services
-    from rubric_rl.trainer import Trainer
+    from tests.launch_env import launch_train
 
     w = tmp_path / "w"
-    c = rised_config.get_config("smoke,single_env=list,grpo_k")
-    c.eval.splits.update(heldout=0, ood=0)
-    c.calibration.enabled = False
-    c.eval.n = 16
-    c.logging.tensorboard = False
-    c.warmstart.steps = 0
-    c.train.steps = 3
-    c.checkpoint.every = 1
-    run_dir.claim(str(w), c)
-    try:
-        t = Trainer(c, str(w))
-        try:
-            t.run()
-        finally:
-            t.close()
-    finally:
-        run_dir.unlock(str(w))
+    launch_train(
+        w, 3, "--config=configs/rised.py:smoke,single_env=list,grpo_k",
+        "--config.eval.splits.heldout=0", "--config.eval.splits.ood=0",
+        "--config.calibration.enabled=False", "--config.eval.n=16",
+        "--config.logging.tensorboard=False", "--config.warmstart.steps=0",
+    )  # fmt: skip
     assert sorted(int(p.name) for p in (w / "checkpoints").iterdir()) == [1, 2, 3]
     envs = ("format", "list", "rewrite", "short_answer")
     logged = read_metrics(str(w / "metrics.jsonl"))
-    assert [r["step"] for r in logged] == [0, 1, 2, 3]
-    assert all(math.isfinite(r["loss"]) for r in logged[1:])
     rates = {s: {e: round(0.05 * ((s * 7 + i * 3) % 11), 2) for i, e in enumerate(envs)}
              for s in range(4)}  # fmt: skip
     run_rates = {e: logged[3][f"eval/validation/env/{e}/pass_rate"] for e in envs}
