@@ -198,8 +198,8 @@ class _HeldSaveNoise:
             if self.in_flight:
                 self.held.append(("log", record))
                 return False
-            if self.failed and record.name == "asyncio":  # a failed write's task, freed now
-                return False
+            if self.failed:  # a failed save's late reports: its threads outlive its error,
+                return False  # and asyncio reports its writes' tasks when they are freed
         return True
 
     def unraisable(self, args: Any) -> None:
@@ -217,12 +217,13 @@ class _HeldSaveNoise:
     def begin(self) -> None:
         with self.lock:
             self.in_flight += 1
-            if self.in_flight > 1 or self.failed:  # installed already
-                return
-            self.previous_hook = sys.unraisablehook
-            sys.unraisablehook = self.unraisable
+            # Installed by an earlier begin (a failed save leaves it installed), unless the
+            # process's hook was replaced since (a test's, a library's): then again, over it.
+            if sys.unraisablehook != self.unraisable:
+                self.previous_hook = sys.unraisablehook
+                sys.unraisablehook = self.unraisable
             for name in ("absl", "asyncio"):
-                logging.getLogger(name).addFilter(self)
+                logging.getLogger(name).addFilter(self)  # a filter it holds is not added again
 
     def end(self, failed: bool) -> None:
         with self.lock:

@@ -256,6 +256,8 @@ def test_a_completed_saves_held_background_reports_are_passed_on(caplog, monkeyp
 
     noise, unraisable = _HeldSaveNoise(), []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    for name in ("absl", "asyncio"):  # without the filter an earlier test's failed save left
+        monkeypatch.setattr(logging.getLogger(name), "filters", [])
     caplog.set_level("ERROR")
     noise.begin()
     record = logging.LogRecord(
@@ -267,7 +269,11 @@ def test_a_completed_saves_held_background_reports_are_passed_on(caplog, monkeyp
     sys.unraisablehook(closed)
     other = type("Args", (), {"exc_value": RuntimeError("something else")})()
     sys.unraisablehook(other)  # not a closed loop's echo: passed on at once
-    assert caplog.records == [] and unraisable == [other]
+    # Only this test's own reports: an earlier test's failed save frees its futures and echoes
+    # whenever the garbage collector runs (asyncio's "never retrieved", closed-loop errors).
+    absl = lambda: [r for r in caplog.records if r.name != "asyncio"]  # noqa: E731
+    mine = lambda: [u for u in unraisable if u is other or u is closed]  # noqa: E731
+    assert absl() == [] and mine() == [other]
     noise.end(failed=False)
-    assert caplog.records == [record] and unraisable == [other, closed]
+    assert absl() == [record] and mine() == [other, closed]
     assert sys.unraisablehook == unraisable.append  # the hook as it was
