@@ -12,14 +12,16 @@ import os
 import shutil
 import tempfile
 
-# XLA:CPU's backend (LLVM) at its lowest optimisation: the suite's time is mostly compiling
-# tiny programs that then run for milliseconds, and this cuts compile time by about a quarter.
-# It changes code generation, not XLA's HLO passes; every equality a test checks compares two
-# programs compiled alike. Launch subprocesses get it too (launch_env.py).
+# The suite's time is mostly XLA:CPU compiling tiny programs that then run for milliseconds, so
+# tests compile for compile speed: XLA:CPU's older elemental emitters for fusions instead of its
+# MLIR fusion emitters (a third of the compile time) and its LLVM backend at its lowest
+# optimisation. Both change code generation, not XLA's HLO passes; every equality a test checks
+# compares two programs compiled alike. Launch subprocesses get them too (launch_env.py).
 # ``RUBRIC_RL_TEST_XLA_FLAGS`` set (even empty) replaces these flags.
 os.environ.setdefault(
     "RUBRIC_RL_TEST_XLA_FLAGS",
-    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+    "--xla_cpu_use_fusion_emitters=false"
+    " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
 )
 os.environ["XLA_FLAGS"] = " ".join(
     f
@@ -62,3 +64,61 @@ jax.config.update("jax_default_matmul_precision", "highest")
 def pytest_sessionfinish(session, exitstatus):
     if _OWN_CACHE:
         shutil.rmtree(os.environ["RUBRIC_RL_TEST_JAX_CACHE"], ignore_errors=True)
+
+
+# The flag that makes the suite's programs compile fast but fuse differently from XLA:CPU's
+# default code generation (see RUBRIC_RL_TEST_XLA_FLAGS above).
+_FAST_CODEGEN = "--xla_cpu_use_fusion_emitters=false"
+
+
+def pytest_runtest_protocol(item, nextitem):
+    """A test marked ``default_codegen`` asserts bit-equality between two differently fused
+    programs (an identical teacher's KL exactly 0, sharded init equal to eager init), which holds
+    with XLA:CPU's default code generation and not with the suite's fast one: it runs in a child
+    pytest with every other flag unchanged, and its outcome is reported here."""
+    flags = os.environ["RUBRIC_RL_TEST_XLA_FLAGS"].split()
+    if item.get_closest_marker("default_codegen") is None or _FAST_CODEGEN not in flags:
+        return None
+    import re
+    import subprocess
+    import sys
+    import time
+
+    from _pytest.reports import TestReport
+
+    def without(value):
+        return " ".join(f for f in value.split() if f != _FAST_CODEGEN)
+
+    env = dict(os.environ)
+    env.update(
+        RUBRIC_RL_TEST_XLA_FLAGS=without(env["RUBRIC_RL_TEST_XLA_FLAGS"]),
+        XLA_FLAGS=without(env["XLA_FLAGS"]),
+    )
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    start = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+         "--junitxml=", item.nodeid],
+        cwd=str(item.config.rootpath), env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    took = time.time() - start
+    out = proc.stdout + proc.stderr
+    if proc.returncode == 0 and re.search(r"^1 passed", out, re.M):
+        outcome, longrepr = "passed", None
+    elif proc.returncode == 0 and re.search(r"^1 skipped", out, re.M):
+        outcome, longrepr = "skipped", (str(item.path), item.location[1], out[-2000:])
+    else:
+        outcome = "failed"
+        longrepr = f"(run with XLA:CPU's default code generation, exit {proc.returncode})\n"
+        longrepr += out[-12000:]
+    keywords = {k: 1 for k in item.keywords}
+    for when in ("setup", "call", "teardown"):
+        report = TestReport(
+            item.nodeid, item.location, keywords,
+            outcome if when == "call" else "passed",
+            longrepr if when == "call" else None,
+            when, duration=took if when == "call" else 0.0,
+        )  # fmt: skip
+        item.ihook.pytest_runtest_logreport(report=report)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True

@@ -96,6 +96,7 @@ def _assert_same_params(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.default_codegen
 def test_init_sharded_matches_unsharded(reference):
     """Each device initialises its own shards; values equal the eager constructor's."""
     model, ids, fwd, ref = reference

@@ -346,6 +346,7 @@ def test_needs_old_logps():
         assert ts.TrainConfig(rollout_correction=name).needs_old_logps is want
 
 
+@pytest.mark.default_codegen
 def test_empty_teacher_context_contributes_exactly_zero(tiny_state):
     graphdef, state, _ = tiny_state
     batch = make_batch()

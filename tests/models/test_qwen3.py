@@ -86,6 +86,7 @@ def test_rmsnorm_and_rope_against_numpy():
     )
 
 
+@pytest.mark.default_codegen
 def test_rope_tables_fusion_boundary_changes_no_value(model, monkeypatch):
     """On CPU the tables of T > 1 positions come out of a one-trip while loop (a fusion boundary,
     see `rope_tables`): bit-identical to the plain formulation, for any first position (0, 7, and
