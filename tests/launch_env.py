@@ -3,6 +3,12 @@
 import os
 
 
+def suite_xla_flags(*extra: str) -> str:
+    """The suite's XLA compile flags (conftest.py's ``RUBRIC_RL_TEST_XLA_FLAGS``), then `extra`
+    (e.g. a host device count): for subprocesses that set their own ``XLA_FLAGS``."""
+    return " ".join(f for f in (os.environ.get("RUBRIC_RL_TEST_XLA_FLAGS", ""), *extra) if f)
+
+
 def launch_env(cache_dir) -> dict[str, str]:
     """One CPU device (fastest on the 2-core machine) and a shared persistent compilation cache:
     the processes of one test (uninterrupted, killed, resumed) run the same executables, so they
@@ -12,7 +18,7 @@ def launch_env(cache_dir) -> dict[str, str]:
     session = os.environ.get("RUBRIC_RL_TEST_JAX_CACHE", "off")
     env = dict(os.environ)
     env.update(
-        XLA_FLAGS=os.environ.get("RUBRIC_RL_TEST_XLA_FLAGS", ""),  # conftest.py
+        XLA_FLAGS=suite_xla_flags(),  # conftest.py
         JAX_PLATFORMS="cpu",
         JAX_COMPILATION_CACHE_DIR=str(cache_dir) if session == "off" else session,
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",

@@ -11,6 +11,7 @@ from configs import common, grpo
 from rubric_rl import builders
 from rubric_rl.envs.constraints import ConstraintDomain
 from rubric_rl.rubrics.datasets import DatasetError, dump_tasks, load_tasks
+from tests.launch_env import suite_xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEALTHBENCH = os.path.join(REPO, "tests", "data", "healthbench_sample.jsonl")
@@ -161,7 +162,7 @@ def test_training_on_tasks_reloaded_from_disk(tmp_path):
         f"--config.model.tokenizer={tok_dir}", "--config.train.steps=2",
         "--config.calibration.enabled=False",  # not what is checked here
     ]  # fmt: skip
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=suite_xla_flags(), JAX_PLATFORMS="cpu")
     subprocess.run(cmd, cwd=REPO, env=env, check=True, timeout=600, capture_output=True)
     rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1, 2]

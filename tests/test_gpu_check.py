@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from tests.launch_env import suite_xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_check.py")
 # ~60-90 s on the 2-core machine: the train step, engine and Trainer compile once each.
@@ -24,8 +26,8 @@ pytestmark = pytest.mark.slow
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     # conftest forces 8 host devices; the device machine has one GPU, so the script sees one.
-    # Backend optimisation off: a third less compile time here; no figure is checked for speed.
-    env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
+    # The suite's compile flags (conftest.py): no figure is checked for speed.
+    env["XLA_FLAGS"] = suite_xla_flags()
     env["PYTHONPATH"] = ROOT
     return env
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from rubric_rl.metrics import read_metrics
-from tests.launch_env import VOLATILE, launch_env
+from tests.launch_env import VOLATILE, launch_env, suite_xla_flags
 
 # Real-model end-to-end runs (launched processes that train): the slow tier.
 pytestmark = pytest.mark.slow
@@ -37,13 +37,13 @@ def _free_port() -> int:
 
 def test_two_processes_equal_one_process_on_the_same_mesh(tmp_path):
     env = launch_env(tmp_path / "jax_cache")
-    one = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    one = dict(env, XLA_FLAGS=suite_xla_flags("--xla_force_host_platform_device_count=4"))
     subprocess.run(_cmd(tmp_path / "one"), cwd=REPO, env=one, check=True, timeout=600,
                    capture_output=True)  # fmt: skip
     port = _free_port()
     procs = []
     for i in range(2):
-        e = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+        e = dict(env, XLA_FLAGS=suite_xla_flags("--xla_force_host_platform_device_count=2"),
                  JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
                  JAX_PROCESS_ID=str(i))  # fmt: skip
         log = open(tmp_path / f"p{i}.log", "w")

@@ -23,6 +23,8 @@ import zipfile
 
 import pytest
 
+from tests.launch_env import suite_xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "peer_workload.py")
 
@@ -86,7 +88,7 @@ def _clean_env() -> dict[str, str]:
     """The test's environment without the repository on the path."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env["JAX_PLATFORMS"] = "cpu"
-    env["XLA_FLAGS"] = ""  # one CPU device, as a user's script gets
+    env["XLA_FLAGS"] = suite_xla_flags()  # one CPU device, as a user's script gets
     return env
 
 

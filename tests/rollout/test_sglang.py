@@ -43,7 +43,7 @@ from rubric_rl.rollout.sglang_server import (
     default_server_python,
 )
 from rubric_rl.rollout.weight_sync import WeightSync, WeightSyncError
-from tests.launch_env import launch_env
+from tests.launch_env import launch_env, suite_xla_flags
 from tests.rollout.sglang_env import TINY_QWEN3, smoke_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -629,7 +629,7 @@ class _RecordingServer:
 def _run_two_processes(tmp_path, *urls: str) -> list[dict]:
     """multihost_sglang_worker.py on 2 processes x 2 CPU devices; what each process saw."""
     env = dict(launch_env(tmp_path / "jax_cache"),
-               XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               XLA_FLAGS=suite_xla_flags("--xla_force_host_platform_device_count=2"),
                PYTHONPATH=str(REPO))  # fmt: skip
     coordinator = f"127.0.0.1:{_closed_port()}"
     procs = []

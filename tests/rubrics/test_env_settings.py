@@ -12,6 +12,7 @@ import pytest
 from configs import arise, arise_rl, grpo
 from rubric_rl.config_validation import validate_config
 from rubric_rl.rubrics.llm import check_env_settings, looks_like_a_key, redact_env_settings
+from tests.launch_env import suite_xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Made-up keys in the shapes of real ones (OpenAI project key, Google API key, a bare token).
@@ -108,7 +109,7 @@ def test_launch_refuses_a_pasted_key_and_writes_it_nowhere(tmp_path):
         f"--workdir={workdir}", f"--config.judge.llm.api_key_env={key}",
         "--config.train.steps=1",
     ]  # fmt: skip
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=suite_xla_flags(), JAX_PLATFORMS="cpu")
     proc = subprocess.run(cmd, cwd=REPO, env=env, timeout=300, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0
