@@ -61,6 +61,15 @@ import jax  # noqa: E402
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """Files with slow-tier or SGLang-server tests (launched runs, real servers) first, each
+    file's tests in their order: with ``--dist loadfile`` a long file started last would finish
+    the session alone."""
+    long = ("slow", "sglang")
+    slow_files = {i.path for i in items if any(i.get_closest_marker(m) for m in long)}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: the order otherwise
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _OWN_CACHE:
         shutil.rmtree(os.environ["RUBRIC_RL_TEST_JAX_CACHE"], ignore_errors=True)
