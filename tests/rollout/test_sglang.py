@@ -176,6 +176,21 @@ def test_parse_generation_checks_ids_against_logprob_triples():
         parse_generation(bad_len, request_id="r", sample_index=0, seed=None, default_version=0)
 
 
+class _JSONHandler(BaseHTTPRequestHandler):
+    """The fake servers' request handler base: JSON replies, no request log on pytest's output."""
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, status, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
 class _FlakyServer:
     """A local HTTP server answering /generate: `fail_first` times with `fail_status`, then OK."""
 
@@ -186,18 +201,7 @@ class _FlakyServer:
         self.fail_first, self.fail_status = fail_first, fail_status
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep pytest output clean
-                pass
-
-            def _reply(self, status, obj):
-                data = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(_JSONHandler):
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.paths.append(self.path)
@@ -570,18 +574,7 @@ class _RecordingServer:
         self.rng = random.Random()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _reply(self, obj, status=200):
-                data = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(_JSONHandler):
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append((self.path, body))
@@ -591,14 +584,14 @@ class _RecordingServer:
                     outer.updates.append(dict(body, files=sorted(os.listdir(path)), config=cfg))
                     outer.version = body["weight_version"]
                 if self.path != "/generate":
-                    return self._reply({"success": True})
+                    return self._reply(200, {"success": True})
                 if body["input_ids"] in ([99], [[99]]):
-                    return self._reply({"error": "refused"}, status=400)
+                    return self._reply(400, {"error": "refused"})
                 if "logprob_start_len" in body:  # scoring: the prompt's and completion's
                     ids = body["input_ids"]
                     lps = [[None, ids[0], None]] + [[-0.5 * (i + 1), t, None] for i, t in
                                                     enumerate(ids[1:])]  # fmt: skip
-                    return self._reply({"meta_info": {"input_token_logprobs": lps}})
+                    return self._reply(200, {"meta_info": {"input_token_logprobs": lps}})
                 many = isinstance(body["input_ids"][0], list)
                 items = []
                 for _ in range(len(body["input_ids"]) if many else 1):
@@ -612,7 +605,7 @@ class _RecordingServer:
                             "weight_version": outer.version,
                         },
                     })  # fmt: skip
-                self._reply(items if many else items[0])
+                self._reply(200, items if many else items[0])
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
