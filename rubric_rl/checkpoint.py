@@ -167,9 +167,10 @@ class _HeldSaveNoise:
     never retrieved" for each such write when the garbage collector frees it: a full disk
     printed dozens of tracebacks. While a save is in flight these are held; when it completes
     they are passed on unchanged (nothing is hidden from a save that succeeds); when it fails
-    they are dropped, and so are the later echoes of its writes (asyncio's and the closed loop's)
-    in this process, since the save's ``CheckpointSaveError`` (its cause chained) is the one
-    report and the run stops on it."""
+    they are dropped, and so is what its threads and writes report later in this process
+    (orbax's threads log after the error is raised; asyncio's and the closed loop's echoes),
+    since the save's ``CheckpointSaveError`` (its cause chained) is the one report and the run
+    stops on it."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()

@@ -18,10 +18,11 @@ import tempfile
 # optimisation. Both change code generation, not XLA's HLO passes; every equality a test checks
 # compares two programs compiled alike. Launch subprocesses get them too (launch_env.py).
 # ``RUBRIC_RL_TEST_XLA_FLAGS`` set (even empty) replaces these flags.
+# The older emitters fuse differently from XLA:CPU's default: see `pytest_runtest_protocol`.
+_FAST_CODEGEN = "--xla_cpu_use_fusion_emitters=false"
 os.environ.setdefault(
     "RUBRIC_RL_TEST_XLA_FLAGS",
-    "--xla_cpu_use_fusion_emitters=false"
-    " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+    f"{_FAST_CODEGEN} --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
 )
 os.environ["XLA_FLAGS"] = " ".join(
     f
@@ -73,11 +74,6 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_sessionfinish(session, exitstatus):
     if _OWN_CACHE:
         shutil.rmtree(os.environ["RUBRIC_RL_TEST_JAX_CACHE"], ignore_errors=True)
-
-
-# The flag that makes the suite's programs compile fast but fuse differently from XLA:CPU's
-# default code generation (see RUBRIC_RL_TEST_XLA_FLAGS above).
-_FAST_CODEGEN = "--xla_cpu_use_fusion_emitters=false"
 
 
 def pytest_runtest_protocol(item, nextitem):
