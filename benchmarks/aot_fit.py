@@ -317,6 +317,8 @@ def build(args) -> dict[str, Any]:
     cfg = ALL_PRESETS[name]
     if isinstance(cfg, Qwen3Config) and not isinstance(cfg, Qwen3_5Config):
         cfg = dataclasses.replace(cfg, scan_layers=bool(config.model.get("scan_layers", False)))
+    if args.micro_batches:
+        config.optim.num_micro_batches = args.micro_batches
     if args.kl_ref_dtype:
         config.loss.kl_ref_dtype = args.kl_ref_dtype
     if args.before:
@@ -533,6 +535,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--mesh", default="", help="data,fsdp,tensor (default: the config's)")
     ap.add_argument("--rows", type=int, default=0, help="rows per optimizer update")
     ap.add_argument("--seq", type=int, default=0, help="tokens per row")
+    ap.add_argument("--micro-batches", type=int, default=0, help="default: the config's")
     ap.add_argument("--kl-ref-dtype", default="", choices=["", "float32", "bfloat16"])
     ap.add_argument("--pool-fraction", type=float, default=POOL_FRACTION)
     ap.add_argument("--device-gib", type=float, default=0.0, help="device memory (default: target)")

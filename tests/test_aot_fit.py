@@ -32,7 +32,7 @@ def one_device():
     (``--measure``): read by the hand count and by the measured step."""
     return _run(
         "--config=configs/grpo.py:gpu", "--model=tiny", "--devices=1", "--mesh=1,1,1",
-        f"--rows={ONE_DEVICE_ROWS}", f"--seq={ONE_DEVICE_SEQ}", "--measure",
+        f"--rows={ONE_DEVICE_ROWS}", f"--seq={ONE_DEVICE_SEQ}", "--micro-batches=2", "--measure",
     )  # fmt: skip
 
 
@@ -46,6 +46,7 @@ def test_arguments_equal_a_hand_count_on_one_device(one_device):
 
     rows, seq, r = ONE_DEVICE_ROWS, ONE_DEVICE_SEQ, one_device
     n = PRESETS["tiny"].num_params()
+    assert (r["micro_batches"], r["micro_rows"]) == (2, rows // 2)  # not the config's 8
     assert r["params"] == n and r["kl_ref_dtype"] == "bfloat16"
     batch = rows * seq * (3 * 4 + 2 * 4) + rows * 2 * 4
     counts = 2 * 4  # scale_by_adam's count, the lr schedule's count
