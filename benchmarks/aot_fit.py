@@ -319,6 +319,8 @@ def build(args) -> dict[str, Any]:
         cfg = dataclasses.replace(cfg, scan_layers=bool(config.model.get("scan_layers", False)))
     if args.micro_batches:
         config.optim.num_micro_batches = args.micro_batches
+    if args.remat:
+        config.model.remat = args.remat
     if args.kl_ref_dtype:
         config.loss.kl_ref_dtype = args.kl_ref_dtype
     if args.before:
@@ -506,18 +508,20 @@ def table(path: str) -> str:
         for line in f:
             if line.strip():
                 r = json.loads(line)
-                key = (r["config"], r["model"], r["devices"], r["before"], r.get("kl_ref_dtype"))
+                key = (r["config"], r["model"], r["devices"], r["before"], r.get("kl_ref_dtype"),
+                       r.get("remat"), r["micro_rows"])  # fmt: skip
                 rows[key] = r
     out = [
-        "| config | model | devices (mesh d/f/t) | rows x T (micro) | before | peak GiB | "
+        "| config | model | devices (mesh d/f/t) | rows x T (micro) | remat | before | peak GiB | "
         "pool GiB | fits pool | fits device | q/k/v batch gathers | target |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows.values():
         mesh = "/".join(str(r["mesh"][a]) for a in ("data", "fsdp", "tensor"))
         out.append(
             f"| `{r['config'].replace('configs/', '')}` | {r['model']} | {r['devices']} ({mesh}) "
-            f"| {r['rows']} x {r['seq']} ({r['micro_rows']}) | {'yes' if r['before'] else 'no'} "
+            f"| {r['rows']} x {r['seq']} ({r['micro_rows']}) | {r.get('remat', '')} "
+            f"| {'yes' if r['before'] else 'no'} "
             f"| {r['peak_gib']} | {round(r['pool_bytes'] / GIB, 1)} "
             f"| {'yes' if r['fits_pool'] else 'no'} | {'yes' if r['fits_device'] else 'no'} "
             f"| {r['qkv_batch_gathers']} | {r['target_used'].split(' (')[0]} |"
@@ -536,6 +540,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rows", type=int, default=0, help="rows per optimizer update")
     ap.add_argument("--seq", type=int, default=0, help="tokens per row")
     ap.add_argument("--micro-batches", type=int, default=0, help="default: the config's")
+    ap.add_argument("--remat", default="", help="model.remat (default: the config's)")
     ap.add_argument("--kl-ref-dtype", default="", choices=["", "float32", "bfloat16"])
     ap.add_argument("--pool-fraction", type=float, default=POOL_FRACTION)
     ap.add_argument("--device-gib", type=float, default=0.0, help="device memory (default: target)")

@@ -32,7 +32,8 @@ def one_device():
     (``--measure``): read by the hand count and by the measured step."""
     return _run(
         "--config=configs/grpo.py:gpu", "--model=tiny", "--devices=1", "--mesh=1,1,1",
-        f"--rows={ONE_DEVICE_ROWS}", f"--seq={ONE_DEVICE_SEQ}", "--micro-batches=2", "--measure",
+        f"--rows={ONE_DEVICE_ROWS}", f"--seq={ONE_DEVICE_SEQ}", "--micro-batches=2", "--remat=full",
+        "--measure",
     )  # fmt: skip
 
 
@@ -46,7 +47,8 @@ def test_arguments_equal_a_hand_count_on_one_device(one_device):
 
     rows, seq, r = ONE_DEVICE_ROWS, ONE_DEVICE_SEQ, one_device
     n = PRESETS["tiny"].num_params()
-    assert (r["micro_batches"], r["micro_rows"]) == (2, rows // 2)  # not the config's 8
+    # --micro-batches and --remat, not the gpu variant's 8 and "dots"
+    assert (r["micro_batches"], r["micro_rows"], r["remat"]) == (2, rows // 2, "full")
     assert r["params"] == n and r["kl_ref_dtype"] == "bfloat16"
     batch = rows * seq * (3 * 4 + 2 * 4) + rows * 2 * 4
     counts = 2 * 4  # scale_by_adam's count, the lr schedule's count
@@ -171,20 +173,23 @@ def test_qkv_batch_gathers_counts_only_whole_micro_batches():
 def test_table_renders_each_row_once(tmp_path):
     line = {
         "config": "configs/grpo.py:gpu", "model": "qwen3_4b", "devices": 8, "before": False,
-        "kl_ref_dtype": "bfloat16", "mesh": {"data": 1, "fsdp": 8, "tensor": 1}, "rows": 128,
+        "kl_ref_dtype": "bfloat16", "remat": "dots",
+        "mesh": {"data": 1, "fsdp": 8, "tensor": 1}, "rows": 128,
         "seq": 2048, "micro_rows": 16, "peak_gib": 31.6, "pool_bytes": int(59.3 * 2**30),
         "fits_pool": True, "fits_device": True, "qkv_batch_gathers": 0,
         "target_used": "cuda (compile-only h100 topology)",
     }  # fmt: skip
     path = tmp_path / "r.jsonl"
-    newer = dict(line, peak_gib=30.0)
-    path.write_text("\n".join(json.dumps(x) for x in (line, newer)) + "\n")
+    newer = dict(line, peak_gib=30.0)  # the same row measured again: the newer line wins
+    full = dict(line, remat="full", peak_gib=12.5)  # another setting: a row of its own
+    path.write_text("\n".join(json.dumps(x) for x in (line, newer, full)) + "\n")
     out = aot_fit.table(str(path)).splitlines()
-    assert len(out) == 3
+    assert len(out) == 4
     assert out[2] == (
-        "| `grpo.py:gpu` | qwen3_4b | 8 (1/8/1) | 128 x 2048 (16) | no | 30.0 | 59.3 | yes | yes "
-        "| 0 | cuda |"
+        "| `grpo.py:gpu` | qwen3_4b | 8 (1/8/1) | 128 x 2048 (16) | dots | no | 30.0 | 59.3 | yes "
+        "| yes | 0 | cuda |"
     )
+    assert out[3].startswith("| `grpo.py:gpu` | qwen3_4b | 8 (1/8/1) | 128 x 2048 (16) | full |")
 
 
 def _cuda_plugin() -> bool:
