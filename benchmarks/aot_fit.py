@@ -502,21 +502,33 @@ def measure(b: dict[str, Any], args) -> dict[str, Any]:
 
 
 def table(path: str) -> str:
-    """The docs' fit table from a JSONL of this script's lines (newest line per row wins)."""
+    """The docs' fit table from a JSONL of this script's lines (newest line per row wins),
+    sorted by config, model, devices, tensor split, remat, then after before."""
     rows: dict[tuple, dict] = {}
     with open(path) as f:
         for line in f:
             if line.strip():
                 r = json.loads(line)
                 key = (r["config"], r["model"], r["devices"], r["before"], r.get("kl_ref_dtype"),
-                       r.get("remat"), r["micro_rows"])  # fmt: skip
+                       r.get("remat"), r["micro_rows"], tuple(r["mesh"].values()))  # fmt: skip
                 rows[key] = r
     out = [
         "| config | model | devices (mesh d/f/t) | rows x T (micro) | remat | before | peak GiB | "
         "pool GiB | fits pool | fits device | q/k/v batch gathers | target |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows.values():
+
+    def order(r):
+        return (
+            r["config"],
+            r["model"],
+            r["devices"],
+            r["mesh"]["tensor"],
+            r.get("remat", ""),
+            r["before"],
+        )
+
+    for r in sorted(rows.values(), key=order):
         mesh = "/".join(str(r["mesh"][a]) for a in ("data", "fsdp", "tensor"))
         out.append(
             f"| `{r['config'].replace('configs/', '')}` | {r['model']} | {r['devices']} ({mesh}) "
