@@ -63,6 +63,28 @@ def to_jsonable(x: Any) -> Any:
     return arr.tolist()
 
 
+def _import_summary_writer():
+    """tensorboardX's ``SummaryWriter``, or None when tensorboardX is not installed.
+
+    tensorboardX imports torch, when it is installed, only to accept torch tensors as values
+    (1.3 s of every launch's start-up); we write Python floats. Unless torch is already
+    imported, it is hidden for the duration of this import (a ``None`` entry in `sys.modules`
+    makes ``import torch`` raise ImportError, the case tensorboardX handles), then restored."""
+    import sys
+
+    hide = "torch" not in sys.modules
+    if hide:
+        sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        return None
+    finally:
+        if hide and sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return SummaryWriter
+
+
 class MetricsWriter:
     """``write(step, metrics)`` appends to metrics.jsonl (flushed) and mirrors scalars to
     TensorBoard / W&B. On resume, ``truncate_after(step)`` drops rows logged after the restored
@@ -89,11 +111,7 @@ class MetricsWriter:
         os.makedirs(workdir, exist_ok=True)
         self._file = open(self.path, "a")
         if tensorboard:
-            try:
-                from tensorboardX import SummaryWriter
-            except ImportError:
-                SummaryWriter = None
-            self._tb_writer = SummaryWriter
+            self._tb_writer = _import_summary_writer()
         if wandb_config is not None and wandb_config.get("enabled"):
             try:
                 import wandb

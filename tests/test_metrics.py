@@ -145,3 +145,36 @@ def test_log_lines_print_above_the_progress_bar(tmp_path):
     # The bar was cleared before the line was printed: nothing of it precedes the log line.
     assert line.split("\r")[-1].startswith("W") and "train:" not in line.split("\r")[-1], line
     assert "2/3" in text[text.index("a log line") :]  # and redrawn after it
+
+
+def test_run_start_up_does_not_import_torch(tmp_path):
+    """A launch's tokenizer (the embedded kind: a plain fast tokenizer directory) and its
+    TensorBoard writer load without torch, which neither uses (torch's import was 2.8 s of a
+    run's start-up), and the events still decode."""
+    import subprocess
+    import sys
+
+    from configs import grpo
+    from rubric_rl.builders import build_domain, build_tokenizer
+
+    config = grpo.get_config("smoke")
+    build_tokenizer(config, build_domain(config), str(tmp_path))  # writes <tmp>/tokenizer
+    script = (
+        "import sys\n"
+        "from rubric_rl.metrics import MetricsWriter\n"
+        "from rubric_rl.models import Tokenizer\n"
+        f"tok = Tokenizer({str(tmp_path / 'tokenizer')!r})\n"
+        "assert tok.eos_id is not None and tok.encode('<|user|>') == [tok.vocab()['<|user|>']]\n"
+        f"w = MetricsWriter({str(tmp_path / 'run')!r})\n"
+        "w.write(1, {'reward/mean': 0.25}); w.write(2, {'reward/mean': 0.5}); w.close()\n"
+        "assert w.tensorboard_enabled\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]", out.stdout
+    shown = _tb_scalars(str(tmp_path / "run" / "tb"), "reward/mean")
+    assert shown == {1: [0.25], 2: [0.5]}, shown

@@ -1,5 +1,7 @@
 """Tokenizer wrapper on a locally built WordLevel tokenizer (no downloads)."""
 
+import json
+
 import pytest
 
 from rubric_rl.models import Tokenizer
@@ -98,3 +100,36 @@ def test_fallback_without_template(tmp_path):
 def test_missing_directory_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope"):
         Tokenizer(str(tmp_path / "nope"))
+
+
+def test_plain_fast_directory_loads_as_autotokenizer_would(tok_dir, tmp_path):
+    """A directory saved as a plain fast tokenizer loads directly as that class (without
+    AutoTokenizer's model-config read, which imports torch), equal to AutoTokenizer's load in
+    ids, text, special tokens and chat rendering; a malformed tokenizer_config.json is named."""
+    from rubric_rl.models.tokenizer import PLAIN_FAST_TOKENIZER_CLASSES, load_tokenizer_dir
+
+    path, _ = tok_dir
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] in PLAIN_FAST_TOKENIZER_CLASSES
+    ours = load_tokenizer_dir(str(path))
+    ref = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    assert type(ours) is type(ref)
+    text = "hello world\nhow are you <|im_start|> fine"
+    assert ours.encode(text) == ref.encode(text)
+    ids = ref.encode(text)
+    for skip in (True, False):
+        assert ours.decode(ids, skip_special_tokens=skip) == ref.decode(
+            ids, skip_special_tokens=skip
+        )
+    assert ours.get_vocab() == ref.get_vocab() and len(ours) == len(ref)
+    assert (ours.eos_token_id, ours.pad_token_id) == (ref.eos_token_id, ref.pad_token_id)
+    assert ours.all_special_ids == ref.all_special_ids
+    msgs = [{"role": "user", "content": "how are you"}]
+    assert ours.apply_chat_template(msgs, tokenize=False) == ref.apply_chat_template(
+        msgs, tokenize=False
+    )
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"bad/tokenizer_config\.json"):
+        load_tokenizer_dir(str(bad))
