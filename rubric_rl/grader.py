@@ -29,20 +29,38 @@ class ComponentError(RuntimeError):
     """A component (rollout engine, judge) failed after its retries; the message names it."""
 
 
+def _digest(payload: Any) -> bytes:
+    return hashlib.sha256(json.dumps(payload, default=str).encode()).digest()
+
+
+def task_digest(task: Task) -> bytes:
+    """The task's part of a verdict's key: its id, prompt and reference answer."""
+    return _digest([task.id, [m.to_dict() for m in task.prompt], task.reference_answer])
+
+
+def criterion_digest(c: Criterion) -> bytes:
+    """The criterion's part of a verdict's key: what the judge sees of it (not its id)."""
+    verifier = [str(c.verifier.kind), c.verifier.checker, [list(a) for a in c.verifier.args]]
+    return _digest([c.text, c.title, c.weight > 0, list(c.choices), verifier])
+
+
+def response_digest(task: Task | bytes, response: str) -> bytes:
+    """The (task, response) part of a verdict's key; `task` may be its ``task_digest``."""
+    t = task if isinstance(task, bytes) else task_digest(task)
+    return t + hashlib.sha256(response.encode("utf-8", "surrogatepass")).digest()
+
+
 def criterion_key(task: Task, response: str, c: Criterion) -> str:
-    """Content key of one verdict: what the judge sees, not the criterion's id."""
-    payload = [
-        task.id,
-        [m.to_dict() for m in task.prompt],
-        task.reference_answer,
-        response,
-        c.text,
-        c.title,
-        c.weight > 0,
-        list(c.choices),
-        [str(c.verifier.kind), c.verifier.checker, [list(a) for a in c.verifier.args]],
-    ]
-    return hashlib.sha256(json.dumps(payload, default=str).encode()).hexdigest()
+    """Content key of one verdict: what the judge sees (task, response, criterion), not the
+    criterion's id."""
+    return verdict_key(response_digest(task, response), criterion_digest(c))
+
+
+def verdict_key(item: bytes, criterion: bytes) -> str:
+    """``criterion_key`` from its parts' digests: a batch digests each task, response and
+    criterion once, not once per verdict. The parts are fixed-length digests, so their
+    concatenation is unambiguous."""
+    return hashlib.sha256(item + criterion).hexdigest()
 
 
 @dataclasses.dataclass
@@ -105,10 +123,13 @@ class Grader:
         misses: list[tuple[int, int, int, str]] = []
         for g, (task, rs) in enumerate(zip(tasks, responses, strict=True)):
             rows = []
+            t_digest = task_digest(task)
+            c_digests = [criterion_digest(c) for c in crits[g]]
             for j, r in enumerate(rs):
                 row: list[Verdict | None] = []
+                item = response_digest(t_digest, r)
                 for i, c in enumerate(crits[g]):
-                    key = criterion_key(task, r, c)
+                    key = verdict_key(item, c_digests[i])
                     hit = None if fresh else self.cache.get(key)
                     if hit is None:
                         self.cache.misses += 0 if fresh else 1
