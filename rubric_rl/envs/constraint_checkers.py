@@ -14,6 +14,7 @@ penalises the fluff instead.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,6 +44,14 @@ def _lower(us: Sequence[str]) -> tuple[str, ...]:
 
 def split_fluff(response: str) -> tuple[bool, list[str], bool]:
     """(has praise opener, body units, has compliance closer) of a response."""
+    opener, body, closer = _split_fluff(response)
+    return opener, list(body), closer
+
+
+# Every criterion of a rubric re-splits the same response (a group's verdicts are responses x
+# criteria): the split is a pure function of the text, kept for the most recent responses.
+@functools.lru_cache(maxsize=4096)
+def _split_fluff(response: str) -> tuple[bool, tuple[str, ...], bool]:
     us = units(response)
     low = _lower(us)
     opener = False
@@ -55,7 +64,7 @@ def split_fluff(response: str) -> tuple[bool, list[str], bool]:
         if len(low) >= len(phrase) and low[len(low) - len(phrase) :] == phrase:
             us, closer = us[: len(us) - len(phrase)], True
             break
-    return opener, list(us), closer
+    return opener, tuple(us), closer
 
 
 def body_units(response: str) -> list[str]:
