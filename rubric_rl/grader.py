@@ -44,16 +44,15 @@ def criterion_digest(c: Criterion) -> bytes:
     return _digest([c.text, c.title, c.weight > 0, list(c.choices), verifier])
 
 
-def response_digest(task: Task | bytes, response: str) -> bytes:
-    """The (task, response) part of a verdict's key; `task` may be its ``task_digest``."""
-    t = task if isinstance(task, bytes) else task_digest(task)
-    return t + hashlib.sha256(response.encode("utf-8", "surrogatepass")).digest()
+def response_digest(task: bytes, response: str) -> bytes:
+    """The (task, response) part of a verdict's key, from the task's ``task_digest``."""
+    return task + hashlib.sha256(response.encode("utf-8", "surrogatepass")).digest()
 
 
 def criterion_key(task: Task, response: str, c: Criterion) -> str:
     """Content key of one verdict: what the judge sees (task, response, criterion), not the
     criterion's id."""
-    return verdict_key(response_digest(task, response), criterion_digest(c))
+    return verdict_key(response_digest(task_digest(task), response), criterion_digest(c))
 
 
 def verdict_key(item: bytes, criterion: bytes) -> str:
