@@ -309,6 +309,7 @@ def build(args) -> dict[str, Any]:
     from rubric_rl.models.qwen3 import Qwen3ForCausalLM
     from rubric_rl.models.qwen3_5 import Qwen3_5ForCausalLM
     from rubric_rl.models.qwen3_5_config import ALL_PRESETS, Qwen3_5Config
+    from rubric_rl.models.rngs import init_rngs
 
     config = load_config(args.config)
     name = args.model or str(config.model.name)
@@ -338,7 +339,7 @@ def build(args) -> dict[str, Any]:
     def constructor():
         return cls(
             cfg,
-            rngs=nnx.Rngs(0),
+            rngs=init_rngs(0),
             dtype=dtype,
             param_dtype=jnp.dtype(config.model.param_dtype),
             remat=config.model.get("remat", "none"),

@@ -29,12 +29,12 @@ import time
 
 import jax
 import numpy as np
-from flax import nnx
 
 from rubric_rl.core import sharding
 from rubric_rl.core import train_step as ts
 from rubric_rl.core.batch_types import TrainBatch
 from rubric_rl.models.qwen3 import PRESETS, Qwen3Config, Qwen3ForCausalLM
+from rubric_rl.models.rngs import init_rngs
 
 
 def make_batch(cfg: Qwen3Config, batch: int, seq: int) -> TrainBatch:
@@ -88,7 +88,7 @@ def compile_seconds(cfg: Qwen3Config, batch: int, seq: int) -> dict:
     "trace_s", "lower_s", "xla_s", "step_s"} of a fresh train step for ``cfg`` on one device."""
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     config = ts.TrainConfig(lr=1e-5, chunk_size=seq)
-    model = sharding.init_sharded(lambda: Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0)), mesh)
+    model = sharding.init_sharded(lambda: Qwen3ForCausalLM(cfg, rngs=init_rngs(0)), mesh)
     graphdef, state = ts.init_train_state(model, config, mesh)
     step = ts.make_train_step(config, graphdef, mesh)
     data = jax.block_until_ready(sharding.shard_batch(make_batch(cfg, batch, seq), mesh))

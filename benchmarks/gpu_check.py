@@ -230,15 +230,15 @@ def _one_device_mesh():
 
 def _model(cfg, mesh, *, dtype, param_dtype=None, impl="xla", remat=False):
     import jax.numpy as jnp
-    from flax import nnx
 
     from rubric_rl.core import sharding
     from rubric_rl.models.qwen3 import Qwen3ForCausalLM
+    from rubric_rl.models.rngs import init_rngs
 
     return sharding.init_sharded(
         lambda: Qwen3ForCausalLM(
             cfg,
-            rngs=nnx.Rngs(0),
+            rngs=init_rngs(0),
             dtype=dtype,
             param_dtype=param_dtype or jnp.float32,
             remat=remat,

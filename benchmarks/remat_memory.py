@@ -41,6 +41,7 @@ from flax import nnx
 
 from rubric_rl.models.layer_stack import REMAT_POLICIES, remat_policy
 from rubric_rl.models.qwen3 import PRESETS, DecoderLayer, full_sequence_inputs, rope_tables
+from rubric_rl.models.rngs import init_rngs
 
 
 def _saved_residuals(fn, *args):
@@ -56,7 +57,7 @@ def layer_residuals(preset: str, batch: int, seq: int, dtype: str, policy: str) 
     cfg = PRESETS[preset]
     compute = jnp.dtype(dtype)
     layer = nnx.eval_shape(
-        lambda: DecoderLayer(cfg, rngs=nnx.Rngs(0), dtype=compute, param_dtype=jnp.float32)
+        lambda: DecoderLayer(cfg, rngs=init_rngs(0), dtype=compute, param_dtype=jnp.float32)
     )
     graphdef, params = nnx.split(layer)
     ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32)

@@ -37,11 +37,11 @@ if _env is not None:
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
 
 from rubric_rl.core import sharding  # noqa: E402
 from rubric_rl.core import train_step as ts  # noqa: E402
 from rubric_rl.models.qwen3 import PRESETS, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+from rubric_rl.models.rngs import init_rngs  # noqa: E402
 
 
 def _timed(fn) -> tuple[float, float]:
@@ -114,7 +114,7 @@ def bench_preset(name: str, args: argparse.Namespace) -> dict:
         chunk_size=args.chunk_size,
         num_micro_batches=args.micro_batches,
     )
-    model = sharding.init_sharded(lambda: Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0)), mesh)
+    model = sharding.init_sharded(lambda: Qwen3ForCausalLM(cfg, rngs=init_rngs(0)), mesh)
     graphdef, state = ts.init_train_state(model, config, mesh)
     step = ts.make_train_step(config, graphdef, mesh)
     batch = sharding.shard_batch(make_batch(cfg, args.batch, args.seq, args.seq // 8), mesh)

@@ -42,6 +42,7 @@ from rubric_rl.models.hf_io import load_config
 from rubric_rl.models.layer_stack import REMAT_POLICIES
 from rubric_rl.models.qwen3 import ATTENTION_IMPLS
 from rubric_rl.models.qwen3_5_config import ALL_PRESETS as PRESETS
+from rubric_rl.models.rngs import init_rngs
 from rubric_rl.registry import Registry
 from rubric_rl.rubrics.types import Task
 
@@ -603,7 +604,7 @@ def build_model(config: ConfigDict, tokenizer: Tokenizer, mesh) -> Qwen3ForCausa
     return sharding.init_sharded(
         lambda: model_cls(
             cfg,
-            rngs=nnx.Rngs(int(config.model.init_seed)),
+            rngs=init_rngs(int(config.model.init_seed)),
             dtype=dtype,
             param_dtype=param_dtype,
             remat=remat,

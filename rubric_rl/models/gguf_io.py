@@ -22,6 +22,7 @@ merges, token types (control tokens become special tokens) and pre-tokenizer nam
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import os
 from typing import Any
@@ -32,6 +33,7 @@ import numpy as np
 from flax import nnx
 
 from rubric_rl.models.config import Qwen3Config
+from rubric_rl.models.rngs import init_rngs
 
 # name -> (the package shipping the file, its file name in the package, the pip command).
 GGUF_MODELS = {
@@ -118,6 +120,16 @@ def gguf_path(name: str | os.PathLike) -> str:
 
 
 def _reader(path: str):
+    """The file's `gguf.GGUFReader`, parsed once per process for each version of the file (its
+    size and modification time): the reader parses every metadata field up front, 7 s for
+    SmolLM2's 49k-token vocabulary, and a launch reads the config, the tokenizer and the weights
+    from the same file."""
+    st = os.stat(path)
+    return _parsed_reader(os.path.realpath(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed_reader(path: str, size: int, mtime_ns: int):
     import gguf
 
     return gguf.GGUFReader(path)
@@ -268,7 +280,7 @@ def load_gguf(
     tensors = gguf_tensors(path, r, cfg)
     param_dtype = jnp.float32 if param_dtype is None else param_dtype
     abstract = nnx.eval_shape(
-        lambda: Qwen3ForCausalLM(cfg, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype)
+        lambda: Qwen3ForCausalLM(cfg, rngs=init_rngs(0), dtype=dtype, param_dtype=param_dtype)
     )
     graphdef, abs_state = nnx.split(abstract)
     shardings = param_shardings(abs_state, mesh) if mesh is not None else None

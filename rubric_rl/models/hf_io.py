@@ -49,6 +49,7 @@ from rubric_rl.models.hf_names import (
 from rubric_rl.models.qwen3 import Qwen3Config, Qwen3ForCausalLM, get_config
 from rubric_rl.models.qwen3_5 import Qwen3_5ForCausalLM
 from rubric_rl.models.qwen3_5_config import QWEN3_5_MODEL_TYPES, Qwen3_5Config
+from rubric_rl.models.rngs import init_rngs
 
 _log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ def from_pretrained(
     param_dtype = jnp.float32 if param_dtype is None else param_dtype
     model_cls = Qwen3_5ForCausalLM if isinstance(cfg, Qwen3_5Config) else Qwen3ForCausalLM
     abstract = nnx.eval_shape(
-        lambda: model_cls(cfg, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype)
+        lambda: model_cls(cfg, rngs=init_rngs(0), dtype=dtype, param_dtype=param_dtype)
     )
     graphdef, abs_state = nnx.split(abstract)
     files = _checkpoint_files(path)

