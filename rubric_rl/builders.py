@@ -512,9 +512,10 @@ def _tokenizer(config: ConfigDict, domain: Domain, workdir: str) -> Tokenizer:
 # ------------------------------------------------------------------------------ mesh, model
 
 
-def build_mesh(config: ConfigDict) -> jax.sharding.Mesh:
+def build_mesh(config: ConfigDict, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
+    """``config.mesh``'s axes over ``devices`` (default: every device)."""
     m = config.mesh
-    return sharding.make_mesh(int(m.data), int(m.fsdp), int(m.tensor))
+    return sharding.make_mesh(int(m.data), int(m.fsdp), int(m.tensor), devices=devices)
 
 
 def model_config(config: ConfigDict, tokenizer: Tokenizer) -> Qwen3Config:

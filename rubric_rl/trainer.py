@@ -60,6 +60,7 @@ class Trainer:
     """``Trainer(config, workdir).run(resume=...)``: builds the run's parts and trains.
 
     ``callbacks``: step callbacks (``add_callback``), called in order after each step of ``run``.
+    ``devices``: the devices ``config.mesh`` spans (default: every device, ``jax.devices()``).
 
     ``reward_fns``: plain Python reward functions (``rubric_rl/reward_fns.py``), a dict name ->
     callable or a list of callables named by ``__name__``, next to those ``config.reward_fns``
@@ -85,18 +86,19 @@ class Trainer:
         reward_fns: Mapping[str, RewardFn] | Sequence[RewardFn] = (),
         tasks: Mapping[str, Sequence[Any]] | None = None,
         domain: builders.Domain | None = None,
+        devices: Sequence[Any] | None = None,
     ):
         # Before the validation: it checks loss.reward / loss.reward_weights against the names.
         self._given_reward_fns = bool(reward_fns)
         self.reward_fns = reward_fns_lib.resolve_reward_fns(config, reward_fns)
-        validate_config(config, num_devices=jax.device_count())
+        validate_config(config, num_devices=len(devices or jax.devices()))
         # orbax / optax INFO lines dropped unless config.logging.library_info (the launcher too).
         logs.set_library_info(bool(config.logging.library_info))
         self.callbacks = [check_callback(cb) for cb in callbacks]
         self.config = config
         self.workdir = os.path.abspath(workdir)
         os.makedirs(self.workdir, exist_ok=True)
-        self.mesh = builders.build_mesh(config)
+        self.mesh = builders.build_mesh(config, devices)
         self.domain = builders.given_or_configured_domain(config, tasks, domain)
         reward_fns_lib.check_rubric_trainable(config, self.domain.train, self.reward_fns)
         self.seed_by_id = {t.id: t for t in self.domain.train}

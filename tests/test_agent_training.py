@@ -10,7 +10,7 @@ import pytest
 
 from rubric_rl.metrics import read_metrics, read_rollouts
 from tests.launch_env import launch_env
-from tests.trainer_spy import record_train_batches
+from tests.trainer_spy import one_device, record_train_batches
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -82,7 +82,7 @@ def test_agent_steps_train_model_turns_and_mask_tool_outputs(tmp_path):
     # The stand-in policy serves every caller of the engine: no calibration probes beside the
     # step's own rollouts, which are what is checked.
     c.calibration.enabled = False
-    t = Trainer(c, str(tmp_path / "run"))
+    t = Trainer(c, str(tmp_path / "run"), devices=one_device())
     try:
         t._restore_or_warmstart(resume=False)
         policy = _ReferencePolicy(

@@ -17,7 +17,7 @@ from rubric_rl.async_rollouts import Prefetcher, Weights, prefetch_steps, weight
 from rubric_rl.metrics import read_metrics
 from rubric_rl.rollout.scripted import ScriptedEngine
 from tests.launch_env import launch_env, metric_diffs, stable_rows
-from tests.trainer_spy import serve_scripted, short_words
+from tests.trainer_spy import one_device, serve_scripted, short_words
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -143,7 +143,7 @@ def test_between_sync_points_save_refuses_and_evaluate_uses_the_live_policy(tmp_
     c.checkpoint.update(every=0, final=False)
     c.train.steps = 10
     c.rollout.update(max_staleness=1, async_overlap=False)  # this session's 8 CPU devices
-    t = Trainer(c, str(tmp_path))
+    t = Trainer(c, str(tmp_path), devices=one_device())
     serve_scripted(t, ScriptedEngine(t.tokenizer, short_words))  # no generation compiled
     try:
         t._restore_or_warmstart(resume=False)

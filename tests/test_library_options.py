@@ -17,6 +17,7 @@ from configs import grpo
 from rubric_rl import builders, logs, warmstart
 from rubric_rl.config_validation import validate_config
 from rubric_rl.models import PRESETS, SHAPE_FIELDS, Qwen3ForCausalLM, Tokenizer
+from tests.trainer_spy import one_device
 
 WORDS = [chr(ord("a") + i) * 2 for i in range(25)]  # aa ... yy, + 6 special tokens = 31 ids
 USER = {"role": "user", "content": "bb cc dd"}
@@ -236,7 +237,7 @@ def _trainer(workdir, *, library_info=False, **model):
     c.warmstart.steps = 0
     c.calibration.enabled = False
     c.logging.update(tensorboard=False, progress_bar=False, library_info=library_info)
-    return Trainer(c, str(workdir))
+    return Trainer(c, str(workdir), devices=one_device())
 
 
 def test_trainer_formats_raw_prompts_and_drops_orbax_info_unless_asked(
@@ -264,6 +265,25 @@ def test_trainer_formats_raw_prompts_and_drops_orbax_info_unless_asked(
     finally:
         t.close()
     assert len(_orbax_info(absl_handler_records)) >= 3  # orbax's save lines, now through
+
+
+def test_the_trainer_spans_the_devices_it_is_given(tmp_path):
+    """``Trainer(devices=...)``: config.mesh over those devices (here one of the suite's eight),
+    and the mesh is checked against them, not against every device of the host."""
+    from rubric_rl.trainer import Trainer
+
+    (device,) = one_device()
+    t = _trainer(tmp_path / "one")
+    try:
+        assert t.mesh.devices.size == 1 and t.mesh.devices.flat[0] == device
+        leaves = jax.tree.leaves(t.state.params)
+        assert leaves and all(x.sharding.device_set == {device} for x in leaves)
+    finally:
+        t.close()
+    c = _config()
+    c.mesh.update(data=2, fsdp=-1)  # fits the host's 8 devices, not the 1 given
+    with pytest.raises(ValueError, match=r"config\.mesh.* does not divide 1 devices"):
+        Trainer(c, str(tmp_path / "two"), devices=one_device())
 
 
 def test_library_filter_installs_once_and_is_removed_by_the_flag():

@@ -27,7 +27,7 @@ from rubric_rl.rollout.scripted import ScriptedEngine, prompt_words
 from rubric_rl.rubrics.dataset_files import DatasetError
 from rubric_rl.rubrics.datasets import load_tasks, plain_tasks
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verdict
-from tests.trainer_spy import serve_scripted
+from tests.trainer_spy import one_device, serve_scripted
 
 # --- numpy references -------------------------------------------------------------------------
 
@@ -411,7 +411,8 @@ def test_tasks_in_python_train_on_a_plain_function_without_a_rubric(tmp_path):
     heldout = [{"prompt": f"write {k} words about dogs", "k": k, "id": f"h{k}"} for k in (1, 2, 3)]
     pipeline = step.default_pipeline().insert_after("advantage", "record", record)
     t = Trainer(c, str(tmp_path), judge=_NoCallJudge(), pipeline=pipeline,
-                reward_fns=[count_words], tasks=dict(train=train, heldout=heldout))  # fmt: skip
+                reward_fns=[count_words], tasks=dict(train=train, heldout=heldout),
+                devices=one_device())  # fmt: skip
     # The policy: some of the prompt's words (the function's values vary within a group).
     serve_scripted(t, ScriptedEngine(t.tokenizer, prompt_words))
     try:

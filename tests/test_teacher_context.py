@@ -11,7 +11,7 @@ from rubric_rl.controllers.base import Controller
 from rubric_rl.rollout.batch import Group, Rollouts, Trajectory
 from rubric_rl.rollout.scripted import ScriptedEngine, prompt_words
 from rubric_rl.trainer_batch import build_train_batch
-from tests.trainer_spy import record_train_batches, serve_scripted
+from tests.trainer_spy import one_device, record_train_batches, serve_scripted
 
 CONTEXT = "<coach> remember : end with ? </coach>"
 
@@ -125,7 +125,9 @@ def sd_trainer(tmp_path_factory):
     c.loss.update(sd_estimator="full", sd_coef=0.5)
     c.optim.mini_batches = 1  # the spy below sees the whole step's batch in one update
     coach = _Coach()
-    t = Trainer(c, str(tmp_path_factory.mktemp("sd")), extra_controllers=[coach])
+    t = Trainer(
+        c, str(tmp_path_factory.mktemp("sd")), extra_controllers=[coach], devices=one_device()
+    )
     serve_scripted(t, ScriptedEngine(t.tokenizer, prompt_words))  # no generation compiled
     t._restore_or_warmstart(resume=False)
     seen = record_train_batches(t)

@@ -24,7 +24,7 @@ from rubric_rl.methods.method import (
 )
 from rubric_rl.rollout.scripted import ScriptedEngine, prompt_words
 from rubric_rl.rubrics.types import append_to_last_user
-from tests.trainer_spy import serve_scripted
+from tests.trainer_spy import one_device, serve_scripted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +104,7 @@ def test_a_method_defined_in_a_test_file_trains_two_steps(tmp_path):
 
     c = toy_config(hint="be short .", repeat=2)
     validate_config(c)
-    t = Trainer(c, str(tmp_path / "run"))
+    t = Trainer(c, str(tmp_path / "run"), devices=one_device())
     serve_scripted(t, ScriptedEngine(t.tokenizer, prompt_words))  # no generation compiled
     try:
         assert [name for name, _ in t.pipeline.stages].index("toy_count") == (

@@ -12,6 +12,7 @@ from flax import nnx
 from configs import grpo
 from rubric_rl import builders, warmstart
 from rubric_rl.envs import constraints
+from tests.trainer_spy import one_device
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +131,7 @@ def test_the_first_copy_steps_train_on_copy_demonstrations_only(tmp_path, monkey
     monkeypatch.setattr(warmstart, "make_sft_step", spy)
     c = grpo.get_config("smoke")
     c.warmstart.update(steps=5, copy_steps=3)
-    t = Trainer(c, str(tmp_path))
+    t = Trainer(c, str(tmp_path), devices=one_device())
     try:
         t._restore_or_warmstart(resume=False)
         tok = t.tokenizer

@@ -8,6 +8,7 @@ import numpy as np
 
 from configs import grpo
 from rubric_rl import warmstart
+from tests.trainer_spy import one_device
 
 
 def _params(workdir, cache, **train):
@@ -17,7 +18,7 @@ def _params(workdir, cache, **train):
     c.warmstart.cache_dir = str(cache)
     c.train.update(**train)
     c.eval.n = 4  # differs after the warm start only
-    t = Trainer(c, str(workdir))
+    t = Trainer(c, str(workdir), devices=one_device())
     try:
         t._restore_or_warmstart(resume=False)
         return [np.asarray(x) for x in jax.tree.leaves(t.state.params)], warmstart.cache_key(c)

@@ -8,6 +8,7 @@ import pytest
 
 from configs import common, grpo
 from rubric_rl import warmstart
+from tests.trainer_spy import one_device
 
 
 def test_case_pairs_finds_each_cased_twin():
@@ -80,7 +81,7 @@ def _warm_embedding(workdir, tie_case):
 
     c = grpo.get_config("smoke")
     c.warmstart.tie_case = tie_case
-    t = Trainer(c, str(workdir))
+    t = Trainer(c, str(workdir), devices=one_device())
     try:
         t._restore_or_warmstart(resume=False)
         emb = np.asarray(warmstart._embedding(t.state.params))

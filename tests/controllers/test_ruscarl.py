@@ -22,6 +22,7 @@ from rubric_rl.methods.harness_rl.ruscarl import (
 )
 from rubric_rl.methods.harness_rl.style import style_for
 from rubric_rl.trainer_batch import build_train_batch
+from tests.trainer_spy import one_device
 
 
 def test_schedule_matches_the_released_formulas():
@@ -142,7 +143,7 @@ def test_the_trainer_recomputes_pi_old_on_the_unscaffolded_prompt(tmp_path):
     c.train.steps = 100
     c.model.prompt_buckets = ()  # one prompt shape (the cap) to compile
     assert c.loss.rollout_correction == "off"
-    t = Trainer(c, str(tmp_path / "run"))
+    t = Trainer(c, str(tmp_path / "run"), devices=one_device())
     try:
         t._restore_or_warmstart(resume=False)
         real, seen = t.train_step, []

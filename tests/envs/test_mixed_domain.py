@@ -135,7 +135,7 @@ class _ReferencePolicy:
 
 def test_one_step_trains_single_turn_and_agent_groups_together(tmp_path):
     from rubric_rl.trainer import Trainer
-    from tests.trainer_spy import record_train_batches
+    from tests.trainer_spy import one_device, record_train_batches
 
     c = rised.get_config("smoke,tools=sql")
     c.unlock()
@@ -146,7 +146,7 @@ def test_one_step_trains_single_turn_and_agent_groups_together(tmp_path):
     # step's own rollouts, which are what is checked.
     c.calibration.enabled = False
     c.rollout.update(tasks_per_step=8, train_groups=8, samples_per_task=2)  # all trained
-    t = Trainer(c, str(tmp_path / "run"))
+    t = Trainer(c, str(tmp_path / "run"), devices=one_device())
     try:
         t._restore_or_warmstart(resume=False)
         policy = _ReferencePolicy(

@@ -13,6 +13,7 @@ import pytest
 from configs import harness_rl
 from rubric_rl.controller_check import ScriptedPolicy, run_check, scripted_run
 from rubric_rl.methods.harness_rl.interfaces import guidance_cap
+from tests.trainer_spy import one_device
 
 pytest.importorskip("chromadb")
 
@@ -221,7 +222,7 @@ def test_trainer_resume_of_a_harness_run_equals_the_uninterrupted_run(tmp_path):
     def harness_metrics(m):
         return {k: v for k, v in m.items() if k.startswith("harness/") and "/time/" not in k}
 
-    t = Trainer(c, str(tmp_path))
+    t = Trainer(c, str(tmp_path), devices=one_device())
     try:
         t._restore_or_warmstart(resume=False)
         t.train_one_step()
@@ -232,7 +233,7 @@ def test_trainer_resume_of_a_harness_run_equals_the_uninterrupted_run(tmp_path):
     finally:
         t.close()
     assert third and records["time_records"] > 0
-    resumed = Trainer(c, str(tmp_path))
+    resumed = Trainer(c, str(tmp_path), devices=one_device())
     try:
         resumed._restore_or_warmstart(resume=True)
         assert resumed.step == 2
