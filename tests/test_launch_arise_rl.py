@@ -12,6 +12,7 @@ import pytest
 
 from rubric_rl.metrics import read_metrics
 from tests.launch_env import kill_then_resume, launch_env, stable_rows
+from tests.trainer_spy import one_device
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +95,8 @@ def test_gkd_with_an_external_teacher_of_another_shape(tmp_path):
     with c.unlocked():
         c.model.update(name="1m", init_seed=7)
     tok = builders.build_tokenizer(c, builders.build_domain(c), str(tmp_path / "tok"))
-    _, params, _ = nnx.split(builders.build_model(c, tok, builders.build_mesh(c)), nnx.Param, ...)
+    model = builders.build_model(c, tok, builders.build_mesh(c, one_device()))
+    _, params, _ = nnx.split(model, nnx.Param, ...)
     ckptr = ocp.StandardCheckpointer()
     ckptr.save(str(tmp_path / "teacher"), params)
     ckptr.wait_until_finished()

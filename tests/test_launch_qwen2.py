@@ -18,6 +18,7 @@ from configs import grpo
 from rubric_rl import builders
 from rubric_rl.models import save_pretrained
 from tests.launch_env import checkpoint_params, launch_train
+from tests.trainer_spy import one_device
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.slow
 def test_qwen2_preset_checkpoint_directory_trains_through_launch(tmp_path):
     c = grpo.get_config("smoke,model=qwen2_tiny")
     tok = builders.build_tokenizer(c, builders.build_domain(c), str(tmp_path / "tok"))
-    model = builders.build_model(c, tok, builders.build_mesh(c))
+    model = builders.build_model(c, tok, builders.build_mesh(c, one_device()))
     assert model.config.model_type == "qwen2" and model.config.num_hidden_layers == 2
     # A non-zero bias, so that loading it (and not a fresh zero bias) is what the check sees.
     bias = model.layers[1].attn.k_proj.bias

@@ -22,6 +22,7 @@ from configs import grpo
 from rubric_rl import builders
 from rubric_rl.models import QWEN3_5_PRESETS, Qwen3_5ForCausalLM, save_pretrained
 from tests.launch_env import checkpoint_params, launch_train
+from tests.trainer_spy import one_device
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.slow
 def test_qwen3_5_preset_and_checkpoint_directory_train_through_launch(tmp_path):
     c = grpo.get_config("smoke,model=qwen3_5_tiny")
     tok = builders.build_tokenizer(c, builders.build_domain(c), str(tmp_path / "tok"))
-    preset = builders.build_model(c, tok, builders.build_mesh(c))
+    preset = builders.build_model(c, tok, builders.build_mesh(c, one_device()))
     cfg = preset.config
     assert isinstance(preset, Qwen3_5ForCausalLM)
     # The hybrid stack: layers 0, 2 Gated DeltaNet, layers 1, 3 gated attention (q_proj makes

@@ -79,7 +79,7 @@ def test_batches_come_from_one_bucket_in_proportion_and_deterministically():
 
 def test_padding_a_batch_to_a_wider_bucket_leaves_its_loss_unchanged(tok, corpus):
     c = grpo.get_config("smoke")
-    model = builders.build_model(c, tok, builders.build_mesh(c))
+    model = builders.build_model(c, tok, builders.build_mesh(c, one_device()))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = optax.sgd(0.0)
     step = warmstart.make_sft_step(graphdef, tx)
