@@ -20,9 +20,12 @@ import tempfile
 # ``RUBRIC_RL_TEST_XLA_FLAGS`` set (even empty) replaces these flags.
 # The older emitters fuse differently from XLA:CPU's default: see `pytest_runtest_protocol`.
 _FAST_CODEGEN = "--xla_cpu_use_fusion_emitters=false"
+# Each program also runs on one thread (no Eigen intra-op pool): with one test process per core,
+# a pool per process oversubscribes the cores and spins while idle (a tenth of the suite's CPU).
 os.environ.setdefault(
     "RUBRIC_RL_TEST_XLA_FLAGS",
-    f"{_FAST_CODEGEN} --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+    f"{_FAST_CODEGEN} --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+    " --xla_cpu_multi_thread_eigen=false",
 )
 os.environ["XLA_FLAGS"] = " ".join(
     f
