@@ -1,4 +1,6 @@
-"""Fixtures for the SGLang tests: ONE real server per test session, on tiny random Qwen3 weights.
+"""Fixtures for the SGLang tests: ONE real server, on tiny random Qwen3 weights, for the module that
+uses it (tests/rollout/test_sglang.py, the only one: the same one server per session), stopped
+when that module ends rather than idling (a few percent of a core) until the session does.
 
 The server needs the venv built by third_party/sglang_cpu/install.sh (default <repo>/.venv-sglang,
 or $SGLANG_VENV); without it the `sglang_*` fixtures skip with that instruction.
@@ -76,7 +78,7 @@ def tiny_checkpoints(tmp_path_factory) -> tuple[Path, Path]:
     return ours, _export_transformers(root / "hf_seed1", 1, like=ours)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sglang_server(request, tmp_path_factory):
     require_sglang_venv()
     tiny_checkpoints = request.getfixturevalue("tiny_checkpoints")
@@ -91,7 +93,7 @@ def sglang_server(request, tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sglang_engine(sglang_server):
     from rubric_rl.rollout.sglang_client import RetryPolicy, SGLangEngine
 

@@ -26,7 +26,7 @@ SERVER_ENV = {
     "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
 }
 
-# The tests' tiny Qwen3 (conftest.py's session server serves it): small enough for a 2-core CI
+# The tests' tiny Qwen3 (conftest.py's shared server serves it): small enough for a 2-core CI
 # machine; vocabulary above 256 so ids are not byte-like, and the smoke model's (576: its
 # tokenizer's ids rounded up to 64), so that smoke_config's exports load into that server.
 TINY_QWEN3 = dict(
@@ -47,7 +47,7 @@ TINY_QWEN3 = dict(
 def smoke_config():
     """``configs/grpo.py:smoke`` with its model in TINY_QWEN3's shape (``model.shape``: the smoke
     preset's layers and vocabulary, and TINY_QWEN3's untied head), so that its exports load into
-    the session server by a weight update (a server keeps its architecture)."""
+    the shared server by a weight update (a server keeps its architecture)."""
     from configs import grpo
 
     c = grpo.get_config("smoke")

@@ -6,7 +6,7 @@ on the same weights by every function in `REFERENCES`: `transformers`' PyTorch f
 trainer's own scoring (`rubric_rl.core.logprobs.sequence_logprobs` on our JAX Qwen3).
 
 The two-process test (export once, update every server, sample once: docs/gpu.md) runs against
-recording servers of its own, then, with the venv, against the same session server.
+recording servers of its own, then, with the venv, against the same shared server.
 """
 
 from __future__ import annotations
@@ -681,7 +681,7 @@ def test_two_processes_export_once_update_every_server_and_sample_once(request, 
     finally:
         router.close()
         worker.close()
-        if real is not None:  # the session server serves its own checkpoint again
+        if real is not None:  # the shared server serves its own checkpoint again
             engine.update_weights(str(ours), engine.weight_version + 1)
     p0, p1 = (p["recording"] for p in procs)
     assert procs[0]["devices"] == procs[1]["devices"] == 4
@@ -737,7 +737,7 @@ def test_two_processes_export_once_update_every_server_and_sample_once(request, 
     assert r0["exports"] == r1["exports"] == ["v1", "v2"]
     assert r0["failure"] is None
     _assert_bf16_exports_equal_the_model(tmp_path, "weights", "weights_real")
-    # Restored: the session server serves its own checkpoint under the engine's version.
+    # Restored: the shared server serves its own checkpoint under the engine's version.
     out = engine.generate([GenerationRequest((5, 6, 7), "back")], SamplingParams(4))
     assert out[0][0].weight_version == engine.weight_version
 
