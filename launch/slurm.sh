@@ -20,7 +20,10 @@
 #SBATCH --output=slurm-%j.out
 set -euo pipefail
 
-head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# The whole listing read, then its first line: `| head -n 1` would stop reading early, and under
+# pipefail a long listing's SIGPIPE to scontrol would fail the script (exit 141).
+hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+head_node=${hosts%%$'\n'*}
 export JAX_COORDINATOR_ADDRESS="${head_node}:${RUBRIC_RL_COORDINATOR_PORT:-12355}"
 export JAX_NUM_PROCESSES="${SLURM_NTASKS:-$SLURM_NNODES}"
 python_bin="${PYTHON:-python3}"

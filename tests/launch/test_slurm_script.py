@@ -9,9 +9,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
+# scontrol: the allocation's hosts, then the rest of a large listing (200 kB, more than a pipe
+# holds): a script that stops reading after the first line must not fail on the writer's
+# SIGPIPE (under `set -o pipefail`, `scontrol ... | head -n 1` exits 141).
 SCONTROL = """#!/bin/bash
 [ "$1 $2 $3" = "show hostnames gpu[07-08]" ] || { echo "unexpected: $*" >&2; exit 2; }
 printf 'gpu07\\ngpu08\\n'
+for i in $(seq 1 20000); do echo "spare$i"; done
 """
 # srun: record its own options, then run the task command once per rank (2 nodes x 1 task).
 SRUN = """#!/bin/bash
