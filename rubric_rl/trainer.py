@@ -91,7 +91,7 @@ class Trainer:
         # Before the validation: it checks loss.reward / loss.reward_weights against the names.
         self._given_reward_fns = bool(reward_fns)
         self.reward_fns = reward_fns_lib.resolve_reward_fns(config, reward_fns)
-        validate_config(config, num_devices=len(devices or jax.devices()))
+        validate_config(config, num_devices=len(jax.devices() if devices is None else devices))
         # orbax / optax INFO lines dropped unless config.logging.library_info (the launcher too).
         logs.set_library_info(bool(config.logging.library_info))
         self.callbacks = [check_callback(cb) for cb in callbacks]

@@ -21,7 +21,8 @@ import tempfile
 # The older emitters fuse differently from XLA:CPU's default: see `pytest_runtest_protocol`.
 _FAST_CODEGEN = "--xla_cpu_use_fusion_emitters=false"
 # Each program also runs on one thread (no Eigen intra-op pool): with one test process per core,
-# a pool per process oversubscribes the cores and spins while idle (a tenth of the suite's CPU).
+# a pool per process oversubscribes the cores and spins while idle (two subsets of the suite: about
+# a tenth less CPU; the full suite's time moved within its noise).
 os.environ.setdefault(
     "RUBRIC_RL_TEST_XLA_FLAGS",
     f"{_FAST_CODEGEN} --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
