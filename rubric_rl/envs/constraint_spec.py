@@ -10,6 +10,7 @@ constraints, each with its checker, signed weight, criterion text and capability
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -133,6 +134,30 @@ def _category(p: Mapping[str, Any]) -> Constraint:
     return _constraint("category", "cf_in_category", "category", fmt, category=p["category"])
 
 
+def _memoized_on_params(fn):
+    """`fn(p)` computed once per distinct task parameters: a task's constraints are a function of
+    its parameters, asked for on every rollout it is judged or scripted on. The result is a tuple
+    of frozen dataclasses, so sharing it is safe.
+
+    The key is ``repr(p)``: the parameters are plain values (the domain's sampler writes str, int,
+    bool, list and tuple), whose repr tells apart values that compare equal but render differently
+    in a criterion text (``1``, ``1.0`` and ``True``; a list and a tuple)."""
+    memo: dict[str, Any] = {}
+
+    @functools.wraps(fn)
+    def wrapper(p: Mapping[str, Any]):
+        key = repr(p)
+        got = memo.get(key)
+        if got is None:
+            if len(memo) >= 1 << 16:  # bounded: a long run's tasks, not every task ever seen
+                memo.clear()
+            got = memo[key] = fn(p)
+        return got
+
+    return wrapper
+
+
+@_memoized_on_params
 def constraints_for(p: Mapping[str, Any]) -> tuple[Constraint, ...]:
     """The stated (hard) constraints of a task from its parameters."""
     t = p["type"]
@@ -217,6 +242,7 @@ def implicit_constraints(p: Mapping[str, Any]) -> tuple[Constraint, ...]:
     return tuple(out)
 
 
+@_memoized_on_params
 def requirements(p: Mapping[str, Any]) -> tuple[Constraint, ...]:
     """Everything the task verifier checks: the stated constraints, then the implicit ones."""
     return constraints_for(p) + implicit_constraints(p)

@@ -151,6 +151,25 @@ def test_same_seed_same_tasks_and_prefix_stable():
     assert [t.id for t in a] != [t.id for t in other]
 
 
+def test_constraints_are_computed_once_per_parameters_and_equal_a_fresh_computation():
+    from rubric_rl.envs import constraint_spec as spec
+
+    tasks = _tasks("train", 200) + _tasks("heldout", 50) + _tasks("ood", 50)
+    for t in tasks:
+        p = t.raw["params"]
+        for fn in (spec.constraints_for, spec.requirements):
+            got = fn(p)
+            assert got == fn.__wrapped__(p)  # the memo returns what a fresh computation does
+            assert fn(dict(p)) is got  # equal parameters (another dict): the memoized tuple
+    # Values that compare equal but render differently are different parameters.
+    p = dict(next(t.raw["params"] for t in tasks if t.raw["params"]["type"] == "list"))
+    for q in (dict(p, n=float(p["n"])), dict(p, n=True), dict(p, choices=("a", "b"))):
+        fresh = spec.constraints_for.__wrapped__(q)
+        assert spec.constraints_for(q) == fresh and [c.text for c in fresh] == [
+            c.text for c in spec.constraints_for(q)
+        ]
+
+
 def test_splits_disjoint_and_ood_combinations_absent_from_training():
     train = _tasks("train", 300) + _tasks("train", 300, seed=1)
     heldout = _tasks("heldout", 150) + _tasks("heldout", 150, seed=1)
