@@ -140,8 +140,8 @@ def _memoized_on_params(fn):
     of frozen dataclasses, so sharing it is safe.
 
     The key is ``repr(p)``: the parameters are plain values (the domain's sampler writes str, int,
-    bool, list and tuple), whose repr tells apart values that compare equal but render differently
-    in a criterion text (``1``, ``1.0`` and ``True``; a list and a tuple)."""
+    bool, None and lists of them), whose repr tells apart values that compare equal but render
+    differently in a criterion text (``1``, ``1.0`` and ``True``; a list and a tuple)."""
     memo: dict[str, Any] = {}
 
     @functools.wraps(fn)
