@@ -492,6 +492,10 @@ def _capabilities(cons: Sequence[Constraint]) -> tuple[str, ...]:
     return tuple(c for c in CAPABILITIES if any(k.capability == c for k in cons))
 
 
+# ConstraintDomain.tasks' lists, by (seed, split): the longest drawn.
+_TASKS: dict[tuple[int, str], list[Task]] = {}
+
+
 class ConstraintDomain:
     """Seeded generator of constraint-following tasks: train / validation / heldout / ood."""
 
@@ -509,8 +513,17 @@ class ConstraintDomain:
                 return p
 
     def tasks(self, split: str, n: int) -> list[Task]:
-        """The first ``n`` tasks of ``split`` (prefix-stable: tasks(s, n) == tasks(s, m)[:n])."""
-        return generate(
+        """The first ``n`` tasks of ``split`` (prefix-stable: tasks(s, n) == tasks(s, m)[:n]).
+
+        Generated once per (seed, split) in a process: every domain build asks for its splits
+        again (each trainer, scripted run and evaluation), and a split is a function of the
+        seed alone. The longest list drawn is kept, and a shorter request is its prefix (the
+        generator is prefix-stable). Tasks are frozen; each call returns a new list."""
+        key = (self.seed, split)
+        kept = _TASKS.get(key)
+        if kept is not None and 0 <= n <= len(kept):
+            return kept[:n]
+        out = generate(
             "ConstraintDomain",
             self.seed,
             split,
@@ -520,6 +533,10 @@ class ConstraintDomain:
             heldout_percent=HELDOUT_PERCENT,
             validation_percent=VALIDATION_PERCENT,
         )
+        if len(_TASKS) >= 64 and key not in _TASKS:  # bounded: a few seeds' splits
+            _TASKS.clear()
+        _TASKS[key] = out[:]
+        return out
 
     @staticmethod
     def _make_task(split: str, params: dict[str, Any], key: str) -> Task:
