@@ -266,6 +266,15 @@ def test_services_judge_cache_candidate_rubrics_and_fresh(run):
     assert svc.cache.misses - misses == 2 * 2  # the new one: judged, per response
     assert [[v[: len(f)] for v, f in zip(g, gf)] for g, gf in zip(graded, first)] == first
     assert graded[0][0][-1].criterion_id == cand[0][-1].id
+    # The same criteria under other ids: cached verdicts, each under the id asked for.
+    renamed = [[c.replace(id=c.id + "_r") for c in t.rubric.evaluated().criteria] for t in tasks]
+    hits, misses = svc.cache.hits, svc.cache.misses
+    relabelled = svc.judge(tasks, responses, renamed)
+    assert svc.cache.hits - hits == 2 * sum(n_crit) and svc.cache.misses == misses
+    for g, gf, cs in zip(relabelled, first, renamed):
+        for row, row_first in zip(g, gf):
+            assert [v.criterion_id for v in row] == [c.id for c in cs]
+            assert [v.met for v in row] == [v.met for v in row_first]
     hits, misses = svc.cache.hits, svc.cache.misses
     fresh = svc.judge(tasks, responses, fresh=True)
     assert svc.cache.hits == hits and svc.cache.misses == misses  # the cache is bypassed
