@@ -84,7 +84,7 @@ from rubric_rl.envs.constraint_spec import (
     requirements,
     sample_filter,
 )
-from rubric_rl.envs.hashed_splits import generate
+from rubric_rl.envs.hashed_splits import generate_kept
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verifier
 
 __all__ = [
@@ -492,10 +492,6 @@ def _capabilities(cons: Sequence[Constraint]) -> tuple[str, ...]:
     return tuple(c for c in CAPABILITIES if any(k.capability == c for k in cons))
 
 
-# ConstraintDomain.tasks' lists, by (seed, split): the longest drawn.
-_TASKS: dict[tuple[int, str], list[Task]] = {}
-
-
 class ConstraintDomain:
     """Seeded generator of constraint-following tasks: train / validation / heldout / ood."""
 
@@ -513,17 +509,9 @@ class ConstraintDomain:
                 return p
 
     def tasks(self, split: str, n: int) -> list[Task]:
-        """The first ``n`` tasks of ``split`` (prefix-stable: tasks(s, n) == tasks(s, m)[:n]).
-
-        Generated once per (seed, split) in a process: every domain build asks for its splits
-        again (each trainer, scripted run and evaluation), and a split is a function of the
-        seed alone. The longest list drawn is kept, and a shorter request is its prefix (the
-        generator is prefix-stable). Tasks are frozen; each call returns a new list."""
-        key = (self.seed, split)
-        kept = _TASKS.get(key)
-        if kept is not None and 0 <= n <= len(kept):
-            return kept[:n]
-        out = generate(
+        """The first ``n`` tasks of ``split`` (prefix-stable: tasks(s, n) == tasks(s, m)[:n]),
+        drawn once per seed and split in a process (`generate_kept`)."""
+        return generate_kept(
             "ConstraintDomain",
             self.seed,
             split,
@@ -533,10 +521,6 @@ class ConstraintDomain:
             heldout_percent=HELDOUT_PERCENT,
             validation_percent=VALIDATION_PERCENT,
         )
-        if len(_TASKS) >= 64 and key not in _TASKS:  # bounded: a few seeds' splits
-            _TASKS.clear()
-        _TASKS[key] = out[:]
-        return out
 
     @staticmethod
     def _make_task(split: str, params: dict[str, Any], key: str) -> Task:

@@ -73,3 +73,37 @@ def generate(
         seen.add(key)
         out.append(make(split, params, key))
     return out
+
+
+# generate_kept's lists, by (kind, seed, split, heldout_percent, validation_percent): the longest.
+_KEPT: dict[tuple[str, int, str, int, int], list[Task]] = {}
+
+
+def generate_kept(
+    kind: str,
+    seed: int,
+    split: str,
+    n: int,
+    sample: Callable[[str, np.random.Generator], dict[str, Any]],
+    make: Callable[[str, dict[str, Any], str], Task],
+    *,
+    heldout_percent: int,
+    validation_percent: int,
+) -> list[Task]:
+    """`generate`, drawn once per (kind, seed, split) in a process, for a generator whose
+    ``sample`` and ``make`` depend on nothing but ``kind`` and ``seed``: every domain build asks
+    for its splits again (each trainer, scripted run and evaluation). The longest list drawn is
+    kept, and a shorter request is its prefix (``generate`` is prefix-stable). Tasks are frozen;
+    each call returns a new list."""
+    key = (kind, int(seed), split, int(heldout_percent), int(validation_percent))
+    kept = _KEPT.get(key)
+    if kept is not None and 0 <= n <= len(kept):
+        return kept[:n]
+    out = generate(
+        kind, seed, split, n, sample, make,
+        heldout_percent=heldout_percent, validation_percent=validation_percent,
+    )  # fmt: skip
+    if len(_KEPT) >= 64 and key not in _KEPT:  # bounded: a few seeds' splits
+        _KEPT.clear()
+    _KEPT[key] = out[:]
+    return out

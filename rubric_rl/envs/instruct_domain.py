@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from rubric_rl.envs import instruct_checkers as ic
-from rubric_rl.envs.hashed_splits import generate
+from rubric_rl.envs.hashed_splits import generate_kept
 from rubric_rl.envs.instruct_spec import (
     DOMAIN,
     HELDOUT_PERCENT,
@@ -375,8 +375,9 @@ class InstructDomain:
         return {"topic": ti, "request": int(rng.integers(len(REQUESTS))), "instructions": insts}
 
     def tasks(self, split: str, n: int) -> list[Task]:
-        """The first ``n`` tasks of ``split`` (prefix-stable: tasks(s, n) == tasks(s, m)[:n])."""
-        return generate(
+        """The first ``n`` tasks of ``split`` (prefix-stable: tasks(s, n) == tasks(s, m)[:n]),
+        drawn once per seed and split in a process (`generate_kept`)."""
+        return generate_kept(
             "InstructDomain",
             self.seed,
             split,

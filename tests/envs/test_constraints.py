@@ -170,33 +170,38 @@ def test_constraints_are_computed_once_per_parameters_and_equal_a_fresh_computat
         ]
 
 
-def test_a_seeds_splits_are_generated_once_and_equal_a_fresh_generation():
-    from rubric_rl.envs.hashed_splits import generate
+@pytest.mark.parametrize("domain", ["constraints", "instruct"])
+def test_a_seeds_splits_are_generated_once_and_equal_a_fresh_generation(domain):
+    from rubric_rl.envs import hashed_splits, instruct_domain
+
+    module = constraint_domain if domain == "constraints" else instruct_domain
+    cls = cf.ConstraintDomain if domain == "constraints" else instruct_domain.InstructDomain
 
     def fresh(seed, split, n):
-        d = constraint_domain.ConstraintDomain(seed)
-        return generate(
-            "ConstraintDomain", seed, split, n, d._sample_params, d._make_task,
-            heldout_percent=constraint_domain.HELDOUT_PERCENT,
-            validation_percent=constraint_domain.VALIDATION_PERCENT,
+        d = cls(seed)
+        make = d._make_task if domain == "constraints" else instruct_domain.make_task
+        return hashed_splits.generate(
+            cls.__name__, seed, split, n, d._sample_params, make,
+            heldout_percent=module.HELDOUT_PERCENT,
+            validation_percent=module.VALIDATION_PERCENT,
         )  # fmt: skip
 
-    constraint_domain._TASKS.clear()
+    hashed_splits._KEPT.clear()
     # Shorter after longer (a prefix of the kept list), longer after shorter (drawn again).
     for seed, split, n in ((7, "train", 60), (7, "train", 25), (7, "train", 90), (7, "ood", 30)):
-        got = cf.ConstraintDomain(seed).tasks(split, n)
+        got = cls(seed).tasks(split, n)
         want = fresh(seed, split, n)
         assert [t.id for t in got] == [t.id for t in want] and got == want
         assert [t.raw for t in got] == [t.raw for t in want]
-    a = cf.ConstraintDomain(7).tasks("train", 40)
+    a = cls(7).tasks("train", 40)
     a.clear()  # the caller's list: the kept one is untouched
-    b = cf.ConstraintDomain(7).tasks("train", 40)
-    assert len(b) == 40 and b[0] is cf.ConstraintDomain(7).tasks("train", 1)[0]  # computed once
-    assert [t.id for t in cf.ConstraintDomain(8).tasks("train", 40)] != [t.id for t in b]
-    assert cf.ConstraintDomain(7).tasks("train", 0) == []
+    b = cls(7).tasks("train", 40)
+    assert len(b) == 40 and b[0] is cls(7).tasks("train", 1)[0]  # computed once
+    assert [t.id for t in cls(8).tasks("train", 40)] != [t.id for t in b]
+    assert cls(7).tasks("train", 0) == []
     for bad in (("train", -1), ("test", 3)):
-        with pytest.raises(ValueError, match="ConstraintDomain.tasks"):
-            cf.ConstraintDomain(7).tasks(*bad)
+        with pytest.raises(ValueError, match=f"{cls.__name__}.tasks"):
+            cls(7).tasks(*bad)
 
 
 def test_splits_disjoint_and_ood_combinations_absent_from_training():
