@@ -770,3 +770,22 @@ def test_standin_kernel_in_use_and_no_missing_op_called(sglang_server):
     log = Path(sglang_server.log_path).read_text(errors="replace")
     assert "[sgl_kernel stand-in] in use" in log
     assert "MISSING OP called" not in log
+
+
+@pytest.mark.sglang
+def test_the_cpu_recipe_forks_the_servers_children(sglang_server):
+    """The recipe's sitecustomize turns SGLang's forced `spawn` into `fork` (the children inherit
+    the imports instead of repeating them): the log says so, and no process of the server's group
+    is one of spawn's (its `-c "from multiprocessing..."` helpers)."""
+    log = Path(sglang_server.log_path).read_text(errors="replace")
+    assert "[sglang_cpu sitecustomize] start method fork instead of spawn" in log
+    cmdlines = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == sglang_server.pid:
+                cmdlines.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" "))
+        except OSError:  # the process ended meanwhile
+            continue
+    assert any(b"sglang.launch_server" in c for c in cmdlines), cmdlines
+    assert sum(c.startswith(b"sglang::") for c in cmdlines) >= 2, cmdlines  # scheduler, detokenizer
+    assert not any(b"multiprocessing" in c for c in cmdlines), cmdlines

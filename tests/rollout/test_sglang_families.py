@@ -10,7 +10,7 @@
   serves it, this test fails and says so: turn it into a parity test like the Qwen2 one.
 
 Each test starts its own tiny server (the session's Qwen3 server cannot change architecture):
-about 30 s each on an idle 2-core machine.
+about 15 s each on an idle 2-core machine.
 """
 
 from __future__ import annotations
