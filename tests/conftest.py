@@ -66,10 +66,26 @@ import jax  # noqa: E402
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--e2e",
+        action="store_true",
+        help="also run the tests marked e2e: real-model end-to-end runs beyond each method's "
+        "smoke run and exact resume (docs/testing.md)",
+    )
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Files with slow-tier or SGLang-server tests (launched runs, real servers) first, each
-    file's tests in their order: with ``--dist loadfile`` a long file started last would finish
-    the session alone."""
+    """Tests marked ``e2e`` are skipped unless ``--e2e`` is given. Files with slow-tier or
+    SGLang-server tests (launched runs, real servers) first, each file's tests in their order:
+    with ``--dist loadfile`` a long file started last would finish the session alone."""
+    if not config.getoption("--e2e"):
+        import pytest
+
+        skip = pytest.mark.skip(reason="e2e tier: run with --e2e (docs/testing.md)")
+        for item in items:
+            if item.get_closest_marker("e2e") is not None:
+                item.add_marker(skip)
     long = ("slow", "sglang")
     slow_files = {i.path for i in items if any(i.get_closest_marker(m) for m in long)}
     items.sort(key=lambda item: item.path not in slow_files)  # stable: the order otherwise

@@ -16,6 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_sql_domain_trains_through_launch_in_agent_mode(tmp_path):
     work = tmp_path / "sql"
     cmd = [

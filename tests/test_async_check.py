@@ -7,9 +7,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_async_check_prints_one_line_with_both_sides(tmp_path):
     from tests.launch_env import launch_env
 

@@ -231,6 +231,7 @@ def _rows(path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_versions_and_staleness_follow_the_schedule(runs):
     rows = [r for r in _rows(runs["overlap"]) if r["step"] > 0]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
@@ -245,6 +246,7 @@ def test_versions_and_staleness_follow_the_schedule(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_overlapped_equals_the_same_schedule_inline(runs):
     a, b = _rows(runs["overlap"]), _rows(runs["inline"])
     assert len(a) == len(b) == STEPS + (1 if a[0]["step"] == 0 else 0)
@@ -253,6 +255,7 @@ def test_overlapped_equals_the_same_schedule_inline(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_resume_inside_a_segment_equals_uninterrupted(runs):
     """Resumed at checkpoint 3, inside the segment that ends at the evaluation of step 5: the
     rows of steps 4-7 on disk are dropped and replayed (4 and 5 sampled with version 3 again,
@@ -266,6 +269,7 @@ def test_resume_inside_a_segment_equals_uninterrupted(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_stale_weights_are_the_ones_sampled(runs):
     """Step 1 samples with version 0 in both runs: identical. Step 2 samples with version 0
     asynchronously and version 1 synchronously: its rollouts' log-probs, hence its loss and

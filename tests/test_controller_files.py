@@ -69,6 +69,7 @@ def _resume(w, env, *extra, config="configs/harness_rl.py:smoke"):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_a_harness_resume_with_its_memory_deleted_is_refused_then_rebuilt_on_request(tmp_path):
     """Real processes: a 1-step HarnessRL smoke run, its memory directory deleted, ``--resume``
     for a second step. It used to exit 0 on an empty memory (the next step's metrics diverged);
@@ -109,6 +110,7 @@ def test_a_harness_resume_with_its_memory_deleted_is_refused_then_rebuilt_on_req
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_an_arise_resume_with_its_event_log_cut_short_is_refused_naming_it(tmp_path):
     """Real processes: a 1-step ARISE smoke run, its event log ``controllers/arise.jsonl`` cut to
     its first row, ``--resume`` for a second step. It used to exit 0 with the log silently short

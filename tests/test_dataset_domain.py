@@ -142,6 +142,7 @@ def test_dataset_domain_refuses_a_warm_start_it_has_no_corpus_for():
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_training_on_tasks_reloaded_from_disk(tmp_path):
     # Constraint tasks written in our JSONL format and read back: rule-verified criteria whose
     # checkers are found without importing the domain, judged programmatically, trained end to

@@ -80,6 +80,7 @@ def test_arise_rl_sigkill_then_resume_equals_uninterrupted(runs):
     assert ev_a == ev_b
 
 
+@pytest.mark.e2e
 def test_gkd_with_an_external_teacher_of_another_shape(tmp_path):
     """GKD (``configs/arise_rl.py:gkd``): the SD term's teacher is a separate, frozen parameter
     set of another preset (``1m`` for the ``tiny`` policy), loaded from an orbax directory; λ is

@@ -20,7 +20,7 @@ from rubric_rl.models import save_pretrained
 from tests.launch_env import checkpoint_params, launch_train
 from tests.trainer_spy import one_device
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 def test_qwen2_preset_checkpoint_directory_trains_through_launch(tmp_path):

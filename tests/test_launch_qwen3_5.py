@@ -24,7 +24,7 @@ from rubric_rl.models import QWEN3_5_PRESETS, Qwen3_5ForCausalLM, save_pretraine
 from tests.launch_env import checkpoint_params, launch_train
 from tests.trainer_spy import one_device
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 def test_qwen3_5_preset_and_checkpoint_directory_train_through_launch(tmp_path):

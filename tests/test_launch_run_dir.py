@@ -68,6 +68,7 @@ def run(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_a_second_run_into_a_running_workdir_is_refused_at_once(run):
     w, second = run["w"], run["second"]
     assert second.returncode == 1
@@ -81,6 +82,7 @@ def test_a_second_run_into_a_running_workdir_is_refused_at_once(run):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_the_run_ends_with_its_summary(run):
     # The launch's last lines are rubric_rl.run_summary's text for its run directory: the
     # first and last held-out evaluation, primary metrics first.
@@ -92,6 +94,7 @@ def test_the_run_ends_with_its_summary(run):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_refused_relaunches_leave_the_config_record_untouched(run):
     w, env = run["w"], run["env"]
     before = (w / "config.json").read_bytes()
@@ -151,6 +154,7 @@ def test_cli_messages_help_typo_and_a_file_as_workdir(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_a_truncated_latest_checkpoint_falls_back_to_the_previous_step(run, tmp_path):
     w = tmp_path / "w"
     shutil.copytree(run["w"], w)  # with the finished run's lock file: a stale lock
@@ -175,6 +179,7 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_previous_step(run, tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_no_intact_checkpoint_is_an_error_naming_each_file(run, tmp_path):
     w = tmp_path / "w"
     shutil.copytree(run["w"], w)
@@ -192,6 +197,7 @@ def test_no_intact_checkpoint_is_an_error_naming_each_file(run, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_a_save_that_fails_on_a_full_disk_stops_the_run_with_one_error(run, tmp_path):
     """A real write failure during a run: resumed from step 2 under a file-size limit
     (RLIMIT_FSIZE) below the checkpoint's largest file and above every other file the run

@@ -14,7 +14,7 @@ from rubric_rl.metrics import read_metrics
 from tests.launch_env import VOLATILE, launch_env, suite_xla_flags
 
 # Real-model end-to-end runs (launched processes that train): the slow tier.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -241,6 +241,7 @@ def test_local_runs_share_a_compilation_cache(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_force_refuses_a_live_run_naming_its_pid_and_moves_an_idle_one_aside(tmp_path):
     """Real processes: a sweep's smoke run is going; ``--force`` against it must refuse, naming
     the launcher's pid, and leave every file of the live run (it used to ``rmtree`` the workdir,
