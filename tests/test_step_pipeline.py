@@ -33,7 +33,7 @@ from rubric_rl.rollout.scripted import ScriptedEngine, prompt_words
 from rubric_rl.rubrics.types import Message
 from rubric_rl.run_files import append_jsonl, step_path
 from rubric_rl.trainer_batch import build_train_batch, rollouts_to_batch
-from tests.trainer_spy import serve_scripted, short_words
+from tests.trainer_spy import one_device, serve_scripted, short_words
 
 
 def _config(**rollout):
@@ -330,7 +330,7 @@ def test_controller_files_are_rolled_back_to_the_checkpoint_on_resume(tmp_path):
     c.optim.schedule = "constant"
 
     def run(workdir, resume=False):
-        t = Trainer(c, str(workdir), extra_controllers=[_Scribe()])
+        t = Trainer(c, str(workdir), extra_controllers=[_Scribe()], devices=one_device())
         serve_scripted(t, ScriptedEngine(t.tokenizer, short_words))  # no generation compiled
         try:
             t.run(resume=resume)

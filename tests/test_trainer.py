@@ -17,7 +17,7 @@ from rubric_rl.rollout.scripted import ScriptedEngine
 from rubric_rl.rubrics.judges import Judge
 from rubric_rl.rubrics.types import verdict_failed
 from tests.launch_env import kill_then_resume, launch_env, metric_diffs
-from tests.trainer_spy import serve_scripted, short_words
+from tests.trainer_spy import one_device, serve_scripted, short_words
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 5
@@ -528,7 +528,7 @@ def test_kl_reference_is_the_warm_start_policy_and_survives_a_resume(tmp_path):
         return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
     def scripted(workdir):  # the updates are what is checked: no generation compiled
-        t = Trainer(c, str(workdir))
+        t = Trainer(c, str(workdir), devices=one_device())
         serve_scripted(t, ScriptedEngine(t.tokenizer, short_words))
         return t
 
