@@ -76,9 +76,10 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Tests marked ``e2e`` are skipped unless ``--e2e`` is given. Files with slow-tier or
-    SGLang-server tests (launched runs, real servers) first, each file's tests in their order:
-    with ``--dist loadfile`` a long file started last would finish the session alone."""
+    """Tests marked ``e2e`` are skipped unless ``--e2e`` is given. (The order of files is
+    xdist's: with ``--dist loadfile`` it hands out files by their number of tests, most first;
+    replaying the suite's measured file times, other orders, longest first included, end the
+    two workers within seconds of it.)"""
     if not config.getoption("--e2e"):
         import pytest
 
@@ -86,9 +87,6 @@ def pytest_collection_modifyitems(session, config, items):
         for item in items:
             if item.get_closest_marker("e2e") is not None:
                 item.add_marker(skip)
-    long = ("slow", "sglang")
-    slow_files = {i.path for i in items if any(i.get_closest_marker(m) for m in long)}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: the order otherwise
 
 
 def pytest_sessionfinish(session, exitstatus):
