@@ -406,19 +406,23 @@ def test_sleep_on_idle_flag_is_on_by_default_and_can_be_turned_off(tmp_path):
     assert "--sleep-on-idle" not in off.command(30000)
 
 
-def _group_cpu_seconds(pgid: int) -> float:
-    """utime + stime of every live process in process group `pgid` (Linux /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
+def _group_processes(pgid: int):
+    """(the /proc directory, the stat fields after "pid (comm)") of every live process in
+    process group `pgid` (Linux /proc): state ppid pgrp ...; utime is field 14, stime 15
+    (1-based)."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:  # the process ended meanwhile
             continue
-        # after "pid (comm)": state ppid pgrp ... utime is field 14, stime 15 (1-based)
         if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
-    return total / tick
+            yield stat.parent, fields
+
+
+def _group_cpu_seconds(pgid: int) -> float:
+    """utime + stime of every live process in process group `pgid`."""
+    total = sum(int(f[11]) + int(f[12]) for _, f in _group_processes(pgid))
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 # ----------------------------------------------------------------------------- real server
@@ -780,10 +784,9 @@ def test_the_cpu_recipe_forks_the_servers_children(sglang_server):
     log = Path(sglang_server.log_path).read_text(errors="replace")
     assert "[sglang_cpu sitecustomize] start method fork instead of spawn" in log
     cmdlines = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for proc, _ in _group_processes(sglang_server.pid):
         try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == sglang_server.pid:
-                cmdlines.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" "))
+            cmdlines.append((proc / "cmdline").read_bytes().replace(b"\0", b" "))
         except OSError:  # the process ended meanwhile
             continue
     assert any(b"sglang.launch_server" in c for c in cmdlines), cmdlines

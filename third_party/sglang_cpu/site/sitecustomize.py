@@ -11,11 +11,11 @@ The schemas are defined when torchvision is first imported, not at start-up: the
 processes that never import it (multiprocessing's resource tracker) then do not import torch.
 
 SGLang also forces multiprocessing's ``spawn`` start method (CUDA cannot survive a fork), so its
-scheduler and detokenizer processes each import torch, transformers and SGLang again: about 8 s of
-CPU each on a 2-core machine. On a CPU there is no CUDA context to lose, so here its
-``set_start_method("spawn")`` starts them by ``fork`` instead: they inherit the imported modules
-(a server start took 29 s of CPU with spawn, 9 s with fork). ``RUBRIC_RL_SGLANG_START_METHOD``
-(default ``fork``) names the method to use instead; ``spawn`` keeps SGLang's own.
+scheduler and detokenizer processes each import torch, transformers and SGLang again. On a CPU
+there is no CUDA context to lose, so here its ``set_start_method("spawn")`` starts them by
+``fork`` instead: they inherit the imported modules (a tiny server's start took about 25 s of CPU
+with spawn, 9 s with fork). ``RUBRIC_RL_SGLANG_START_METHOD`` (default ``fork``) names the
+method to use instead; ``spawn`` keeps SGLang's own.
 """
 
 import os
@@ -57,13 +57,13 @@ sys.meta_path.insert(0, _BeforeTorchvision())
 
 def _start_children_by(method: str) -> None:
     """Replaces a ``spawn`` asked of ``multiprocessing.set_start_method`` by `method`, saying so
-    in the server log on the first call."""
+    in the server log each time."""
     import multiprocessing
 
     original = multiprocessing.set_start_method
 
     def set_start_method(asked, force=False):
-        if asked == "spawn" and method != "spawn":
+        if asked == "spawn":
             print(
                 f"[sglang_cpu sitecustomize] start method {method} instead of spawn",
                 file=sys.stderr,
@@ -74,4 +74,6 @@ def _start_children_by(method: str) -> None:
     multiprocessing.set_start_method = set_start_method
 
 
-_start_children_by(os.environ.get("RUBRIC_RL_SGLANG_START_METHOD", "fork"))
+_START_METHOD = os.environ.get("RUBRIC_RL_SGLANG_START_METHOD", "fork")
+if _START_METHOD != "spawn":
+    _start_children_by(_START_METHOD)
