@@ -1,17 +1,20 @@
 """ARISE-RL end to end through ``python -m rubric_rl.launch``: ``configs/arise_rl.py:
 smoke`` runs two co-evolution cycles (a generator step, a pool refresh, two solver steps each) on
-the tiny policy with RG-SED on; a SIGKILL after a cycle boundary and ``--resume`` give the
-uninterrupted run's metrics, pool refreshes included."""
+the tiny policy with RG-SED on; ``--resume`` from a copy of the run rolled back to a
+checkpoint inside the second cycle gives the uninterrupted run's metrics and events, pool
+refresh included. (A SIGKILL mid-run, then ``--resume``: ``tests/test_trainer.py``, on the loop
+every method shares.)"""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 from rubric_rl.metrics import read_metrics
-from tests.launch_env import kill_then_resume, launch_env, stable_rows
+from tests.launch_env import launch_env, stable_rows
 from tests.trainer_spy import one_device
 
 pytestmark = pytest.mark.slow
@@ -33,6 +36,7 @@ def _cmd(workdir, *extra):
     return [
         sys.executable, "-m", "rubric_rl.launch", "--config=configs/arise_rl.py:smoke",
         f"--config.train.steps={STEPS}", "--config.checkpoint.every=1",
+        "--config.checkpoint.keep=3",
         "--config.domain.n_heldout=8", "--config.eval.every=3", *ONE_SHAPE,
         f"--workdir={workdir}", *extra,
     ]  # fmt: skip
@@ -42,14 +46,22 @@ def _cmd(workdir, *extra):
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("arise_rl_runs")
     env = launch_env(base / "jax_cache")
-    full, killed = base / "full", base / "killed"
+    full, resumed = base / "full", base / "resumed"
     subprocess.run(_cmd(full), cwd=REPO, env=env, check=True, timeout=900, capture_output=True)
-    # Killed once step 5 (the second cycle's pool refresh) is logged and checkpoint 4 (the
-    # second cycle's generator step) is complete: the refresh is replayed from the restored
-    # state.
-    rows = kill_then_resume(_cmd(killed), env, killed, after_step=5, checkpoint=4)
-    assert max(r["step"] for r in rows) < STEPS, "the run was not interrupted"
-    return full, killed
+    # Back to checkpoint 4 (the second cycle's generator step), with the metrics rows and
+    # controller events of steps 5 and 6 still on disk: the resume rolls them back and replays
+    # step 5 (the second cycle's pool refresh) from the restored state.
+    shutil.copytree(full, resumed)
+    assert sorted(int(p.name) for p in (resumed / "checkpoints").iterdir()) == [4, 5, 6]
+    for step in (5, 6):
+        shutil.rmtree(resumed / "checkpoints" / str(step))
+    proc = subprocess.run(
+        [*_cmd(resumed), "--resume"], cwd=REPO, env=env, timeout=900, capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from step 4" in proc.stderr
+    return full, resumed
 
 
 def test_arise_rl_smoke_cycles(runs):
@@ -69,14 +81,14 @@ def test_arise_rl_smoke_cycles(runs):
     assert "eval/heldout/pass_rate" in rows[-1]  # the solver on the designed held-out tasks
 
 
-def test_arise_rl_sigkill_then_resume_equals_uninterrupted(runs):
-    full, killed = runs
+def test_arise_rl_resume_equals_uninterrupted(runs):
+    full, resumed = runs
     a = stable_rows(read_metrics(str(full / "metrics.jsonl")))
-    b = stable_rows(read_metrics(str(killed / "metrics.jsonl")))
+    b = stable_rows(read_metrics(str(resumed / "metrics.jsonl")))
     assert [r["step"] for r in b] == list(range(STEPS + 1))
     assert a == b
     ev_a = open(full / "controllers" / "arise_rl.jsonl").read()
-    ev_b = open(killed / "controllers" / "arise_rl.jsonl").read()
+    ev_b = open(resumed / "controllers" / "arise_rl.jsonl").read()
     assert ev_a == ev_b
 
 

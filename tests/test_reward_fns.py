@@ -544,12 +544,11 @@ def words(prompts, completions, k, **fields):
 """
 
 
-@pytest.mark.slow
-def test_a_config_file_names_a_reward_function_the_launcher_trains_on(tmp_path):
-    """``python -m rubric_rl.launch --config=<file>`` with ``config.reward_fns`` naming a function
-    in a module of the user's (on PYTHONPATH): it is imported, trained on, logged per step and
-    recorded in config.json; a ``--config.reward_fns.words=`` override to a path that does not
-    import exits 1 naming the field, before any run directory is written."""
+@pytest.fixture
+def user_config(tmp_path):
+    """A user's config file naming a reward function in a module of theirs (on PYTHONPATH), with
+    its train and held-out files; returns ``launch(workdir, *overrides)``, which runs ``python -m
+    rubric_rl.launch --config=<that file>``."""
     import os
     import subprocess
 
@@ -572,12 +571,28 @@ def test_a_config_file_names_a_reward_function_the_launcher_trains_on(tmp_path):
         cmd += [f"--workdir={workdir}", *extra]
         return subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
 
-    bad = launch(tmp_path / "bad", "--config.reward_fns.words=my_rewards:nope")
+    return launch
+
+
+@pytest.mark.slow
+def test_a_config_file_naming_a_reward_function_that_does_not_import_exits_1(tmp_path, user_config):
+    """``python -m rubric_rl.launch --config=<file>`` imports the user's config file and checks
+    its ``config.reward_fns`` paths: a ``--config.reward_fns.words=`` override to a path that
+    does not import exits 1 naming the field, before any run directory is written."""
+    import os
+
+    bad = user_config(tmp_path / "bad", "--config.reward_fns.words=my_rewards:nope")
     assert bad.returncode == 1, bad.stderr[-3000:]
     assert "config.reward_fns.words" in bad.stderr and "my_rewards:nope" in bad.stderr
     assert not os.path.exists(tmp_path / "bad" / "metrics.jsonl")
 
-    proc = launch(tmp_path / "run")
+
+@pytest.mark.e2e
+def test_a_config_file_names_a_reward_function_the_launcher_trains_on(tmp_path, user_config):
+    """The same config file trains: the function is imported, trained on, logged per step and
+    recorded in config.json. (In process, with the function's values checked against numpy:
+    ``test_tasks_in_python_train_on_a_plain_function_without_a_rubric``.)"""
+    proc = user_config(tmp_path / "run")
     assert proc.returncode == 0, proc.stderr[-6000:]
     metrics = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert [m["step"] for m in metrics] == [0, 1, 2]  # 0: the evaluation before training
