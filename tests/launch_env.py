@@ -107,6 +107,32 @@ def kill_then_resume(cmd, env, workdir, *, after_step: int, checkpoint: int, tim
     return rows_at_kill
 
 
+def resume_from_copy(cmd, env, workdir, copy, *, checkpoint: int, timeout=900) -> list[int]:
+    """Copies the finished run directory `workdir` to `copy`, deletes the copy's checkpoints
+    after ``checkpoint`` (their metrics rows and controller events stay on disk, as a run killed
+    after them leaves them), then runs ``cmd`` (a launch command line writing `copy`) with
+    ``--resume`` and checks that it resumed from ``checkpoint``. Returns the checkpoint steps
+    the copy held before the deletion."""
+    import shutil
+    import subprocess
+
+    from rubric_rl.analysis import checkpoint_steps
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    shutil.copytree(workdir, copy)
+    held = checkpoint_steps(str(copy))
+    assert checkpoint in held, (checkpoint, held)
+    for step in held:
+        if step > checkpoint:
+            shutil.rmtree(os.path.join(copy, "checkpoints", str(step)))
+    resumed = subprocess.run(
+        [*cmd, "--resume"], cwd=repo, env=env, timeout=timeout, capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from step {checkpoint} " in resumed.stderr
+    return held
+
+
 def checkpoint_params(checkpoint_dir) -> dict:
     """The model parameters of an orbax train_state checkpoint, as {"a/b/c": array}."""
     import jax

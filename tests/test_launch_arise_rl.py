@@ -7,14 +7,13 @@ every method shares.)"""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
 from rubric_rl.metrics import read_metrics
-from tests.launch_env import launch_env, stable_rows
+from tests.launch_env import launch_env, resume_from_copy, stable_rows
 from tests.trainer_spy import one_device
 
 pytestmark = pytest.mark.slow
@@ -51,16 +50,8 @@ def runs(tmp_path_factory):
     # Back to checkpoint 4 (the second cycle's generator step), with the metrics rows and
     # controller events of steps 5 and 6 still on disk: the resume rolls them back and replays
     # step 5 (the second cycle's pool refresh) from the restored state.
-    shutil.copytree(full, resumed)
-    assert sorted(int(p.name) for p in (resumed / "checkpoints").iterdir()) == [4, 5, 6]
-    for step in (5, 6):
-        shutil.rmtree(resumed / "checkpoints" / str(step))
-    proc = subprocess.run(
-        [*_cmd(resumed), "--resume"], cwd=REPO, env=env, timeout=900, capture_output=True,
-        text=True,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "resumed from step 4" in proc.stderr
+    held = resume_from_copy(_cmd(resumed), env, full, resumed, checkpoint=4)
+    assert held == [4, 5, 6]
     return full, resumed
 
 

@@ -12,7 +12,6 @@ drop and replay them. The SIGKILL mechanics themselves are tested in tests/test_
 import csv
 import math
 import os
-import shutil
 import subprocess
 import sys
 
@@ -22,7 +21,7 @@ import pytest
 from launch import aggregate
 from rubric_rl import analysis as an
 from rubric_rl.methods.arise.arise_pool import STATES
-from tests.launch_env import launch_env
+from tests.launch_env import launch_env, resume_from_copy
 
 # Real-model end-to-end runs (launched processes that train): the slow tier.
 pytestmark = pytest.mark.slow
@@ -36,10 +35,15 @@ POOL_KEYS = ("live", "dormant", "skill_active", "skill_hidden", "added_total", "
              "refined_total")  # fmt: skip
 
 
+def _cmd(workdir, *extra):
+    return [sys.executable, "-m", "rubric_rl.launch", "--config=configs/arise.py:smoke",
+            f"--workdir={workdir}", *extra]  # fmt: skip
+
+
 def _launch(workdir, env, *extra):
-    cmd = [sys.executable, "-m", "rubric_rl.launch", "--config=configs/arise.py:smoke",
-           f"--workdir={workdir}", *extra]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, env=env, timeout=600, capture_output=True, text=True)
+    proc = subprocess.run(
+        _cmd(workdir, *extra), cwd=REPO, env=env, timeout=600, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -55,10 +59,7 @@ def run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def resumed(run):
     d = run["base"] / "resumed"
-    shutil.copytree(run["dir"], d)
-    assert an.checkpoint_steps(str(d)) == [2, STEPS]
-    shutil.rmtree(d / "checkpoints" / str(STEPS))
-    _launch(d, run["env"], "--resume")
+    assert resume_from_copy(_cmd(d), run["env"], run["dir"], d, checkpoint=2) == [2, STEPS]
     return str(d)
 
 
