@@ -191,7 +191,7 @@ def resolve_attention(impl: str, target_kind: str, dtype, head_dim: int) -> str:
 
 
 def batch_shapes(config, rows: int | None, seq: int | None) -> dict[str, int]:
-    from rubric_rl.buckets import round_up_to_bucket
+    from rubric_rl.util.buckets import round_up_to_bucket
 
     r, m, o = config.rollout, config.model, config.optim
     groups = int(r.get("train_groups", 0)) or int(r.tasks_per_step)
@@ -302,7 +302,7 @@ def build(args) -> dict[str, Any]:
     import jax.numpy as jnp
     from flax import nnx
 
-    from rubric_rl import builders
+    from rubric_rl.config import builders
     from rubric_rl.core import sharding
     from rubric_rl.core import train_step as ts
     from rubric_rl.models.config import Qwen3Config

@@ -1,4 +1,4 @@
-"""The scripted-policy controller check of ARISE (rubric_rl/controller_check.py), before RL.
+"""The scripted-policy controller check of ARISE (rubric_rl/checks/controller_check.py), before RL.
 
 Prints ONE JSON line: for ARISE's current defaults (``current``), its earlier defaults
 (``previous``: ``arise_config.EARLIER_DEFAULTS``, i.e. importance weights u = 1/(N p) on the
@@ -25,7 +25,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from configs import arise, grpo  # noqa: E402
-from rubric_rl.controller_check import ScriptedPolicy, run_check  # noqa: E402
+from rubric_rl.checks.controller_check import ScriptedPolicy, run_check  # noqa: E402
 from rubric_rl.methods.arise.arise_config import EARLIER_DEFAULTS, with_arise_settings  # noqa: E402
 
 KEYS = (

@@ -1,6 +1,6 @@
-"""ARISE's frozen-rubrics arm on the scripted policy (rubric_rl/controller_check.py): a source
-ARISE run (train seed 1) fills and evolves its pool; the frozen arm (train seed 0) installs that
-pool and runs its first steps. Prints ONE JSON line about the frozen arm's FIRST step:
+"""ARISE's frozen-rubrics arm on the scripted policy (rubric_rl/checks/controller_check.py): a
+source ARISE run (train seed 1) fills and evolves its pool; the frozen arm (train seed 0) installs
+that pool and runs its first steps. Prints ONE JSON line about the frozen arm's FIRST step:
 
 - ``source/entries``: pairs the source run ever added; ``source/refined``: those with a rewritten
   skill;
@@ -29,8 +29,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from configs import arise  # noqa: E402
-from rubric_rl import builders  # noqa: E402
-from rubric_rl.controller_check import ScriptedPolicy, scripted_run  # noqa: E402
+from rubric_rl.checks.controller_check import ScriptedPolicy, scripted_run  # noqa: E402
+from rubric_rl.config import builders  # noqa: E402
 from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS  # noqa: E402
 from rubric_rl.methods.arise.arise import ACTIVE, HIDDEN, AriseController  # noqa: E402
 

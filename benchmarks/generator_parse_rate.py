@@ -50,7 +50,7 @@ def main() -> None:
     from flax import nnx
 
     from configs import grpo
-    from rubric_rl import builders, warmstart
+    from rubric_rl.config import builders
     from rubric_rl.core.train_step import init_train_state
     from rubric_rl.envs.constraint_domain import ConstraintDomain
     from rubric_rl.envs.constraint_writer import (
@@ -62,6 +62,7 @@ def main() -> None:
     from rubric_rl.envs.constraint_writer_corpus import with_generator_demonstrations
     from rubric_rl.methods.arise_rl.arise_rl_domain import GeneratorRole
     from rubric_rl.methods.arise_rl.arise_rl_rewards import r_fmt, r_tool, tool_observed
+    from rubric_rl.pre_rl import warmstart
     from rubric_rl.rollout.agent import AgentConfig, ChatFormat, run_agent
     from rubric_rl.rollout.engine import SamplingParams
 

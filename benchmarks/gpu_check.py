@@ -721,7 +721,7 @@ def part_loop(ctx: dict) -> dict:
             "ml_collections is missing: carry its wheel (see this script's docstring)"
         ) from e
     from configs import grpo
-    from rubric_rl.builders import EMBEDDED_PRESETS, build_domain, build_word_tokenizer
+    from rubric_rl.config.builders import EMBEDDED_PRESETS, build_domain, build_word_tokenizer
     from rubric_rl.trainer import Trainer
 
     s = dict(ctx["shapes"]["loop"])

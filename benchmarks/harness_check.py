@@ -13,8 +13,8 @@ judge calls, memory and critic are what the ratio measures, not generation). The
 (32 tasks × 8 rollouts a step) over ``--steps`` steps, the guidance cap scheduled over them.
 
 ``critic_power`` (unless ``--no-power``): the critic's acceptance of scripted candidates whose
-true effect is the rollout band's lower bound and 0 (``rubric_rl/harness_critic_check.py``, the
-protocol's config, the stand-in's coupling 0.5), for the paired rule (ours, the default) and the
+true effect is the rollout band's lower bound and 0 (``rubric_rl/checks/harness_critic_check.py``,
+the protocol's config, the stand-in's coupling 0.5), for the paired rule (ours, the default) and the
 seed's unpaired rule, with the bands and thresholds they were calibrated to.
 
 Usage: python benchmarks/harness_check.py [--steps 40] [--arms grpo,harness_rl] [--no-power]
@@ -31,8 +31,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from configs import grpo, harness_rl  # noqa: E402
-from rubric_rl.controller_check import ScriptedPolicy, run_check  # noqa: E402
-from rubric_rl.harness_critic_check import critic_power  # noqa: E402
+from rubric_rl.checks.controller_check import ScriptedPolicy, run_check  # noqa: E402
+from rubric_rl.checks.harness_critic_check import critic_power  # noqa: E402
 
 ARMS = {
     "harness_rl": "protocol",

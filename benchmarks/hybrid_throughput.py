@@ -27,7 +27,7 @@ import os
 import sys
 import time
 
-from rubric_rl.tcmalloc import preload_env  # stdlib only: runs before jax is imported
+from rubric_rl.util.tcmalloc import preload_env  # stdlib only: runs before jax is imported
 
 if __name__ == "__main__":
     _env = preload_env(os.environ)

@@ -28,7 +28,7 @@ step = one step's parameters ready to the next's; generation; the rest). This sc
 side, the median over rounds of those per-run medians and every round's figures; for ours against
 each peer the ratio of those medians (step, generation, train), the step ratio of each round, and
 the goals: step <= 0.8x Tunix's and <= 0.5x TRL's. tcmalloc is preloaded for
-every side alike when found (``rubric_rl.tcmalloc``), unless
+every side alike when found (``rubric_rl.util.tcmalloc``), unless
 ``--tcmalloc=off``. Absolute times on a shared CPU mean little; the ratios from alternating rounds
 are the figure.
 
@@ -358,7 +358,7 @@ def side_env(tcmalloc: bool, environ: Mapping[str, str] = os.environ) -> dict[st
     """The environment every side starts with: this one, tcmalloc preloaded if asked and found."""
     if tcmalloc:
         sys.path.insert(0, ROOT)
-        from rubric_rl.tcmalloc import preload_env  # stdlib only
+        from rubric_rl.util.tcmalloc import preload_env  # stdlib only
 
         env = preload_env(environ)
         if env is not None:

@@ -17,7 +17,8 @@ sequence, ×3 for the student's backward); ``ratio_with_attention`` uses it. The
 recomputation in the backward pass (remat) is real work not counted as model FLOPs.
 
 Uses tcmalloc when ``libtcmalloc_minimal.so.4`` is present (glibc malloc costs ≈ 1.6× on XLA:CPU,
-notes/jax-on-cpu.md): the script re-executes itself with ``LD_PRELOAD`` (``rubric_rl.tcmalloc``).
+notes/jax-on-cpu.md): the script re-executes itself with ``LD_PRELOAD``
+(``rubric_rl.util.tcmalloc``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import os
 import sys
 import time
 
-from rubric_rl.tcmalloc import preload_env  # stdlib only: runs before jax is imported
+from rubric_rl.util.tcmalloc import preload_env  # stdlib only: runs before jax is imported
 
 _env = preload_env(os.environ)
 if _env is not None:

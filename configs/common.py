@@ -1,11 +1,11 @@
 """Shared parts of every method config (big_vision style: plain ConfigDicts, no magic).
 
-``get_base_config()`` (``rubric_rl.defaults``, re-exported here, so that an installed package has
-every default without ``configs/``) returns an unlocked ConfigDict; a method's ``get_config(arg)``
-changes what it needs, applies variants from ``arg`` and locks it (``lock_config``) so that a typo
-in a ``--config.key=value`` override is an error. ``validate_config``
-(``rubric_rl.config_validation``, re-exported here) runs at start-up and raises ``ValueError``
-naming the offending field.
+``get_base_config()`` (``rubric_rl.config.defaults``, re-exported here, so that an installed package
+has every default without ``configs/``) returns an unlocked ConfigDict; a method's
+``get_config(arg)`` changes what it needs, applies variants from ``arg`` and locks it
+(``lock_config``) so that a typo in a ``--config.key=value`` override is an error.
+``validate_config`` (``rubric_rl.config.config_validation``, re-exported here) runs at start-up and
+raises ``ValueError`` naming the offending field.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import ml_collections
 
 # The base config and the start-up checks live in the package (configs/ imports the package,
 # never the reverse).
-from rubric_rl.config_validation import mesh_shape, validate_config  # noqa: F401
-from rubric_rl.defaults import get_base_config  # noqa: F401
+from rubric_rl.config.config_validation import mesh_shape, validate_config  # noqa: F401
+from rubric_rl.config.defaults import get_base_config  # noqa: F401
 
 ConfigDict = ml_collections.ConfigDict
 

@@ -8,7 +8,7 @@ import statistics
 
 import jax
 
-from rubric_rl.defaults import grpo_config
+from rubric_rl.config.defaults import grpo_config
 from rubric_rl.models.tokenizer import train_byte_bpe
 from rubric_rl.trainer import StepTimer, Trainer
 

@@ -142,7 +142,7 @@ def config_differences(
     seed, ``_exempt`` keys and the keys (or key prefixes) in ``allow``. A key that only some
     runs record (an option added to the configs between them, taken at its default) is compared
     among the runs that record it."""
-    from rubric_rl.run_dir import flatten
+    from rubric_rl.runs.run_dir import flatten
 
     flat = [flatten(run.config) for run in runs]
     seeds = [_seed_of(run) for run in runs]
@@ -495,9 +495,9 @@ def paired_rows(
 
 
 def calibration_rows(groups: Mapping[str, Sequence[an.Run]]) -> list[dict[str, Any]]:
-    """Per group: the calibration pass before RL (rubric_rl/calibration.py) on the fixed probe
-    set, mean ± CI over seeds; groups whose runs wrote none are left out."""
-    from rubric_rl import calibration
+    """Per group: the calibration pass before RL (rubric_rl/pre_rl/calibration.py) on the fixed
+    probe set, mean ± CI over seeds; groups whose runs wrote none are left out."""
+    from rubric_rl.pre_rl import calibration
 
     rows = []
     for g, runs in groups.items():

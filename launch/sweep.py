@@ -49,7 +49,7 @@ import time
 from collections.abc import Sequence
 
 from rubric_rl.analysis import FINISHED_MARKER, checkpoint_steps, is_finished
-from rubric_rl.run_dir import RunDirError, lock_holder, set_aside
+from rubric_rl.runs.run_dir import RunDirError, lock_holder, set_aside
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED_KEY = "train.seed"  # configs/common.py: c.train.seed
@@ -216,7 +216,7 @@ def refuse_live(runs: Sequence[RunSpec]) -> None:
 
 def print_commands(runs: Sequence[RunSpec], force: bool, python: str = "python") -> list[str]:
     """One shell line per run to launch (finished runs skipped unless forced). A forced run that
-    has a workdir is moved aside first by ``rubric_rl.run_dir --set-aside``, which refuses (and
+    has a workdir is moved aside first by ``rubric_rl.runs.run_dir --set-aside``, which refuses (and
     so stops the line) when the run is live by the time the line runs."""
     todo, _ = plan(runs, force)
     if force:
@@ -224,7 +224,7 @@ def print_commands(runs: Sequence[RunSpec], force: bool, python: str = "python")
     lines = []
     for r in todo:
         if force and os.path.exists(r.workdir):
-            aside = shlex.join([python, "-m", "rubric_rl.run_dir", "--set-aside", r.workdir])
+            aside = shlex.join([python, "-m", "rubric_rl.runs.run_dir", "--set-aside", r.workdir])
             lines.append(f"{aside} && " + shlex.join(r.command(python)))
         else:
             lines.append(shlex.join(r.command(python, resume=needs_resume(r.workdir))))

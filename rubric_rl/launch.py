@@ -6,7 +6,7 @@
     --resume --allow_config_change=optim.lr      # ... with these config keys changed
     --resume --rebuild_controller_files          # ... although controller files are missing
 
-The run holds an exclusive lock on its workdir (``rubric_rl.run_dir``): a second launch into it
+The run holds an exclusive lock on its workdir (``rubric_rl.runs.run_dir``): a second launch into it
 fails at once. The resolved config is written to ``<workdir>/config.json`` only once the workdir
 is known to be this run's (secrets are never in a config: only the names of the environment
 variables that hold them); a resumed run's changes are listed in ``config_changes.jsonl``. On
@@ -24,8 +24,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rubric_rl.logs import quiet_library_info, set_library_info  # noqa: F401 (re-exported)
-from rubric_rl.tcmalloc import find_tcmalloc, preload_env
+from rubric_rl.util.logs import quiet_library_info, set_library_info  # noqa: F401 (re-exported)
+from rubric_rl.util.tcmalloc import find_tcmalloc, preload_env
 
 # configs/ lives at the repository root, next to the package: the --config file (not this module)
 # imports configs.common, so the root must be importable when launched from elsewhere.
@@ -109,8 +109,9 @@ def compilation_cache_dir(environ: dict[str, str]) -> str | None:
 def tcmalloc_reexec(
     argv: list[str], environ: dict[str, str], find=find_tcmalloc
 ) -> tuple[list[str], dict[str, str]] | None:
-    """(argv, env) to re-execute this entry point with tcmalloc preloaded (``rubric_rl.tcmalloc``:
-    when ``find`` finds it, not yet preloaded, and ``RUBRIC_RL_TCMALLOC`` is not "0"), or None."""
+    """(argv, env) to re-execute this entry point with tcmalloc preloaded
+    (``rubric_rl.util.tcmalloc``: when ``find`` finds it, not yet preloaded, and
+    ``RUBRIC_RL_TCMALLOC`` is not "0"), or None."""
     env = preload_env(environ, find)
     return None if env is None else ([sys.executable, "-m", "rubric_rl.launch", *argv[1:]], env)
 
@@ -156,7 +157,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 def claim_workdir(config) -> str:
     """The run's workdir, locked and with its config record (``run_dir.claim``); exits with the
     reason when the launch is refused."""
-    from rubric_rl import run_dir
+    from rubric_rl.runs import run_dir
 
     if _ALLOW_CHANGE.value and not _RESUME.value:
         sys.exit("rubric_rl.launch: --allow_config_change applies only with --resume")
@@ -184,7 +185,7 @@ def main(argv):
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("--config is required, e.g. --config=configs/grpo.py")
-    # orbax / optax INFO lines dropped unless config.logging.library_info (rubric_rl/logs.py).
+    # orbax / optax INFO lines dropped unless config.logging.library_info (rubric_rl/util/logs.py).
     set_library_info(bool(config.logging.library_info))
     from rubric_rl.rollout.placement import local_device_ids
 
@@ -199,14 +200,14 @@ def main(argv):
     if cache:
         jax.config.update("jax_compilation_cache_dir", cache)
 
-    from rubric_rl.config_validation import validate_config
+    from rubric_rl.config.config_validation import validate_config
 
     validate_config(config, num_devices=jax.device_count())
     workdir = claim_workdir(config)
     logging.info("workdir %s", os.path.abspath(workdir))
     from rubric_rl.checkpoint import CheckpointSaveError, NoIntactCheckpointError
-    from rubric_rl.run_dir import unlock
-    from rubric_rl.run_files import ControllerFilesError
+    from rubric_rl.runs.run_dir import unlock
+    from rubric_rl.runs.run_files import ControllerFilesError
     from rubric_rl.trainer import Trainer
 
     try:
@@ -216,7 +217,7 @@ def main(argv):
         finally:
             trainer.close()
         if jax.process_index() == 0:  # the first and last evaluations, primary metrics first
-            from rubric_rl.run_summary import summarize_run
+            from rubric_rl.runs.run_summary import summarize_run
 
             print(summarize_run(workdir), flush=True)
     except NoIntactCheckpointError as e:  # the message names each step's file and cause

@@ -21,8 +21,8 @@ How several controllers compose (documented order, never "first wins"):
   group's prompt is trained either way (RuscaRL: the scaffold is removed for the loss);
 - ``reward``: the built-in signals (``rubric`` from ``loss.reward``'s rubric reward and
   ``task_verifier`` from the domain's verifier), then one signal per reward function
-  (``rubric_rl/reward_fns.py``, named by its name), then each controller's ``reward_signals``
-  adds new named signals (a name given twice is an error);
+  (``rubric_rl/rubrics/reward_fns.py``, named by its name), then each controller's
+  ``reward_signals`` adds new named signals (a name given twice is an error);
 - ``advantage``: the trained mix is the union of the controllers' ``signal_weights`` (a signal
   weighted twice is an error), else ``loss.reward_weights``, else ``loss.reward`` alone (a rubric
   reward, the verifier or a reward function): A = Σ_k w_k · norm_g(r_k) with ``loss.advantage``
@@ -43,8 +43,8 @@ from absl import logging
 
 from rubric_rl.controllers.base import ControllerSet
 from rubric_rl.core.advantages import ADVANTAGE_ESTIMATORS, multi_signal_advantages
-from rubric_rl.reward_fns import REWARD_FN_ERRORS, RewardFn, call_reward_fn, reward_fn_path
 from rubric_rl.rollout.batch import Group, Messages, Rollouts, score_matrices
+from rubric_rl.rubrics.reward_fns import REWARD_FN_ERRORS, RewardFn, call_reward_fn, reward_fn_path
 from rubric_rl.rubrics.rewards import REWARDS, batch_rewards
 from rubric_rl.rubrics.types import append_to_last_user, append_to_system
 from rubric_rl.services import TRAIN_STREAM, Services

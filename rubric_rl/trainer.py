@@ -21,13 +21,27 @@ import jax
 import numpy as np
 from absl import logging
 
-from rubric_rl import async_rollouts, builders, evaluation, logs, run_dir, run_state
-from rubric_rl import reward_fns as reward_fns_lib
 from rubric_rl.checkpoint import RunCheckpointer
-from rubric_rl.config_validation import validate_config
+from rubric_rl.config import builders
+from rubric_rl.config.config_validation import validate_config
 from rubric_rl.controllers.base import Controller
 from rubric_rl.core import losses, sharding
 from rubric_rl.core.train_step import TrainBatch, init_train_state, make_train_step
+from rubric_rl.loop import async_rollouts, evaluation, run_state
+from rubric_rl.loop.nonfinite import NonFiniteLossError, check_streak, nonfinite_updates
+from rubric_rl.loop.step_callbacks import (
+    AnyStepCallback,
+    StepCallback,
+    StepCallbackError,
+    StepTimer,
+    call_step_end,
+    callback_name,
+    check_callback,
+)
+from rubric_rl.loop.step_metrics import oracle_diagnostics, rollout_rows, step_metrics
+from rubric_rl.loop.step_producer import StepProducer
+from rubric_rl.loop.trainer_batch import rollouts_to_batch, update_batches
+from rubric_rl.loop.weight_serving import WeightServer
 from rubric_rl.metrics import (
     ControllerLog,
     MetricsWriter,
@@ -37,23 +51,11 @@ from rubric_rl.metrics import (
     progress_bar,
 )
 from rubric_rl.metrics import summary_line as format_summary
-from rubric_rl.nonfinite import NonFiniteLossError, check_streak, nonfinite_updates
-from rubric_rl.reward_fns import RewardFn
+from rubric_rl.rubrics import reward_fns as reward_fns_lib
+from rubric_rl.runs import run_dir
 from rubric_rl.services import ComponentError, Services
 from rubric_rl.step import Pipeline
-from rubric_rl.step_callbacks import (
-    AnyStepCallback,
-    StepCallback,
-    StepCallbackError,
-    StepTimer,
-    call_step_end,
-    callback_name,
-    check_callback,
-)
-from rubric_rl.step_metrics import oracle_diagnostics, rollout_rows, step_metrics
-from rubric_rl.step_producer import StepProducer
-from rubric_rl.trainer_batch import rollouts_to_batch, update_batches
-from rubric_rl.weight_serving import WeightServer
+from rubric_rl.util import logs
 
 
 class Trainer:
@@ -62,11 +64,10 @@ class Trainer:
     ``callbacks``: step callbacks (``add_callback``), called in order after each step of ``run``.
     ``devices``: the devices ``config.mesh`` spans (default: every device, ``jax.devices()``).
 
-    ``reward_fns``: plain Python reward functions (``rubric_rl/reward_fns.py``), a dict name ->
+    ``reward_fns``: plain Python reward functions (``rubrics/reward_fns.py``), a dict name ->
     callable or a list of callables named by ``__name__``, next to those ``config.reward_fns``
-    names by import path; each is recorded in ``config.reward_fns`` (and the run's
-    ``config.json``) as its "module:qualname". Train one with ``loss.reward=<name>`` or
-    ``loss.reward_weights``.
+    names by import path; each is recorded in ``config.reward_fns`` (and ``config.json``) as its
+    "module:qualname". Train one with ``loss.reward=<name>`` or ``loss.reward_weights``.
 
     ``tasks``: the tasks in Python instead of ``config.domain``: ``dict(train=[...],
     heldout=[...], ood=[...])`` of ``plain``-format rows (``{"prompt": str | messages, "id":
@@ -83,7 +84,7 @@ class Trainer:
         extra_controllers: Sequence[Controller] = (),
         pipeline: Pipeline | None = None,
         callbacks: Sequence[AnyStepCallback] = (),
-        reward_fns: Mapping[str, RewardFn] | Sequence[RewardFn] = (),
+        reward_fns: Mapping[str, reward_fns_lib.RewardFn] | Sequence[reward_fns_lib.RewardFn] = (),
         tasks: Mapping[str, Sequence[Any]] | None = None,
         domain: builders.Domain | None = None,
         devices: Sequence[Any] | None = None,
@@ -92,7 +93,6 @@ class Trainer:
         self._given_reward_fns = bool(reward_fns)
         self.reward_fns = reward_fns_lib.resolve_reward_fns(config, reward_fns)
         validate_config(config, num_devices=len(jax.devices() if devices is None else devices))
-        # orbax / optax INFO lines dropped unless config.logging.library_info (the launcher too).
         logs.set_library_info(bool(config.logging.library_info))
         self.callbacks = [check_callback(cb) for cb in callbacks]
         self.config = config

@@ -1,4 +1,4 @@
-"""Asynchronous rollouts (rubric_rl/async_rollouts.py): the schedule against hand values, the
+"""Asynchronous rollouts (rubric_rl/loop/async_rollouts.py): the schedule against hand values, the
 prefetcher, the config checks, and launched runs — overlapped equals the same schedule run
 inline, --resume from a checkpoint inside a segment equals uninterrupted, and the stale weights
 are really the ones used (step 2 differs from a synchronous run, step 1 does not)."""
@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from rubric_rl.async_rollouts import Prefetcher, Weights, prefetch_steps, weight_version
+from rubric_rl.loop.async_rollouts import Prefetcher, Weights, prefetch_steps, weight_version
 from rubric_rl.metrics import read_metrics
 from rubric_rl.rollout.scripted import ScriptedEngine
 from tests.launch_env import launch_env, metric_diffs, stable_rows
@@ -47,7 +47,7 @@ def test_prefetch_steps_hand_values():
 
 def test_sync_points_are_evaluations_checkpoints_and_the_last_step():
     from configs import grpo
-    from rubric_rl.async_rollouts import is_sync_point, next_sync_point
+    from rubric_rl.loop.async_rollouts import is_sync_point, next_sync_point
 
     c = grpo.get_config("smoke")
     c.train.steps = 7
@@ -163,7 +163,7 @@ def test_between_sync_points_save_refuses_and_evaluate_uses_the_live_policy(tmp_
 
 def test_config_checks_name_the_field():
     from configs import grpo
-    from rubric_rl.config_validation import validate_config
+    from rubric_rl.config.config_validation import validate_config
 
     # (ConfigDict itself refuses a value of another type, e.g. "1" or 1.0, on assignment.)
     c = grpo.get_config("smoke")

@@ -1,5 +1,5 @@
-"""Calibration before RL (rubric_rl/calibration.py): written once at step 1 from the policy RL
-starts from, recomputable from the rollouts it records, and invisible to training. The runs are
+"""Calibration before RL (rubric_rl/pre_rl/calibration.py): written once at step 1 from the policy
+RL starts from, recomputable from the rollouts it records, and invisible to training. The runs are
 the GRPO pipeline on a scripted engine (rubric_rl/rollout/scripted.py): nothing compiled."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from configs import grpo
-from rubric_rl import calibration
-from rubric_rl.config_validation import validate_config
-from rubric_rl.controller_check import scripted_run
+from rubric_rl.checks.controller_check import scripted_run
+from rubric_rl.config.config_validation import validate_config
 from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
 from rubric_rl.envs.constraint_library import library_criteria
 from rubric_rl.envs.constraints import ConstraintDomain, skill_guidance, verify
+from rubric_rl.pre_rl import calibration
 from rubric_rl.rollout.scripted import ScriptedEngine, prompt_words
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from configs import common, grpo
-from rubric_rl import builders
+from rubric_rl.config import builders
 from rubric_rl.controllers.base import Controller
 from rubric_rl.models.qwen3_5_config import ALL_PRESETS as PRESETS
 
@@ -169,7 +169,7 @@ def test_min_new_tokens_and_ignore_eos_are_checked_naming_the_field(field, value
 def test_rollout_sampling_options_reach_the_sampling_params():
     import types
 
-    from rubric_rl.sampler import Sampler
+    from rubric_rl.services.sampler import Sampler
 
     c = _smoke()
     assert (c.rollout.min_new_tokens, c.rollout.ignore_eos) == (0, False)  # the defaults
@@ -206,7 +206,7 @@ def test_checkpoint_settings_are_checked_naming_the_field(field, value, expected
     ],
 )
 def test_sd_fidelity_options_are_checked(field, value, match):
-    from rubric_rl.config_validation import validate_config
+    from rubric_rl.config.config_validation import validate_config
 
     c = grpo.get_config("smoke")
     with c.unlocked():

@@ -14,8 +14,8 @@ import pytest
 
 import rubric_rl
 from configs import grpo
-from rubric_rl import builders
-from rubric_rl.controller_check import scripted_run
+from rubric_rl.checks.controller_check import scripted_run
+from rubric_rl.config import builders
 from rubric_rl.controllers.base import Controller, ControllerSet, TaskBatch
 from rubric_rl.controllers.sampling import UniformSampler
 from rubric_rl.rollout.batch import Rollouts

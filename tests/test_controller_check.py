@@ -1,4 +1,4 @@
-"""The scripted-policy controller check (rubric_rl/controller_check.py): the stand-in policy
+"""The scripted-policy controller check (rubric_rl/checks/controller_check.py): the stand-in policy
 follows its script through the domain's real checkers, and the real ARISE controller, driven
 through the real reward path, shows the pathologies of its previous defaults (stuck slots,
 importance weights shrinking the effective batch) and not with the current ones."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from configs import arise, grpo
-from rubric_rl.controller_check import (
+from rubric_rl.checks.controller_check import (
     DEFAULT_SCRIPT,
     CriterionScript,
     ScriptedPolicy,

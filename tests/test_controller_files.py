@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from rubric_rl import run_files
 from rubric_rl.metrics import read_metrics
+from rubric_rl.runs import run_files
 from tests.launch_env import launch_env, launch_train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

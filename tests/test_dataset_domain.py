@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from configs import common, grpo
-from rubric_rl import builders
+from rubric_rl.config import builders
 from rubric_rl.envs.constraints import ConstraintDomain
 from rubric_rl.rubrics.datasets import DatasetError, dump_tasks, load_tasks
 from tests.launch_env import suite_xla_flags

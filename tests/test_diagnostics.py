@@ -6,7 +6,12 @@ import math
 import numpy as np
 import pytest
 
-from rubric_rl.pair_failures import PairCounts, failure_metrics, kendall_tau_b, pair_classes
+from rubric_rl.analysis.pair_failures import (
+    PairCounts,
+    failure_metrics,
+    kendall_tau_b,
+    pair_classes,
+)
 
 NAN = float("nan")
 

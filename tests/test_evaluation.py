@@ -1,4 +1,4 @@
-"""Evaluation cadence per set and per-environment metrics (rubric_rl/evaluation.py)."""
+"""Evaluation cadence per set and per-environment metrics (rubric_rl/loop/evaluation.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from configs import common, grpo
-from rubric_rl.evaluation import EVAL_SPLITS, due_splits, split_every, split_metrics
+from rubric_rl.loop.evaluation import EVAL_SPLITS, due_splits, split_every, split_metrics
 from rubric_rl.rubrics.rewards import POINTS_SCALE
 from rubric_rl.rubrics.types import Message, Rubric, Task
 
@@ -172,10 +172,10 @@ def test_length_mismatch_is_an_error():
 def test_a_criterion_whose_checker_raises_is_reported_not_dropped_unseen():
     """A failed verdict leaves the score (it is no 'unmet'): the evaluation reports the share
     of failed verdicts, overall and per criterion (there was no failure metric in evaluation)."""
-    from rubric_rl.evaluation import judge_failure_metrics
-    from rubric_rl.registry import Registry
+    from rubric_rl.loop.evaluation import judge_failure_metrics
     from rubric_rl.rubrics.judges import JudgeItem, ProgrammaticJudge
     from rubric_rl.rubrics.types import Criterion, Message, Rubric, Verifier
+    from rubric_rl.util.registry import Registry
 
     reg = Registry("checker")
     reg.register("has")(lambda response, *, task=None, word: word in response)

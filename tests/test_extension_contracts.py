@@ -11,10 +11,10 @@ import pytest
 
 from rubric_rl import step as step_lib
 from rubric_rl.controllers.base import Controller, ControllerSet, TaskBatch
+from rubric_rl.loop.step_callbacks import StepCallbackError, call_step_end, check_callback
 from rubric_rl.methods.method import Method
 from rubric_rl.rollout.batch import Group, Rollouts, Trajectory
 from rubric_rl.rubrics.types import Criterion, Rubric, Task
-from rubric_rl.step_callbacks import StepCallbackError, call_step_end, check_callback
 
 STAGES = (
     "sample", "decorate", "generate", "judge", "reward", "advantage", "observe", "select",

@@ -109,7 +109,7 @@ def test_tcmalloc_reexec_preloads_once_and_can_be_turned_off():
     import sys
 
     from rubric_rl.launch import tcmalloc_reexec
-    from rubric_rl.tcmalloc import TCMALLOC
+    from rubric_rl.util.tcmalloc import TCMALLOC
 
     argv = ["/x/rubric_rl/launch.py", "--config=configs/grpo.py", "--workdir=w"]
 

@@ -92,7 +92,7 @@ def test_gkd_with_an_external_teacher_of_another_shape(tmp_path):
     from flax import nnx
 
     from configs import arise_rl
-    from rubric_rl import builders
+    from rubric_rl.config import builders
     from tests.launch_env import launch_train
 
     c = arise_rl.get_config("smoke,gkd")

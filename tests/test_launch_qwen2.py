@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from configs import grpo
-from rubric_rl import builders
+from rubric_rl.config import builders
 from rubric_rl.models import save_pretrained
 from tests.launch_env import checkpoint_params, launch_train
 from tests.trainer_spy import one_device

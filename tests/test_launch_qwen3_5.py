@@ -19,7 +19,7 @@ import pytest
 from flax import nnx
 
 from configs import grpo
-from rubric_rl import builders
+from rubric_rl.config import builders
 from rubric_rl.models import QWEN3_5_PRESETS, Qwen3_5ForCausalLM, save_pretrained
 from tests.launch_env import checkpoint_params, launch_train
 from tests.trainer_spy import one_device

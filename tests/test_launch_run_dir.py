@@ -15,9 +15,9 @@ import time
 import pytest
 
 from configs import grpo
-from rubric_rl import run_dir
 from rubric_rl.metrics import read_metrics
-from rubric_rl.run_summary import summarize_run
+from rubric_rl.runs import run_dir
+from rubric_rl.runs.run_summary import summarize_run
 from tests.launch_env import launch_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,7 +84,7 @@ def test_a_second_run_into_a_running_workdir_is_refused_at_once(run):
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_the_run_ends_with_its_summary(run):
-    # The launch's last lines are rubric_rl.run_summary's text for its run directory: the
+    # The launch's last lines are rubric_rl.runs.run_summary's text for its run directory: the
     # first and last held-out evaluation, primary metrics first.
     text = summarize_run(str(run["w"]))
     assert run["out"].rstrip().endswith(text), run["out"][-2000:]

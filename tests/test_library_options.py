@@ -14,9 +14,11 @@ import pytest
 from flax import nnx
 
 from configs import grpo
-from rubric_rl import builders, logs, warmstart
-from rubric_rl.config_validation import validate_config
+from rubric_rl.config import builders
+from rubric_rl.config.config_validation import validate_config
 from rubric_rl.models import PRESETS, SHAPE_FIELDS, Qwen3ForCausalLM, Tokenizer
+from rubric_rl.pre_rl import warmstart
+from rubric_rl.util import logs
 from tests.trainer_spy import one_device
 
 WORDS = [chr(ord("a") + i) * 2 for i in range(25)]  # aa ... yy, + 6 special tokens = 31 ids
@@ -314,7 +316,7 @@ def test_warm_start_corpus_setting_is_checked_only_when_there_is_a_warm_start():
 
 
 def test_grpo_config_is_the_packaged_base_and_what_configs_grpo_locks():
-    from rubric_rl.defaults import get_base_config, grpo_config
+    from rubric_rl.config.defaults import get_base_config, grpo_config
 
     c = grpo_config()
     assert c.method == "grpo" and c.controllers.sampler == "uniform"
@@ -349,7 +351,7 @@ def test_train_byte_bpe_has_exactly_the_size_and_the_special_ids(tmp_path):
 def test_step_timer_times_from_one_step_end_to_the_next(monkeypatch):
     import types
 
-    from rubric_rl import step_callbacks
+    from rubric_rl.loop import step_callbacks
 
     state = type("State", (), {"params": {"w": jax.numpy.ones(3)}})()
     clock = iter([10.0, 12.5, 13.5, 16.0])  # step ends: steps of 2.5, 1.0, 2.5 s after step 1

@@ -155,7 +155,7 @@ def test_run_start_up_does_not_import_torch(tmp_path):
     import sys
 
     from configs import grpo
-    from rubric_rl.builders import build_domain, build_tokenizer
+    from rubric_rl.config.builders import build_domain, build_tokenizer
 
     config = grpo.get_config("smoke")
     build_tokenizer(config, build_domain(config), str(tmp_path))  # writes <tmp>/tokenizer

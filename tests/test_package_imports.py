@@ -1,5 +1,5 @@
 """The package never imports ``configs/`` (configs import the package, never the reverse), and the
-start-up checks live in the package: ``rubric_rl.config_validation``."""
+start-up checks live in the package: ``rubric_rl.config.config_validation``."""
 
 import ast
 import os
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from configs import common, grpo
-from rubric_rl import config_validation
+from rubric_rl.config import config_validation
 from rubric_rl.core import losses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,7 +86,7 @@ def test_importing_the_entry_points_loads_no_configs_module():
     # importable there.
     code = (
         "import sys\n"
-        "import rubric_rl.builders, rubric_rl.config_validation, rubric_rl.launch\n"
+        "import rubric_rl.config.builders, rubric_rl.config.config_validation, rubric_rl.launch\n"
         "import rubric_rl.methods.arise.arise_config\n"
         "print(sorted(m for m in sys.modules if m == 'configs' or m.startswith('configs.')))\n"
     )

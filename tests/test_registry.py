@@ -1,6 +1,6 @@
 import pytest
 
-from rubric_rl.registry import Registry
+from rubric_rl.util.registry import Registry
 
 
 def test_register_get_and_unknown_name_lists_known():

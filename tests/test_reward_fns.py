@@ -1,5 +1,5 @@
-"""Plain Python reward functions as a reward source (rubric_rl/reward_fns.py), the ``plain`` task
-format and tasks given in Python. Advantages are checked against plain numpy."""
+"""Plain Python reward functions as a reward source (rubric_rl/rubrics/reward_fns.py), the ``plain``
+task format and tasks given in Python. Advantages are checked against plain numpy."""
 
 from __future__ import annotations
 
@@ -12,20 +12,21 @@ import numpy as np
 import pytest
 
 from configs import common, grpo
-from rubric_rl import builders, step
+from rubric_rl import step
+from rubric_rl.config import builders
 from rubric_rl.controllers.base import Controller, ControllerSet
 from rubric_rl.controllers.sampling import UniformSampler
-from rubric_rl.reward_fns import (
+from rubric_rl.rollout.batch import Rollouts
+from rubric_rl.rollout.scripted import ScriptedEngine, prompt_words
+from rubric_rl.rubrics.dataset_files import DatasetError
+from rubric_rl.rubrics.datasets import load_tasks, plain_tasks
+from rubric_rl.rubrics.reward_fns import (
     RewardFnError,
     call_reward_fn,
     fields_of,
     import_reward_fn,
     resolve_reward_fns,
 )
-from rubric_rl.rollout.batch import Rollouts
-from rubric_rl.rollout.scripted import ScriptedEngine, prompt_words
-from rubric_rl.rubrics.dataset_files import DatasetError
-from rubric_rl.rubrics.datasets import load_tasks, plain_tasks
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verdict
 from tests.trainer_spy import one_device, serve_scripted
 
@@ -217,7 +218,7 @@ def test_a_failing_function_in_a_mix_leaves_its_trajectories_untrained():
     assert ctx.metrics["reward_fn/flaky/failed"] == 1.0
     errors = {t.info["reward_fn_errors"]["flaky"] for g in r.groups for t in g.trajectories}
     assert errors == {"RuntimeError: service down"}
-    from rubric_rl.step_metrics import rollout_rows
+    from rubric_rl.loop.step_metrics import rollout_rows
 
     row = rollout_rows(r, 1)[0]
     assert row["reward_fn_errors"] == {"flaky": "RuntimeError: service down"}
@@ -495,7 +496,7 @@ def test_tasks_domain_parses_rows_and_refuses_bad_splits():
 
 
 def test_the_recorded_functions_are_checked_when_a_run_resumes(tmp_path):
-    from rubric_rl.reward_fns import record_in_run_dir
+    from rubric_rl.rubrics.reward_fns import record_in_run_dir
 
     c = grpo.get_config("smoke")
     resolve_reward_fns(c, {"words": words_reward})

@@ -233,7 +233,8 @@ def test_pool_gradient_of_rows_is_the_mean_over_unpadded_sequences(tiny_model):
 
 
 def test_single_env_variant_trains_one_environment_and_evaluates_all():
-    from rubric_rl import builders, evaluation
+    from rubric_rl.config import builders
+    from rubric_rl.loop import evaluation
 
     c = rised_config.get_config("smoke,single_env=list")
     assert c.rised.train_environment == "list"

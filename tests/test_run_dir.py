@@ -1,4 +1,4 @@
-"""The run directory's lock, default names and config record (``rubric_rl.run_dir``)."""
+"""The run directory's lock, default names and config record (``rubric_rl.runs.run_dir``)."""
 
 import datetime
 import json
@@ -10,13 +10,13 @@ import sys
 import pytest
 
 from configs import grpo
-from rubric_rl import run_dir
+from rubric_rl.runs import run_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _HOLDER = """
 import sys, time
-from rubric_rl import run_dir
+from rubric_rl.runs import run_dir
 run_dir.lock(sys.argv[1])
 print("locked", flush=True)
 time.sleep(600)

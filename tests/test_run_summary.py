@@ -1,9 +1,10 @@
-"""rubric_rl/run_summary.py on a fixed metrics.jsonl: the closing summary shows the held-out pass
-rate and oracle (primary) beside the seed-rubric score (secondary), first and last evaluation."""
+"""rubric_rl/runs/run_summary.py on a fixed metrics.jsonl: the closing summary shows the held-out
+pass rate and oracle (primary) beside the seed-rubric score (secondary), first and last
+evaluation."""
 
 import json
 
-from rubric_rl import run_summary
+from rubric_rl.runs import run_summary
 
 # The quick start's shape: evaluations at step 0 (the warm start) and every 10 steps to 70; the
 # seed-rubric score falls while the pass rate (22 -> 28 of 512 tasks) and the oracle rise.

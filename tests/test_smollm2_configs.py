@@ -9,8 +9,8 @@ import importlib.util
 import pytest
 
 from configs import arise, grpo
-from rubric_rl import builders
-from rubric_rl.config_validation import validate_config
+from rubric_rl.config import builders
+from rubric_rl.config.config_validation import validate_config
 
 CONFIGS = {
     "grpo:smollm2": lambda: grpo.get_config("smollm2"),

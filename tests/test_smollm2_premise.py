@@ -124,7 +124,7 @@ def test_probe_tasks_are_training_tasks_only():
 def test_transformers_backend_batched_equals_single(tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from rubric_rl.builders import build_spaced_tokenizer
+    from rubric_rl.config.builders import build_spaced_tokenizer
     from rubric_rl.envs import instruct
 
     build_spaced_tokenizer(instruct.vocabulary(), str(tmp_path / "tok"))

@@ -24,9 +24,10 @@ def test_the_loops_parts_are_defined_outside_trainer_py():
         tree = ast.parse(f.read())
     defined = {n.name for n in tree.body if isinstance(n, ast.ClassDef | ast.FunctionDef)}
     assert defined == {"Trainer"}, f"trainer.py defines more than the loop: {sorted(defined)}"
-    from rubric_rl import nonfinite, step_callbacks, trainer
-
     # The public names keep working from ``rubric_rl.trainer`` (re-exported, one definition).
+    from rubric_rl import trainer
+    from rubric_rl.loop import nonfinite, step_callbacks
+
     assert trainer.StepTimer is step_callbacks.StepTimer
     assert trainer.StepCallbackError is step_callbacks.StepCallbackError
     assert trainer.NonFiniteLossError is nonfinite.NonFiniteLossError
@@ -94,10 +95,10 @@ def _config_section_gets():
 
 
 def test_no_config_read_restates_a_default_of_the_base_config():
-    """The base config (``rubric_rl/defaults.py``) has every key a run reads at its default, so
-    a ``section.get(key, default)`` of one of its keys restates (or contradicts) that default:
+    """The base config (``rubric_rl/config/defaults.py``) has every key a run reads at its default,
+    so a ``section.get(key, default)`` of one of its keys restates (or contradicts) that default:
     read the key."""
-    from rubric_rl.defaults import get_base_config
+    from rubric_rl.config.defaults import get_base_config
 
     base = get_base_config().to_dict()
     restated = []
@@ -114,18 +115,18 @@ def test_no_config_read_restates_a_default_of_the_base_config():
 
 # The loop, the builders and the config checks: they know a method only through its registry.
 METHOD_BLIND = (
-    "builders.py",
-    "config_validation.py",
-    "grader.py",
+    "config/builders.py",
+    "config/config_validation.py",
     "launch.py",
-    "run_state.py",
-    "sampler.py",
-    "services.py",
+    "loop/run_state.py",
+    "loop/step_callbacks.py",
+    "loop/step_producer.py",
+    "loop/trainer_batch.py",
+    "services/__init__.py",
+    "services/grader.py",
+    "services/sampler.py",
     "step.py",
-    "step_callbacks.py",
-    "step_producer.py",
     "trainer.py",
-    "trainer_batch.py",
 )
 
 

@@ -1,14 +1,14 @@
-"""The step's logged numbers that every method shares (rubric_rl/step_metrics.py)."""
+"""The step's logged numbers that every method shares (rubric_rl/loop/step_metrics.py)."""
 
 import math
 
 import pytest
 
 from configs import grpo
-from rubric_rl.builders import build_domain
+from rubric_rl.config.builders import build_domain
+from rubric_rl.loop.step_metrics import step_metrics
 from rubric_rl.rollout.batch import Group, Rollouts, Trajectory, score_matrices
 from rubric_rl.rubrics.types import Verdict
-from rubric_rl.step_metrics import step_metrics
 
 
 def _group(task, rewards, **kw):

@@ -25,14 +25,14 @@ import pytest
 
 from configs import grpo
 from rubric_rl import step as stages
-from rubric_rl.config_validation import validate_config
-from rubric_rl.controller_check import ScriptedPolicy, scripted_run
+from rubric_rl.checks.controller_check import ScriptedPolicy, scripted_run
+from rubric_rl.config.config_validation import validate_config
 from rubric_rl.controllers.base import Controller
+from rubric_rl.loop.trainer_batch import build_train_batch, rollouts_to_batch
 from rubric_rl.rollout.batch import Group, Rollouts
 from rubric_rl.rollout.scripted import ScriptedEngine, prompt_words
 from rubric_rl.rubrics.types import Message
-from rubric_rl.run_files import append_jsonl, step_path
-from rubric_rl.trainer_batch import build_train_batch, rollouts_to_batch
+from rubric_rl.runs.run_files import append_jsonl, step_path
 from tests.trainer_spy import one_device, serve_scripted, short_words
 
 

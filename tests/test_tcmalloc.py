@@ -11,7 +11,7 @@ import sysconfig
 
 import pytest
 
-from rubric_rl.tcmalloc import TCMALLOC, find_tcmalloc, library_dirs, preload_env
+from rubric_rl.util.tcmalloc import TCMALLOC, find_tcmalloc, library_dirs, preload_env
 
 
 def _fake_library(directory, name):

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from configs import grpo
-from rubric_rl.builders import build_domain
+from rubric_rl.config.builders import build_domain
 from rubric_rl.controllers.base import Controller
+from rubric_rl.loop.trainer_batch import build_train_batch
 from rubric_rl.rollout.batch import Group, Rollouts, Trajectory
 from rubric_rl.rollout.scripted import ScriptedEngine, prompt_words
-from rubric_rl.trainer_batch import build_train_batch
 from tests.trainer_spy import one_device, record_train_batches, serve_scripted
 
 CONTEXT = "<coach> remember : end with ? </coach>"

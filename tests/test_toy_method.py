@@ -11,7 +11,7 @@ import pytest
 from ml_collections import ConfigDict
 
 from configs import grpo
-from rubric_rl.config_validation import validate_config
+from rubric_rl.config.config_validation import validate_config
 from rubric_rl.controllers.base import Controller
 from rubric_rl.methods.method import (
     BUILTIN,

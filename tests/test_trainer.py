@@ -99,7 +99,7 @@ class _SwitchableJudge(Judge):
     """The programmatic judge, or (``failing=True``) a judge whose every verdict fails."""
 
     def __init__(self):
-        from rubric_rl.builders import build_judge
+        from rubric_rl.config.builders import build_judge
 
         self.inner = build_judge(grpo.get_config("smoke"), "")
         self.failing = False
@@ -350,7 +350,7 @@ def test_mini_batches_partition_the_rows_and_keep_the_batch_sharding():
 
     from rubric_rl.core import sharding
     from rubric_rl.core.train_step import TrainBatch
-    from rubric_rl.trainer_batch import mini_batches
+    from rubric_rl.loop.trainer_batch import mini_batches
 
     mesh = sharding.make_mesh(-1, 1, 1)
     b, t = 32, 6
@@ -380,9 +380,9 @@ def test_mini_batches_partition_the_rows_and_keep_the_batch_sharding():
 def test_build_train_batch_layout_against_a_plain_reference():
     import numpy as np
 
-    from rubric_rl.builders import build_domain
+    from rubric_rl.config.builders import build_domain
+    from rubric_rl.loop.trainer_batch import build_train_batch
     from rubric_rl.rollout.batch import Group, Rollouts, Trajectory
-    from rubric_rl.trainer_batch import build_train_batch
 
     tasks = build_domain(grpo.get_config("smoke")).train[:2]
 
@@ -434,8 +434,8 @@ def test_build_train_batch_layout_against_a_plain_reference():
 def test_criterion_pass_rates_pool_groups_and_skip_failures():
     import numpy as np
 
+    from rubric_rl.loop.step_metrics import criterion_pass_rates
     from rubric_rl.rubrics.scores import ScoreMatrices
-    from rubric_rl.step_metrics import criterion_pass_rates
 
     rng = np.random.default_rng(0)
     met = (rng.random((3, 2, 4)) < 0.5).astype(np.float32)
@@ -458,7 +458,7 @@ def test_embedded_default_prompts_fit_with_every_skill_injected(tmp_path):
     # instruction: ARISE's skill blocks once pushed 36 % of its prompts past the old cap of 40 and
     # cut "list 4 fruits" off). Every task of the default domain must fit even with every skill
     # text of the domain injected at once (ARISE's worst case).
-    from rubric_rl.builders import build_domain, build_word_tokenizer
+    from rubric_rl.config.builders import build_domain, build_word_tokenizer
     from rubric_rl.envs.constraint_corpus import decorate_prompt
     from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
     from rubric_rl.envs.constraints import domain_vocabulary
@@ -638,7 +638,7 @@ def test_step_callbacks_see_each_steps_final_metrics_and_state(trainer):
 
 def test_checkpoint_every_0_and_final_false_write_no_checkpoint(trainer):
     """(Last in this module: it leaves a checkpoint in the shared trainer's workdir.)"""
-    from rubric_rl.run_dir import checkpoint_steps
+    from rubric_rl.runs.run_dir import checkpoint_steps
 
     start = trainer.step
     rows = _run_steps(trainer, 2, every=0, final=False)
@@ -660,8 +660,8 @@ def test_load_policy_serves_a_checkpoint_of_this_run_or_another(trainer, tmp_pat
     import jax
     import numpy as np
 
-    from rubric_rl.policy_loading import load_policy
-    from rubric_rl.run_dir import checkpoint_steps
+    from rubric_rl.loop.policy_loading import load_policy
+    from rubric_rl.runs.run_dir import checkpoint_steps
 
     (ck,) = checkpoint_steps(trainer.workdir)[-1:]
     assert trainer.step == ck

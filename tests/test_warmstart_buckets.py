@@ -10,8 +10,9 @@ import pytest
 from flax import nnx
 
 from configs import grpo
-from rubric_rl import builders, warmstart
+from rubric_rl.config import builders
 from rubric_rl.envs import constraints
+from rubric_rl.pre_rl import warmstart
 from tests.trainer_spy import one_device
 
 

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 
 from configs import grpo
-from rubric_rl import warmstart
+from rubric_rl.pre_rl import warmstart
 from tests.trainer_spy import one_device
 
 

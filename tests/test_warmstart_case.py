@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from configs import common, grpo
-from rubric_rl import warmstart
+from rubric_rl.pre_rl import warmstart
 from tests.trainer_spy import one_device
 
 

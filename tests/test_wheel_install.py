@@ -62,7 +62,7 @@ def wheel_env(tmp_path_factory):
     (wheel,) = list(dist.glob("rubric_rl-*.whl"))
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
-    assert "rubric_rl/trainer.py" in names and "rubric_rl/defaults.py" in names
+    assert "rubric_rl/trainer.py" in names and "rubric_rl/config/defaults.py" in names
     assert not [n for n in names if n.startswith(("configs/", "tests/", "examples/"))], names
 
     venv = tmp / "venv"
@@ -98,7 +98,7 @@ def test_the_installed_wheel_imports_from_its_own_environment(wheel_env):
         [
             python,
             "-c",
-            "import json, rubric_rl, rubric_rl.trainer, rubric_rl.defaults as d;"
+            "import json, rubric_rl, rubric_rl.trainer, rubric_rl.config.defaults as d;"
             "import importlib.util as u;"
             "print(json.dumps([rubric_rl.__file__, u.find_spec('configs') is None,"
             " d.grpo_config().method]))",

@@ -14,9 +14,9 @@ the decorated prompt is still the one trained);
 ``sd_gate(rollouts)`` -> per-group multipliers of the SD coefficient, or None.
 The evidence a controller reads is the step's ``Rollouts`` record (``rollout/batch.py``).
 Before the first step each controller is ``bind``-ed to its ``Services`` (generate on the
-current policy, judge under candidate rubrics: ``rubric_rl/services.py``) and its own directory
+current policy, judge under candidate rubrics: ``rubric_rl/services/``) and its own directory
 ``<workdir>/controllers/<name>/``; files there follow the step-watermark convention of
-``rubric_rl/run_files.py`` so that a resume rolls back what was written after the checkpoint.
+``rubric_rl/runs/run_files.py`` so that a resume rolls back what was written after the checkpoint.
 Every controller is checkpointed through ``state_dict()`` / ``load_state_dict()`` (JSON-able).
 
 Controllers never touch JAX internals; the core never knows which controller runs.

@@ -40,9 +40,9 @@ from typing import Any
 import numpy as np
 
 from rubric_rl.controllers.base import Controller, TaskBatch
-from rubric_rl.registry import Registry
 from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.types import Task
+from rubric_rl.util.registry import Registry
 
 SAMPLERS: Registry[type] = Registry("task sampler")
 

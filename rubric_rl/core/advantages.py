@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rubric_rl.registry import Registry
+from rubric_rl.util.registry import Registry
 
 AdvantageEstimator = Callable[..., tuple[jnp.ndarray, jnp.ndarray]]
 ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")

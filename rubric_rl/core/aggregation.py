@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 
 import jax.numpy as jnp
 
-from rubric_rl.registry import Registry
+from rubric_rl.util.registry import Registry
 
 Aggregator = Callable[..., tuple[jnp.ndarray, jnp.ndarray]]
 AGGREGATORS: Registry[Aggregator] = Registry("aggregation mode")

@@ -25,7 +25,7 @@ from rubric_rl.core.rollout_correction import (  # noqa: F401  (re-exported API)
     RolloutCorrection,
     rollout_correction,
 )
-from rubric_rl.registry import Registry
+from rubric_rl.util.registry import Registry
 
 KL_ESTIMATORS: Registry[Callable] = Registry("KL estimator")
 

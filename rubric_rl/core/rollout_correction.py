@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from rubric_rl.core.aggregation import masked_max_part, masked_mean_parts
-from rubric_rl.registry import Registry
+from rubric_rl.util.registry import Registry
 
 _LOG_W_CLAMP = 20.0  # exp(±20) stays finite in float32
 

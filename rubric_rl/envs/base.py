@@ -53,8 +53,8 @@ from rubric_rl.envs.tool_calls import (
     validate_call,
 )
 from rubric_rl.envs.trajectory import ToolRecord, Transcript
-from rubric_rl.registry import Registry
 from rubric_rl.rubrics.types import Message, Task, append_to_last_user, append_to_system
+from rubric_rl.util.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -660,7 +660,8 @@ class Domain:
     # policy's text is parsed: tool-call JSON, SQL). See build_tokenizer.
     embedded_tokenizer: str = "word"
     # The task's prompt with the domain's own guidance for it (the embedded domain: the skill texts
-    # of its capabilities), for calibration's guidance-following gain (rubric_rl/calibration.py).
+    # of its capabilities), for calibration's guidance-following gain
+    # (rubric_rl/pre_rl/calibration.py).
     guidance: Callable[[Task], list[dict]] | None = None
     # The domain's checker library: the rule-checked criteria a rubric-writing method may propose
     # for a task, read from its prompt text (the embedded domain: envs/constraint_library.py;

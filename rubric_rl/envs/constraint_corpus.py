@@ -143,7 +143,7 @@ def decorate_prompt(
 def skill_guidance(task: Task) -> list[dict]:
     """The task's prompt with the skill texts of its capabilities (``SKILL_TEXTS``, the wording
     the warm-start corpus teaches and ARISE injects) as one ``skills`` block: the guided arm of
-    calibration (rubric_rl/calibration.py). Unchanged when no capability has a text."""
+    calibration (rubric_rl/pre_rl/calibration.py). Unchanged when no capability has a text."""
     texts = [SKILL_TEXTS[c] for c in task.capabilities if c in SKILL_TEXTS]
     return decorate_prompt(task, {"skills": texts}) if texts else task.messages
 

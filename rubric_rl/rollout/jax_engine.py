@@ -58,7 +58,6 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from rubric_rl.buckets import round_up_to_bucket
 from rubric_rl.core import sharding as sharding_lib
 from rubric_rl.core.logprobs import sequence_logprobs
 from rubric_rl.models.qwen3 import default_positions
@@ -78,6 +77,7 @@ from rubric_rl.rollout.jax_decode import (  # noqa: F401
     sample_tokens,
     seed_key_data,
 )
+from rubric_rl.util.buckets import round_up_to_bucket
 
 Array = jax.Array
 MAX_STOP_IDS = 16  # static size of the traced stop-id set (padded with -1)

@@ -54,11 +54,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rubric_rl.buckets import round_up_to_bucket
 from rubric_rl.core import sharding as sharding_lib
 from rubric_rl.models.qwen3 import KV_SLOT_AXES
 from rubric_rl.rollout.engine import Generation, GenerationRequest, SamplingParams
 from rubric_rl.rollout.jax_decode import _generation, sample_and_decode, seed_key_data
+from rubric_rl.util.buckets import round_up_to_bucket
 
 # The engine is a `rubric_rl.rollout.jax_engine.JaxEngine`, which builds sessions
 # (`JaxEngine.prefix_session`); this module does not import it (no import cycle).

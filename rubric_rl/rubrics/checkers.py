@@ -14,8 +14,8 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from rubric_rl.registry import Registry
 from rubric_rl.rubrics.types import Task
+from rubric_rl.util.registry import Registry
 
 
 class Checker(Protocol):

@@ -22,7 +22,8 @@ Formats (``format=``), each read as the public dataset publishes it:
   and tag "hard_rule"; principles ``PRINCIPLE_WEIGHT`` (1) and tag "principle".
 * ``jsonl``: our own format, a direct serialisation of Task (``dump_tasks`` writes it; loading
   what it wrote gives equal tasks).
-* ``plain``: a task with no rubric, for reward functions (``rubric_rl/reward_fns.py``): JSON/JSONL/
+* ``plain``: a task with no rubric, for reward functions (``rubric_rl/rubrics/reward_fns.py``):
+JSON/JSONL/
   parquet rows with ``prompt`` (a string, one user message, or a list of {role, content}) and
   an optional ``id``; every other column is kept in ``Task.raw`` and given to reward functions
   as fields. The only format whose rubric may be empty. ``plain_tasks`` parses rows given in
@@ -68,7 +69,6 @@ from typing import Any
 
 from absl import logging
 
-from rubric_rl.registry import Registry
 from rubric_rl.rubrics.checkers import argument_problem
 from rubric_rl.rubrics.dataset_files import DatasetError, iter_rows, resolve_files
 from rubric_rl.rubrics.types import (
@@ -80,6 +80,7 @@ from rubric_rl.rubrics.types import (
     Verifier,
     VerifierKind,
 )
+from rubric_rl.util.registry import Registry
 
 RAR_CATEGORY_WEIGHTS = {"essential": 5.0, "important": 4.0, "optional": 1.0, "pitfall": -1.0}
 HARD_RULE_WEIGHT = 3.0

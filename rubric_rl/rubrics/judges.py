@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from rubric_rl.registry import Registry
 from rubric_rl.rubrics import checkers as checkers_lib
 from rubric_rl.rubrics.judge_cache import JudgeCache, cache_key
 from rubric_rl.rubrics.llm import (
@@ -38,6 +37,7 @@ from rubric_rl.rubrics.llm import (
 )
 from rubric_rl.rubrics.prompts import TEMPLATES, prompt_hash, verdict_schema
 from rubric_rl.rubrics.types import Criterion, Task, Verdict, VerifierKind, verdict_failed
+from rubric_rl.util.registry import Registry
 
 logger = logging.getLogger(__name__)
 

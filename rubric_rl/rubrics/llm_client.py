@@ -20,8 +20,8 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from rubric_rl.registry import Registry
 from rubric_rl.rubrics.types import Message
+from rubric_rl.util.registry import Registry
 
 logger = logging.getLogger(__name__)
 

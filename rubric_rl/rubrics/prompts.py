@@ -16,8 +16,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from rubric_rl.registry import Registry
 from rubric_rl.rubrics.types import Criterion, Message, Task
+from rubric_rl.util.registry import Registry
 
 _SYSTEM_V1 = """\
 You are a strict, impartial grader. You are shown a task, possibly a reference answer, a \

@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from rubric_rl.registry import Registry
 from rubric_rl.rubrics.scores import ScoreMatrices, VerdictLike, verdict_met
 from rubric_rl.rubrics.types import Criterion, Rubric
+from rubric_rl.util.registry import Registry
 
 POINTS_SCALE = 100.0  # HarnessRL §2.1: Λ = 100
 ARISE_ALPHA = 0.8  # ARISE-RL eq. 8

@@ -1,4 +1,4 @@
-"""ARISE's frozen-rubrics arm on the scripted policy (rubric_rl/controller_check.py: the real
+"""ARISE's frozen-rubrics arm on the scripted policy (rubric_rl/checks/controller_check.py: the real
 ARISE controller, pipeline and judge): the rubric set of another seed's run is fixed from step 1,
 while its skills start as the domain's base texts in the "added" state and keep their lifecycle;
 the earlier arm (``frozen_pool_and_skills``) shows the source run's skills, refined texts
@@ -11,8 +11,8 @@ import json
 import pytest
 
 from configs import arise
-from rubric_rl import builders
-from rubric_rl.controller_check import ScriptedPolicy, scripted_run
+from rubric_rl.checks.controller_check import ScriptedPolicy, scripted_run
+from rubric_rl.config import builders
 from rubric_rl.envs.constraint_lexicon import SKILL_TEXTS
 from rubric_rl.methods.arise.arise import ACTIVE, ADDED, AriseController
 

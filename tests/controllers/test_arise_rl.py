@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from configs import arise_rl as arise_rl_config
-from rubric_rl import builders
-from rubric_rl.config_validation import validate_config
-from rubric_rl.controller_check import scripted_run
+from rubric_rl.checks.controller_check import scripted_run
+from rubric_rl.config import builders
+from rubric_rl.config.config_validation import validate_config
 from rubric_rl.envs.constraint_lexicon import units
 from rubric_rl.envs.constraint_writer import COACH_HINTS as GENERATOR_HINTS
 from rubric_rl.envs.constraint_writer import (
@@ -23,6 +23,7 @@ from rubric_rl.envs.constraint_writer import (
     lookup_text,
 )
 from rubric_rl.envs.tool_calls import render_tool_call
+from rubric_rl.loop.trainer_batch import rollouts_to_batch
 from rubric_rl.methods.arise_rl import arise_rl_config as section_of
 from rubric_rl.methods.arise_rl import rgsed
 from rubric_rl.methods.arise_rl.arise_rl import (
@@ -41,7 +42,6 @@ from rubric_rl.methods.arise_rl.arise_rl import (
 from rubric_rl.rollout.scripted import ScriptedEngine
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verdict
 from rubric_rl.services import Services
-from rubric_rl.trainer_batch import rollouts_to_batch
 
 # --- the schedule --------------------------------------------------------------------------------
 

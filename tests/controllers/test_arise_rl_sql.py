@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 
 from configs import arise_rl as arise_rl_config
-from rubric_rl import builders
+from rubric_rl.config import builders
 from rubric_rl.envs import constraint_writer, sql_writer
 from rubric_rl.envs.constraint_writer import ConstraintTaskWriter
 from rubric_rl.envs.sql_data import SYSTEM_PROMPT, database_rows
 from rubric_rl.envs.sql_writer import COACH_HINTS, SqlTaskWriter, format_generated
 from rubric_rl.envs.tool_calls import render_tool_call
+from rubric_rl.loop.trainer_batch import rollouts_to_batch
 from rubric_rl.methods.arise_rl.arise_rl import SIGNAL, AriseRLConfig, AriseRLController
 from rubric_rl.methods.arise_rl.arise_rl_domain import build_generator_domain
-from rubric_rl.sampler import _STREAM_STRIDE, stream_base
-from rubric_rl.trainer_batch import rollouts_to_batch
+from rubric_rl.services.sampler import _STREAM_STRIDE, stream_base
 from tests.controllers.test_arise_rl import ScriptEngine, scripted_steps
 
 K = 4

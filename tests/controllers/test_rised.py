@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from configs import rised as rised_config
-from rubric_rl.controller_check import ScriptedPolicy, scripted_run
+from rubric_rl.checks.controller_check import ScriptedPolicy, scripted_run
 from rubric_rl.envs.base import GENERIC_STYLE
 from rubric_rl.envs.constraint_domain import task_bank
 from rubric_rl.envs.constraint_style import ConstraintStyle, embedded_description
@@ -317,7 +317,7 @@ def test_resume_restores_the_anti_patterns(tmp_path):
 
 
 def test_a_domain_without_a_vocabulary_or_programmatic_tagger_is_refused(tmp_path):
-    from rubric_rl import builders
+    from rubric_rl.config import builders
 
     c = rised_config.get_config("smoke")
     built = builders.build_domain(c)

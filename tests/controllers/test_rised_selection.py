@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from configs import grpo
-from rubric_rl import builders
-from rubric_rl.controller_check import ScriptedPolicy, run_check, scripted_run
+from rubric_rl.checks.controller_check import ScriptedPolicy, run_check, scripted_run
+from rubric_rl.config import builders
 from rubric_rl.controllers.sampling import SAMPLERS
-from rubric_rl.evaluation import env_of
+from rubric_rl.loop.evaluation import env_of
 from rubric_rl.methods.grpo import grpo_controllers
 from rubric_rl.methods.rised.rised_selection import (
     cosine,

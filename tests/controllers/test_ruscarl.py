@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from configs import grpo, harness_rl
-from rubric_rl.builders import build_domain
-from rubric_rl.controller_check import ScriptedPolicy, scripted_run
+from rubric_rl.checks.controller_check import ScriptedPolicy, scripted_run
+from rubric_rl.config.builders import build_domain
 from rubric_rl.controllers.base import Controller, ControllerSet
+from rubric_rl.loop.trainer_batch import build_train_batch
 from rubric_rl.methods.harness_rl.ruscarl import (
     RuscaRLConfig,
     RuscaRLController,
@@ -21,7 +22,6 @@ from rubric_rl.methods.harness_rl.ruscarl import (
     step_ratio,
 )
 from rubric_rl.methods.harness_rl.style import style_for
-from rubric_rl.trainer_batch import build_train_batch
 from tests.trainer_spy import one_device
 
 

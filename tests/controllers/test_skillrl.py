@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from configs import grpo
-from rubric_rl.controller_check import ScriptedPolicy, scripted_run
+from rubric_rl.checks.controller_check import ScriptedPolicy, scripted_run
 from rubric_rl.methods.harness_rl.skillrl import (
     SkillRLConfig,
     SkillRLController,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs import arise, grpo
-from rubric_rl import builders
+from rubric_rl.config import builders
 from rubric_rl.controllers.sampling import (
     GROUP_REWARDS,
     SAMPLERS,

@@ -62,7 +62,7 @@ def train_tasks():
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-    from rubric_rl.builders import build_word_tokenizer
+    from rubric_rl.config.builders import build_word_tokenizer
 
     return build_word_tokenizer(generator_vocabulary(), str(tmp_path_factory.mktemp("tok")))
 
@@ -377,7 +377,7 @@ def test_generator_corpus_shape_and_negatives():
 
 
 def test_corpus_opt_in():
-    from rubric_rl.builders import Domain
+    from rubric_rl.config.builders import Domain
 
     base = [([{"role": "user", "content": f"list {i} fruits"}], "apple .") for i in range(10)]
     extended = add_generator_demonstrations(base, 3, 0)

@@ -398,7 +398,7 @@ def test_warmstart_corpus_covers_every_prompt_shape_training_can_show(tmp_path):
     reflection's wording), up to three guidance fields, a system-message placement, within the
     model's prompt limit (the warm start drops the few longer ones)."""
     from configs.common import get_base_config
-    from rubric_rl.builders import build_word_tokenizer
+    from rubric_rl.config.builders import build_word_tokenizer
     from rubric_rl.envs.constraint_corpus import MISSED_PREFIX, REMEMBER_PREFIX
     from rubric_rl.methods.arise.reflection import ProgrammaticReflection
 

@@ -215,7 +215,7 @@ def test_arise_rls_generator_role_runs_on_the_domains_task_writer():
 
 def test_the_ready_made_domain_implements_exactly_the_contract_and_the_builders_return_one():
     from configs import grpo
-    from rubric_rl import builders
+    from rubric_rl.config import builders
     from rubric_rl.envs.base import CONTRACT_MEMBERS, Domain, DomainContract
 
     assert {f.name for f in dataclasses.fields(Domain)} == set(CONTRACT_MEMBERS)
@@ -249,7 +249,7 @@ _DELETE = object()
 
 def test_a_trainer_takes_any_object_with_the_contracts_members_and_names_what_one_lacks():
     from configs import grpo
-    from rubric_rl.builders import given_or_configured_domain
+    from rubric_rl.config.builders import given_or_configured_domain
     from rubric_rl.envs.base import DomainContract
 
     config = grpo.get_config("smoke")

@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from rubric_rl import builders
-from rubric_rl.defaults import get_base_config
+from rubric_rl.config import builders
+from rubric_rl.config.defaults import get_base_config
 from rubric_rl.envs.constraints import hard_constraints, task_bank, with_hard_env
 
 

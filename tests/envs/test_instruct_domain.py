@@ -301,8 +301,8 @@ def test_guidance_is_plain_english_in_a_fixed_order():
 
 
 def test_registered_domain_style_and_vocabulary():
-    from rubric_rl import builders
-    from rubric_rl.defaults import get_base_config
+    from rubric_rl.config import builders
+    from rubric_rl.config.defaults import get_base_config
     from rubric_rl.methods.harness_rl.style import style_for
 
     c = get_base_config()

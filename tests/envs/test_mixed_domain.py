@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from configs import rised
-from rubric_rl import builders
-from rubric_rl.config_validation import validate_config
-from rubric_rl.defaults import get_base_config
+from rubric_rl.config import builders
+from rubric_rl.config.config_validation import validate_config
+from rubric_rl.config.defaults import get_base_config
 from rubric_rl.envs.base import is_tool_env
 from rubric_rl.envs.mixed_domain import interleave, tool_split_size
 from rubric_rl.envs.sql import SqlEnv

@@ -9,8 +9,8 @@ import types
 import numpy as np
 import pytest
 
-from rubric_rl import builders
-from rubric_rl.defaults import get_base_config
+from rubric_rl.config import builders
+from rubric_rl.config.defaults import get_base_config
 from rubric_rl.envs.base import GENERIC_STYLE, TEXT_KINDS, Domain, Style
 from rubric_rl.envs.constraint_domain import task_bank
 from rubric_rl.envs.constraint_style import ConstraintStyle, MixedStyle

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 
 from configs import common, grpo
-from rubric_rl import builders, config_validation
+from rubric_rl.config import builders, config_validation
 from rubric_rl.envs import constraints, tool_domain
 from rubric_rl.envs.inventory import InventoryEnv
 from rubric_rl.envs.sql import SqlEnv
 from rubric_rl.envs.tool_envs import ENVS
 from rubric_rl.envs.trajectory import score_rules, transcript_of
+from rubric_rl.pre_rl.warmstart import encode_corpus
 from rubric_rl.rollout.agent import AgentConfig, ChatFormat, run_agent
 from rubric_rl.rollout.engine import SamplingParams
 from rubric_rl.rollout.scripted import TurnScriptEngine
-from rubric_rl.warmstart import encode_corpus
 
 NAMES = tool_domain.TOOL_DOMAINS
 SPLITS = ("train", "heldout", "ood")

@@ -1,4 +1,4 @@
-"""launch/aggregate.py and rubric_rl/analysis.py on synthetic run directories with known numbers."""
+"""launch/aggregate.py and rubric_rl/analysis/ on synthetic run directories with known numbers."""
 
 import csv
 import json

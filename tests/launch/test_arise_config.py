@@ -14,8 +14,8 @@ from ml_collections import ConfigDict
 
 from configs import arise
 from rubric_rl import analysis as an
-from rubric_rl import builders
-from rubric_rl.config_validation import validate_config
+from rubric_rl.config import builders
+from rubric_rl.config.config_validation import validate_config
 from rubric_rl.envs.constraint_corpus import warmstart_example
 from rubric_rl.methods.arise.arise import domain_kwargs, make_arise_controller
 from rubric_rl.methods.arise.arise_config import ABSENT_MEANS, AriseSection

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from launch import sweep
-from rubric_rl import run_dir
 from rubric_rl.metrics import read_metrics
+from rubric_rl.runs import run_dir
 from tests.launch_env import launch_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -183,7 +183,7 @@ def test_print_skips_finished_and_resumes_partial(tmp_path, capsys):
     assert sweep.main([*argv, "--force"]) == 0
     forced = capsys.readouterr().out.strip().split("\n")
     assert len(forced) == 4
-    aside = f"python -m rubric_rl.run_dir --set-aside {shlex.quote(wd[0])}"
+    aside = f"python -m rubric_rl.runs.run_dir --set-aside {shlex.quote(wd[0])}"
     assert forced[0] == f"{aside} && {base} --workdir={wd[0]} " + (
         "--config.train.seed=0 --config.train.steps=10"
     )
@@ -293,12 +293,12 @@ def test_force_refuses_a_live_run_naming_its_pid_and_moves_an_idle_one_aside(tmp
 
 
 def test_set_aside_from_a_shell_refuses_a_held_workdir(tmp_path):
-    """The ``--print --force`` lines move a run aside with ``python -m rubric_rl.run_dir
+    """The ``--print --force`` lines move a run aside with ``python -m rubric_rl.runs.run_dir
     --set-aside``: a workdir whose lock is held (here by this process) is refused, naming it."""
     wd = tmp_path / "seed0"
     run_dir.lock(str(wd))
     (wd / "metrics.jsonl").write_text("{}\n")
-    cmd = [sys.executable, "-m", "rubric_rl.run_dir", "--set-aside", str(wd)]
+    cmd = [sys.executable, "-m", "rubric_rl.runs.run_dir", "--set-aside", str(wd)]
     try:
         r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
         assert r.returncode == 1

@@ -137,9 +137,9 @@ def test_fused_attention_takes_only_concrete_impls():
 
 
 def test_builder_passes_the_attention_impl_and_the_gpu_variant_sets_auto():
-    from rubric_rl import builders
+    from rubric_rl.config import builders
+    from rubric_rl.config.defaults import get_base_config
     from rubric_rl.core import sharding
-    from rubric_rl.defaults import get_base_config
 
     config = get_base_config()
     tok = type("Tok", (), {"vocab_size": 100, "eos_id": 2})()

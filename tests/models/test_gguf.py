@@ -367,7 +367,7 @@ def test_builders_run_a_gguf_file(files, tmp_path):
     """``model=<file>.gguf`` through the builders: its tokenizer (chat template included), the
     Llama model with its weights, the config validated (the warm start's case tying refused:
     it would overwrite pretrained embedding rows)."""
-    from rubric_rl import builders
+    from rubric_rl.config import builders
 
     path, _ = files["Q4_0"]
     c = grpo.get_config(f"smoke,model={path}")

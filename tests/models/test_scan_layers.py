@@ -409,8 +409,8 @@ def test_remat_setting_is_checked():
 
 
 def test_builder_passes_the_flag_and_refuses_qwen3_5():
-    from rubric_rl import builders
-    from rubric_rl.defaults import get_base_config
+    from rubric_rl.config import builders
+    from rubric_rl.config.defaults import get_base_config
 
     config = get_base_config()
     tok = type("Tok", (), {"vocab_size": 100, "eos_id": 2})()
@@ -425,7 +425,7 @@ def test_builder_passes_the_flag_and_refuses_qwen3_5():
     assert builders.build_engine(config, model, tok, None).config.scan_decode is True
     config.rollout.scan_decode = False
     assert builders.build_engine(config, model, tok, None).config.scan_decode is False
-    from rubric_rl.config_validation import validate_config
+    from rubric_rl.config.config_validation import validate_config
 
     validate_config(config)
     with config.unlocked():

@@ -20,7 +20,7 @@ coordinator, pid, out, router, update_urls = sys.argv[1:6]
 real_url = sys.argv[6] if len(sys.argv) > 6 else None
 jax.distributed.initialize(coordinator, num_processes=2, process_id=int(pid))
 
-from rubric_rl import builders  # noqa: E402
+from rubric_rl.config import builders  # noqa: E402
 from rubric_rl.core.sharding import make_mesh  # noqa: E402
 from rubric_rl.rollout.engine import GenerationRequest, SamplingParams  # noqa: E402
 from rubric_rl.rollout.weight_sync import WeightSync  # noqa: E402

@@ -100,9 +100,9 @@ def test_group_prefill_on_a_mesh(per_row):
 
 
 def test_rollout_group_prefill_flag_reaches_the_engine(model):
-    from rubric_rl import builders
-    from rubric_rl.config_validation import validate_config
-    from rubric_rl.defaults import get_base_config
+    from rubric_rl.config import builders
+    from rubric_rl.config.config_validation import validate_config
+    from rubric_rl.config.defaults import get_base_config
 
     config = get_base_config()
     tok = type("Tok", (), {"vocab_size": 100, "eos_id": 2, "pad_id": 0})()

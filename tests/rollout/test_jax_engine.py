@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rubric_rl.buckets import round_up_to_bucket
 from rubric_rl.core.logprobs import sequence_logprobs
 from rubric_rl.core.sharding import make_mesh, shard_model
 from rubric_rl.models.qwen3 import PRESETS, Qwen3ForCausalLM
@@ -22,6 +21,7 @@ from rubric_rl.rollout.jax_engine import (
     sample_tokens,
     seed_key_data,
 )
+from rubric_rl.util.buckets import round_up_to_bucket
 
 N_NEW = 12
 # One bucket of each kind: every generate call below shares one compiled shape.

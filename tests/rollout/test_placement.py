@@ -4,7 +4,7 @@
 import pytest
 
 from configs import grpo
-from rubric_rl.config_validation import validate_config
+from rubric_rl.config.config_validation import validate_config
 from rubric_rl.rollout import placement
 from rubric_rl.rollout.sglang_server import SGLangServer
 
@@ -147,7 +147,7 @@ def test_qwen3_5_server_starts_from_the_trainers_text_only_export(tmp_path):
 
     from flax import nnx
 
-    from rubric_rl.builders import served_checkpoint
+    from rubric_rl.config.builders import served_checkpoint
     from rubric_rl.models import PRESETS, QWEN3_5_PRESETS, Qwen3_5ForCausalLM, Qwen3ForCausalLM
 
     hybrid = Qwen3_5ForCausalLM(QWEN3_5_PRESETS["qwen3_5_tiny"], rngs=nnx.Rngs(0))

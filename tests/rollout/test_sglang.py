@@ -648,7 +648,7 @@ def _run_two_processes(tmp_path, *urls: str) -> list[dict]:
 def _assert_bf16_exports_equal_the_model(tmp_path, *dirs: str) -> None:
     """`<tmp_path>/<dir>/v2` of each of `dirs` is bit-equal to the same model built in this
     process (8 CPU devices) and exported in bf16."""
-    from rubric_rl import builders
+    from rubric_rl.config import builders
     from rubric_rl.models import save_pretrained
     from rubric_rl.models.hf_io import SafetensorsFile
 

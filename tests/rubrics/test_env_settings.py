@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from configs import arise, arise_rl, grpo
-from rubric_rl.config_validation import validate_config
+from rubric_rl.config.config_validation import validate_config
 from rubric_rl.rubrics.llm import check_env_settings, looks_like_a_key, redact_env_settings
 from tests.launch_env import suite_xla_flags
 

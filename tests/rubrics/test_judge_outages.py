@@ -10,7 +10,7 @@ import time
 import pytest
 
 from configs import grpo
-from rubric_rl.builders import build_judge
+from rubric_rl.config.builders import build_judge
 from rubric_rl.rubrics.judges import JudgeItem, LLMJudge
 from rubric_rl.rubrics.llm import (
     LLMEndpointDownError,

@@ -8,7 +8,6 @@ import threading
 import numpy as np
 import pytest
 
-from rubric_rl.registry import Registry
 from rubric_rl.rubrics.judge_cache import JudgeCache, cache_key
 from rubric_rl.rubrics.judges import (
     CompositeJudge,
@@ -20,6 +19,7 @@ from rubric_rl.rubrics.judges import (
 from rubric_rl.rubrics.llm import make_client
 from rubric_rl.rubrics.prompts import TEMPLATES, prompt_hash
 from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verdict, Verifier
+from rubric_rl.util.registry import Registry
 from tests.rubrics import loopback as lb
 
 Reply = lb.Reply

@@ -83,7 +83,7 @@ def test_the_roles_limit_is_the_judges_unless_llm_roles_sets_its_own(roles, judg
 @pytest.mark.parametrize("bad", [1.5, -0.5, -2.0])
 def test_a_roles_limit_outside_0_1_is_refused_naming_the_key(bad):
     from configs import grpo
-    from rubric_rl.config_validation import validate_config
+    from rubric_rl.config.config_validation import validate_config
 
     c = grpo.get_config("smoke")
     c.llm_roles.max_failure_rate = bad
@@ -95,7 +95,7 @@ def test_every_llm_role_takes_the_configured_limit():
     """RISED's tagger, HarnessRL's attributor and proposer and ARISE's reflection, each built
     from its method's config as a run builds it, stop at ``llm_roles.max_failure_rate``."""
     from configs import arise, harness_rl, rised
-    from rubric_rl.builders import build_domain
+    from rubric_rl.config.builders import build_domain
     from rubric_rl.methods.arise.arise import domain_kwargs, make_arise_controller
     from rubric_rl.methods.arise.arise_config import arise_controller_kwargs
     from rubric_rl.methods.harness_rl.builder import make_harness_controller
@@ -169,7 +169,7 @@ def test_a_resumed_role_remembers_its_recent_failures():
 
 def test_the_harness_and_arise_controllers_checkpoint_their_roles_windows():
     from configs import arise, harness_rl
-    from rubric_rl.builders import build_domain
+    from rubric_rl.config.builders import build_domain
     from rubric_rl.methods.arise.arise import domain_kwargs, make_arise_controller
     from rubric_rl.methods.arise.arise_config import arise_controller_kwargs
     from rubric_rl.methods.harness_rl.builder import make_harness_controller

@@ -1,17 +1,17 @@
-"""The verdict cache's content keys (rubric_rl/grader.py): what the judge sees decides the key,
-the criterion's id does not, and the batch path (digests computed once per task, response and
+"""The verdict cache's content keys (rubric_rl/services/grader.py): what the judge sees decides the
+key, the criterion's id does not, and the batch path (digests computed once per task, response and
 criterion) gives the same key as the one-verdict path."""
 
 import dataclasses
 
-from rubric_rl.grader import (
+from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verifier, VerifierKind
+from rubric_rl.services.grader import (
     criterion_digest,
     criterion_key,
     response_digest,
     task_digest,
     verdict_key,
 )
-from rubric_rl.rubrics.types import Criterion, Message, Rubric, Task, Verifier, VerifierKind
 
 CRIT = Criterion(
     id="c1", text="Names the capital.", title="capital",

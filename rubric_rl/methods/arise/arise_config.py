@@ -4,7 +4,7 @@ and checks itself; ``configs/arise.py`` builds the section from ``section_defaul
 and sets only what a variant changes; ``AriseSection.from_config`` reads it back, refusing a
 missing, unknown or wrong-typed field with an error naming ``config.arise.<field>``. The package
 never imports ``configs/``. ``validate_arise`` runs from
-``rubric_rl.config_validation.validate_config`` through the arise ``Method``, so a bad
+``rubric_rl.config.config_validation.validate_config`` through the arise ``Method``, so a bad
 ``arise.*`` value fails at start-up naming the field, before any model is built.
 """
 

@@ -49,9 +49,9 @@ import numpy as np
 
 from rubric_rl.controllers.base import Controller, TaskBatch
 from rubric_rl.controllers.sampling import SAMPLERS
-from rubric_rl.registry import Registry
 from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.types import Task
+from rubric_rl.util.registry import Registry
 
 GENERAL = "general"
 Cell = tuple[str, str]

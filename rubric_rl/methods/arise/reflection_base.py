@@ -15,8 +15,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from rubric_rl.registry import Registry
 from rubric_rl.rubrics.types import Criterion, Task
+from rubric_rl.util.registry import Registry
 
 __all__ = [
     "CRITERION_SLOT",

@@ -24,7 +24,6 @@ from rubric_rl.methods.arise.reflection_base import (
     RolloutRecord,
     failing_records,
 )
-from rubric_rl.registry import Registry
 from rubric_rl.rubrics.llm import (
     LLMClient,
     LLMError,
@@ -33,6 +32,7 @@ from rubric_rl.rubrics.llm import (
     strip_json_fence,
 )
 from rubric_rl.rubrics.prompts import FENCE_RULE, fence
+from rubric_rl.util.registry import Registry
 
 logger = logging.getLogger(__name__)
 

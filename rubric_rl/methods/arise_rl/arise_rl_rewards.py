@@ -31,8 +31,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from rubric_rl.registry import Registry
 from rubric_rl.rubrics.rewards import ARISE_ALPHA
+from rubric_rl.util.registry import Registry
 
 K_ATTEMPTS = 8  # ARISE-RL §5.1: K = 8 solver rollouts per generated query
 SUCCESS_THRESHOLD = 0.9  # ARISE-RL §5.1: γ = 0.9

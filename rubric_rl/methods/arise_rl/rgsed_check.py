@@ -189,7 +189,7 @@ def run_check(
     """``steps`` solver steps of the real pipeline on ``groups`` distinct check tasks (the pool,
     drawn without replacement) with the stand-in's memory effect ``d`` (module docstring);
     ``base``: configs/arise_rl.py's ``smoke`` config (``check_config``)."""
-    from rubric_rl import builders
+    from rubric_rl.config import builders
     from rubric_rl.methods.arise_rl.arise_rl import AriseRLController
     from rubric_rl.services import Services
     from rubric_rl.step import StepContext

@@ -36,7 +36,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rubric_rl.envs.base import GENERIC_STYLE, Style
-from rubric_rl.registry import Registry
 from rubric_rl.rubrics.llm import (
     LLMClient,
     LLMError,
@@ -45,6 +44,7 @@ from rubric_rl.rubrics.llm import (
     strip_json_fence,
 )
 from rubric_rl.rubrics.prompts import FENCE_RULE, fence
+from rubric_rl.util.registry import Registry
 
 logger = logging.getLogger(__name__)
 

@@ -64,7 +64,7 @@ def harness_config(config: Any) -> HarnessConfig:
 def cold_start_key(config: Any) -> str:
     """What the cold start depends on: the warm start (its cache key), the judge, the sampling
     and the cold start's own settings."""
-    from rubric_rl.warmstart import cache_key
+    from rubric_rl.pre_rl.warmstart import cache_key
 
     blob = json.dumps(
         {

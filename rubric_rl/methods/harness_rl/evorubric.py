@@ -30,10 +30,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from rubric_rl.analysis.stats import spearman  # re-exported (moved to rubric_rl/analysis/stats.py)
 from rubric_rl.methods.harness_rl.proposer import Candidate
 from rubric_rl.methods.harness_rl.rubric_ops import RubricOp, checks_the_same
 from rubric_rl.rubrics.types import Criterion, Task
-from rubric_rl.stats import spearman  # re-exported (moved to rubric_rl/stats.py)
 
 RULE = "evorubric"
 

@@ -70,7 +70,7 @@ def _rised_train(rc: Any, domain: DomainContract) -> list[Any]:
     """The training tasks RISED samples: all, or one environment's (``rised.train_environment``,
     the transfer analysis's single-environment runs; evaluation still covers every
     environment)."""
-    from rubric_rl.evaluation import env_of
+    from rubric_rl.loop.evaluation import env_of
 
     env = rc.train_environment.strip()
     if not env:

@@ -21,7 +21,7 @@ One controller, bound after the sampler (``EnvQuotaSampler``: fixed per-environm
 - ``decorate``: a task's prompt gets its environment's anti-patterns block (its top negative
   rubrics) when, in the previous step, that environment's rollouts showed more negative than
   positive rubric occurrences; re-decided every step, never at evaluation (evaluation does not
-  call controllers: ``rubric_rl/evaluation.py``).
+  call controllers: ``rubric_rl/loop/evaluation.py``).
 - ``teacher_contexts``: per rollout, the rollout's top-3 positive rubrics ∪ its group's top-3
   (``hint_rank``: by success/failure contrast, then rarity in the step, then a seeded random
   order), as descriptions; a group without a positive rubric (with outcome-conditioned tags: one
@@ -50,7 +50,6 @@ from typing import Any
 
 import numpy as np
 
-from rubric_rl import run_files
 from rubric_rl.controllers.base import Controller
 from rubric_rl.envs.base import GENERIC_STYLE, Style
 from rubric_rl.methods.method import complete_section
@@ -68,6 +67,7 @@ from rubric_rl.methods.rised.rised_tags import (
 from rubric_rl.rollout.batch import Messages, Rollouts
 from rubric_rl.rubrics.types import Task
 from rubric_rl.rubrics.vocabulary import Vocabulary
+from rubric_rl.runs import run_files
 
 SELECTIONS = ("profile", "none", "random", "top_variance", "variance_targeted")
 TEACHERS = ("positive", "all", "none")

@@ -1,5 +1,5 @@
-"""RISED's mechanism checked on the scripted policy (``rubric_rl/controller_check.py``): the real
-RISED stages and controllers (tagger, selection, teacher contexts) on responses whose
+"""RISED's mechanism checked on the scripted policy (``rubric_rl/checks/controller_check.py``): the
+real RISED stages and controllers (tagger, selection, teacher contexts) on responses whose
 per-constraint success is scripted, scored against the script's truth (``ScriptedPolicy.kept``,
 which no controller reads). Used by ``benchmarks/rised_mechanism.py`` and the CI tests.
 
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from rubric_rl.controller_check import ScriptedPolicy, scripted_run
+from rubric_rl.checks.controller_check import ScriptedPolicy, scripted_run
 from rubric_rl.methods.rised import rised_selection as sel
 from rubric_rl.methods.rised.rised import RisedController
 from rubric_rl.step import VERIFIER_SIGNAL

@@ -33,7 +33,7 @@ import numpy as np
 
 from rubric_rl.controllers.base import Controller, TaskBatch
 from rubric_rl.controllers.sampling import GROUP_REWARDS, SAMPLERS
-from rubric_rl.evaluation import env_of
+from rubric_rl.loop.evaluation import env_of
 from rubric_rl.methods.rised.rised_selection import (
     VARIANCE_TARGETS,
     env_quotas,

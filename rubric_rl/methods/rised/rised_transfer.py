@@ -49,10 +49,11 @@ import jax
 import ml_collections
 import numpy as np
 
-from rubric_rl import evaluation
 from rubric_rl.analysis import read_config
-from rubric_rl.buckets import round_up_to_bucket
 from rubric_rl.core.pool_gradient import reward_weighted_logp_grad
+from rubric_rl.loop import evaluation
+from rubric_rl.loop.policy_loading import load_policy
+from rubric_rl.loop.trainer_batch import build_train_batch
 from rubric_rl.methods.rised.rised_transfer_stats import (
     RETAG_PREFIX,
     TRANSFER_DIR,
@@ -64,10 +65,9 @@ from rubric_rl.methods.rised.rised_transfer_stats import (
     write_outputs,
 )
 from rubric_rl.metrics import read_metrics
-from rubric_rl.policy_loading import load_policy
 from rubric_rl.rollout.batch import Group, Rollouts, Trajectory
-from rubric_rl.run_dir import checkpoint_steps
-from rubric_rl.trainer_batch import build_train_batch
+from rubric_rl.runs.run_dir import checkpoint_steps
+from rubric_rl.util.buckets import round_up_to_bucket
 
 __all__ = [
     "PoolRow",

@@ -50,10 +50,10 @@ from typing import Any
 
 import numpy as np
 
+from rubric_rl.analysis.stats import pearson, spearman
 from rubric_rl.methods.rised.rised_selection import cosine
 from rubric_rl.methods.rised.rised_tags import Tags, group_profile
 from rubric_rl.rubrics.vocabulary import Vocabulary
-from rubric_rl.stats import pearson, spearman
 
 POLARITIES = ("pos", "neg", "all")
 PROFILE_SIGNALS = tuple(f"{level}_{p}" for level in ("rubric", "skill") for p in POLARITIES)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from configs import harness_rl
-from rubric_rl.controller_check import ScriptedPolicy, run_check, scripted_run
+from rubric_rl.checks.controller_check import ScriptedPolicy, run_check, scripted_run
 from rubric_rl.methods.harness_rl.interfaces import guidance_cap
 from tests.trainer_spy import one_device
 
@@ -368,7 +368,7 @@ def test_recalibration_tracks_a_scripted_entropy_drop(tmp_path):
     """Every reachable requirement goes from a coin flip to near-certain over the run: the null
     variation between independent groups shrinks, and the bands re-measured each quarter on the
     current policy follow it down to the floor; frozen bands ("never") stay where they began."""
-    from rubric_rl.controller_check import DEFAULT_SCRIPT, CriterionScript
+    from rubric_rl.checks.controller_check import DEFAULT_SCRIPT, CriterionScript
 
     script = {
         k: v if v.end == 0 else CriterionScript(0.5, 1.0, tau=1.5, skill_gain=0.0)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs import harness_rl
-from rubric_rl.controller_check import ScriptedPolicy, scripted_run
+from rubric_rl.checks.controller_check import ScriptedPolicy, scripted_run
 
 pytest.importorskip("chromadb")
 
@@ -27,7 +27,7 @@ def power_config(measurement: str = "paired"):
 
 
 def test_paired_critic_accepts_the_lower_bound_and_rejects_no_effect():
-    from rubric_rl.harness_critic_check import critic_power
+    from rubric_rl.checks.harness_critic_check import critic_power
 
     r = critic_power(power_config(), coupling=0.5, n_tasks=48, repeats=4)
     cal = r.calibrated
@@ -45,8 +45,8 @@ def test_paired_critic_accepts_the_lower_bound_and_rejects_no_effect():
 def test_seed_shared_sampling_pairs_the_stand_in(tmp_path):
     """Prompts on one seed index draw the same requirements; with coupling 1 a placebo field
     changes nothing, with coupling 0 it redraws most of them."""
-    from rubric_rl.controller_check import scripted_services_generate
-    from rubric_rl.harness_critic_check import NamedGainPolicy
+    from rubric_rl.checks.controller_check import scripted_services_generate
+    from rubric_rl.checks.harness_critic_check import NamedGainPolicy
     from rubric_rl.methods.harness_rl.cold_start import PLACEBO_TEXT
 
     c = power_config()

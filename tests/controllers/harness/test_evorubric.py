@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from configs import harness_rl
-from rubric_rl.controller_check import ScriptedPolicy, scripted_run
+from rubric_rl.checks.controller_check import ScriptedPolicy, scripted_run
 from rubric_rl.methods.harness_rl import evorubric
 from rubric_rl.rubrics.types import Criterion, Rubric, Task, Verifier
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from configs import harness_rl
-from rubric_rl.builders import build_domain
-from rubric_rl.controller_check import ScriptedPolicy, scripted_run
+from rubric_rl.checks.controller_check import ScriptedPolicy, scripted_run
+from rubric_rl.config.builders import build_domain
 from rubric_rl.controllers.base import ControllerSet
 from rubric_rl.methods.harness_rl.attributor import CriterionLabel, TaskAttribution
 from rubric_rl.methods.harness_rl.builder import make_harness_controller

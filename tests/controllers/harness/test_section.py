@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from configs import harness_rl
-from rubric_rl.config_validation import validate_config
+from rubric_rl.config.config_validation import validate_config
 from rubric_rl.methods.harness_rl.builder import harness_config
 from rubric_rl.methods.harness_rl.section import HarnessSection
 from rubric_rl.methods.method import section_defaults

@@ -33,7 +33,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from rubric_rl import evaluation, run_dir
+from rubric_rl.loop import evaluation
+from rubric_rl.runs import run_dir
 
 
 def is_sync_point(config: Any, step: int) -> bool:

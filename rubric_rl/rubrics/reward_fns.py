@@ -205,7 +205,7 @@ def record_in_run_dir(workdir: str, config: Any, resume: bool) -> str:
     ``<workdir>/config.json``: the launcher's record updated, or the config recorded when there
     is none. On ``resume``, a name the record gives another function is an error naming both
     (the record is left as it was). Returns the path."""
-    from rubric_rl import run_dir
+    from rubric_rl.runs import run_dir
 
     path = os.path.join(workdir, run_dir.CONFIG)
     record = run_dir.config_record(config)

@@ -42,7 +42,7 @@ from rubric_rl.envs.base import DomainContract
 from rubric_rl.methods.arise.reflection_base import satisfied
 from rubric_rl.rollout.batch import Rollouts
 from rubric_rl.rubrics.types import Criterion, Task
-from rubric_rl.run_files import step_path
+from rubric_rl.runs.run_files import step_path
 
 STREAM = "calibration"
 

@@ -335,7 +335,7 @@ __all__ = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rubric_rl.run_dir --set-aside W``: ``set_aside`` from a shell (the commands
+    """``python -m rubric_rl.runs.run_dir --set-aside W``: ``set_aside`` from a shell (the commands
     ``launch/sweep.py --print --force`` writes); exit 1 naming the holder when W is live."""
     import argparse
     import sys

@@ -32,12 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from rubric_rl.reward_fns import call_reward_fn
+from rubric_rl.loop.step_metrics import criterion_pass_rates
 from rubric_rl.rollout.engine import SamplingParams
+from rubric_rl.rubrics.reward_fns import call_reward_fn
 from rubric_rl.rubrics.rewards import POINTS_SCALE, REWARDS, batch_rewards
 from rubric_rl.rubrics.scores import pack_verdicts
 from rubric_rl.rubrics.types import Task
-from rubric_rl.step_metrics import criterion_pass_rates
 
 # The test set first; "validation" exists where the domain has one (config.domain.n_validation):
 # any choice (checkpoint, hyperparameter) is made there, never on the held-out set.
@@ -218,7 +218,7 @@ def evaluate(
     skipped; tasks without criteria are not judged, and a set with none has no rubric score.
 
     ``services``: ``generate(prompts, n, stream=, params=, names=)`` and ``judge(tasks,
-    responses)`` (rubric_rl/services.py); ``domain``: the splits as attributes, ``verify`` and
+    responses)`` (rubric_rl/services/); ``domain``: the splits as attributes, ``verify`` and
     ``oracle`` (None when absent).
     """
     out: dict[str, float] = {}

@@ -2,7 +2,7 @@
 
 ``python -m rubric_rl.launch`` prints it when training ends; for any run directory:
 
-    python -m rubric_rl.run_summary runs/arise-default-<time>
+    python -m rubric_rl.runs.run_summary runs/arise-default-<time>
 
 The per-step log lines show the seed rubric's score (``heldout 48.3 | ood 43.4``), which is what
 GRPO's reward is and the cheapest thing to log, but not what a method is judged on: the protocol's
@@ -130,7 +130,7 @@ def summarize_run(workdir: str) -> str:
 
 def main(argv: Sequence[str]) -> int:
     if len(argv) != 2 or not os.path.isdir(argv[1]):
-        print(f"usage: python -m rubric_rl.run_summary <run directory>; got {argv[1:]}")
+        print(f"usage: python -m rubric_rl.runs.run_summary <run directory>; got {argv[1:]}")
         return 2
     print(summarize_run(argv[1]))
     return 0

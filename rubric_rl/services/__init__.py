@@ -15,7 +15,7 @@ calls are the sampler's and the grader's, documented there:
 
 Engine and judge failures are retried (``rollout.retries``, ``judge.retries``) and then raised as
 ``ComponentError`` naming the component. The domain's oracle is not a service: no controller sees
-it (``rubric_rl/pair_failures.py`` reads it for analysis only).
+it (``rubric_rl/analysis/pair_failures.py`` reads it for analysis only).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from rubric_rl.grader import ComponentError, Grader, VerdictCache
 from rubric_rl.rollout.batch import Messages, Trajectory
 from rubric_rl.rollout.engine import SamplingParams
 from rubric_rl.rubrics.types import Criterion, Rubric, Task, Verdict
-from rubric_rl.sampler import TRAIN_STREAM, Sampler, stream_base, with_prompt
+from rubric_rl.services.grader import ComponentError, Grader, VerdictCache
+from rubric_rl.services.sampler import TRAIN_STREAM, Sampler, stream_base, with_prompt
 
 Samples = tuple[list[tuple[int, ...]], list[list[Trajectory]]]
 

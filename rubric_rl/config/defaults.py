@@ -4,8 +4,8 @@
 The method configs (``configs/<method>.py``, not packaged) start from it, change what their method
 needs, apply variants and lock it. A script that uses ``rubric_rl`` as an installed library starts
 from `grpo_config()` (or `get_base_config()`), changes what it needs and passes it to
-``rubric_rl.trainer.Trainer``; ``rubric_rl.config_validation.validate_config`` checks it when the
-Trainer is built and names the offending field.
+``rubric_rl.trainer.Trainer``; ``rubric_rl.config.config_validation.validate_config`` checks it when
+the Trainer is built and names the offending field.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def get_base_config() -> ConfigDict:
         # "auto": multi-turn agent episodes on a tool-environment domain (sql, inventory: the
         # domains with ``make_env``), single-turn otherwise; or force "single" / "agent".
         mode="auto",
-        # Asynchronous rollouts (rubric_rl/async_rollouts.py): the next steps' pipelines run
+        # Asynchronous rollouts (rubric_rl/loop/async_rollouts.py): the next steps' pipelines run
         # while the update runs, sampled by a policy at most max_staleness updates old (0 =
         # synchronous, the default). async_overlap=False runs the same schedule without a thread.
         max_staleness=0,
@@ -370,12 +370,13 @@ def get_base_config() -> ConfigDict:
         # sequence was 0 of 144; with 0.3 mixed in and 800 steps, no copy phase: 0.01.
         copy_fraction=0.2,
         # The first copy_steps of the warm-start steps train on copy demonstrations only
-        # (rubric_rl/warmstart.py says why a phase of its own).
+        # (rubric_rl/pre_rl/warmstart.py says why a phase of its own).
         copy_steps=200,
         # Train each cased word's embedding row as its lowercase row plus a shared vector per case
         # (UPPER, Capitalized) during the warm start; RL then trains every row freely. Without it a
-        # from-scratch word-level policy never learns case (rubric_rl/warmstart.py). Tied word
-        # embeddings only; never on a pretrained checkpoint (its cased rows would be overwritten).
+        # from-scratch word-level policy never learns case (rubric_rl/pre_rl/warmstart.py). Tied
+        # word embeddings only; never on a pretrained checkpoint (its cased rows would be
+        # overwritten).
         tie_case=True,
         # "" = off. A directory shared by runs (a sweep's variants of one seed): finished warm
         # starts are kept there under a hash of what they depend on and reused (warmstart.py).
@@ -388,11 +389,12 @@ def get_base_config() -> ConfigDict:
         n=64,
         greedy=True,
         at_start=True,
-        # Per evaluation set: every N steps; -1 = eval.every, 0 = never (rubric_rl/evaluation.py).
+        # Per evaluation set: every N steps; -1 = eval.every, 0 = never
+        # (rubric_rl/loop/evaluation.py).
         splits=dict(heldout=-1, validation=-1, ood=-1),
     )
 
-    # --- calibration before RL (rubric_rl/calibration.py): per-criterion sampled pass rates
+    # --- calibration before RL (rubric_rl/pre_rl/calibration.py): per-criterion sampled pass rates
     # of the policy RL starts from and its guidance-following gain, on a fixed probe set of
     # training tasks (the same for every arm and seed: the permutation is seeded by `seed`).
     # 64 tasks x J rollouts, unguided and guided: 4.8 s at step 1 of the embedded default.
@@ -407,11 +409,12 @@ def get_base_config() -> ConfigDict:
         rollouts_per_step=8,  # sampled rollouts (with verdicts) written per step
         progress_bar=True,
         # False: orbax's and optax's INFO lines (several per checkpoint save) are dropped, by the
-        # launcher and by Trainer alike; their warnings and errors always pass (rubric_rl/logs.py).
+        # launcher and by Trainer alike; their warnings and errors always pass
+        # (rubric_rl/util/logs.py).
         library_info=False,
     )
 
-    # --- reward functions (rubric_rl/reward_fns.py) --------------------------------------------
+    # --- reward functions (rubric_rl/rubrics/reward_fns.py) ----------------------------------
     # name -> "package.module:function", TRL's signature fn(prompts, completions, **fields) ->
     # [float | None], imported when the Trainer is built; each is the signal of its name, trained
     # through loss.reward / loss.reward_weights. Trainer(reward_fns=...) records its callables here.

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rubric_rl.pair_failures import failure_metrics
+from rubric_rl.analysis.pair_failures import failure_metrics
 from rubric_rl.rollout.batch import Rollouts, score_matrices, task_outcome_metrics
 from rubric_rl.rubrics.rewards import POINTS_SCALE, REWARDS, batch_rewards
 from rubric_rl.rubrics.scores import ScoreMatrices, failure_counts

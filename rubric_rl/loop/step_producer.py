@@ -12,10 +12,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from rubric_rl import async_rollouts
-from rubric_rl.async_rollouts import Weights
+from rubric_rl.loop import async_rollouts
+from rubric_rl.loop.async_rollouts import Weights
+from rubric_rl.loop.weight_serving import WeightServer, copy_weights
 from rubric_rl.step import Pipeline, StepContext
-from rubric_rl.weight_serving import WeightServer, copy_weights
 
 
 @dataclasses.dataclass

@@ -16,9 +16,10 @@ import jax.numpy as jnp
 from absl import logging
 from flax import nnx
 
-from rubric_rl import run_dir, run_files, warmstart
 from rubric_rl.checkpoint import TREES, key_from_json, key_to_json
 from rubric_rl.core.train_step import init_train_state
+from rubric_rl.pre_rl import warmstart
+from rubric_rl.runs import run_dir, run_files
 
 # The run-state key of the controllers' file manifest written with each checkpoint.
 CONTROLLER_FILES = "controller_files"

@@ -43,8 +43,8 @@ from rubric_rl.models.layer_stack import REMAT_POLICIES
 from rubric_rl.models.qwen3 import ATTENTION_IMPLS
 from rubric_rl.models.qwen3_5_config import ALL_PRESETS as PRESETS
 from rubric_rl.models.rngs import init_rngs
-from rubric_rl.registry import Registry
 from rubric_rl.rubrics.types import Task
+from rubric_rl.util.registry import Registry
 
 if TYPE_CHECKING:
     from rubric_rl.rubrics.datasets import LoadReport
@@ -226,7 +226,7 @@ def plain_vocabulary(tasks: Sequence[Task]) -> tuple[str, ...]:
     format): the units (``_UNIT_PATTERN``) of their messages and of the string fields their
     reward functions get (``reward_fns.fields_of``), sorted. Ours: an embedded preset can then
     write every word its tasks use; give ``model.tokenizer`` for anything else."""
-    from rubric_rl.reward_fns import fields_of
+    from rubric_rl.rubrics.reward_fns import fields_of
 
     texts = [m.content for t in tasks for m in t.prompt]
     fields = fields_of(tasks)
@@ -843,8 +843,8 @@ def build_method(
     """The run's controllers and step pipeline, from its method (``config.method``, a room of
     ``rubric_rl/methods``): the method's controllers (the first is the sampler), then
     calibration's and ``extra``; the pipeline over the method's own controller objects."""
-    from rubric_rl.calibration import build_calibration
     from rubric_rl.methods.method import get_method, method_of
+    from rubric_rl.pre_rl.calibration import build_calibration
 
     method = get_method(method_of(config))
     built = method.controllers(config, domain)

@@ -52,7 +52,8 @@ from typing import Any
 
 import numpy as np
 
-from rubric_rl import builders
+from rubric_rl.config import builders
+from rubric_rl.loop.step_metrics import step_metrics
 from rubric_rl.methods.arise.reflection_base import satisfied
 from rubric_rl.methods.method import get_method
 from rubric_rl.rollout.batch import Rollouts, Trajectory
@@ -64,7 +65,6 @@ from rubric_rl.step import (
     StepContext,
     mark_behaviour,
 )
-from rubric_rl.step_metrics import step_metrics
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,11 +30,11 @@ from absl import logging
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from rubric_rl.buckets import round_up_to_bucket
 from rubric_rl.checkpoint import publish_dir
 from rubric_rl.core import sharding
 from rubric_rl.models import default_positions, logits_from_hidden
 from rubric_rl.models.hf_io import param_keys
+from rubric_rl.util.buckets import round_up_to_bucket
 
 
 def load_or_build_corpus(

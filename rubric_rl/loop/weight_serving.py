@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rubric_rl import builders
-from rubric_rl.async_rollouts import Weights
+from rubric_rl.config import builders
+from rubric_rl.loop.async_rollouts import Weights
 
 
 class WeightServer:

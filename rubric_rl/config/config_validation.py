@@ -102,7 +102,7 @@ def _bands(config: ConfigDict, prefix: str = "") -> list[tuple[str, tuple]]:
 
 
 def _check_async(r: ConfigDict, num_devices: int | None) -> None:
-    """``rollout.max_staleness`` / ``rollout.async_overlap`` (rubric_rl/async_rollouts.py)."""
+    """``rollout.max_staleness`` / ``rollout.async_overlap`` (rubric_rl/loop/async_rollouts.py)."""
     k = r.get("max_staleness", 0)
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         _fail("rollout.max_staleness", f"must be an int >= 0 (0 = synchronous), got {k!r}")
@@ -363,7 +363,7 @@ def _validate_loss_names(config: ConfigDict) -> None:
 def _validate_reward_fns(config: ConfigDict) -> list[str]:
     """``reward_fns``: name -> "package.module:function" (imported when the Trainer is built);
     returns the names."""
-    from rubric_rl.reward_fns import check_name
+    from rubric_rl.rubrics.reward_fns import check_name
 
     names = []
     for name, path in dict(config.get("reward_fns") or {}).items():
@@ -539,7 +539,7 @@ def _mixed_tools(config: ConfigDict) -> tuple[str, ...]:
     """The tool environments mixed into the constraints domain (``domain.tool_envs``)."""
     if config.domain.name != "constraints":
         return ()
-    from rubric_rl.builders import tool_env_names
+    from rubric_rl.config.builders import tool_env_names
 
     try:
         return tool_env_names(config.domain)

@@ -15,10 +15,10 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from rubric_rl.buckets import round_up_to_bucket
 from rubric_rl.core import sharding
 from rubric_rl.core.train_step import TrainBatch
 from rubric_rl.rollout.batch import Group, Rollouts, Trajectory
+from rubric_rl.util.buckets import round_up_to_bucket
 
 # Single-turn finish reasons and agent statuses (rollout/agent.py) share one code table.
 FINISH_CODES = {"stop": 0, "length": 1, "abort": 2, "aborted": 2, "truncated": 3}

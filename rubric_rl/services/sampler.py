@@ -27,12 +27,12 @@ from typing import Any
 
 from absl import logging
 
-from rubric_rl.buckets import round_up_to_bucket
 from rubric_rl.envs.base import DomainContract
-from rubric_rl.grader import ComponentError
 from rubric_rl.rollout.batch import Messages, Trajectory
 from rubric_rl.rollout.engine import GenerationRequest, SamplingParams
 from rubric_rl.rubrics.types import Task
+from rubric_rl.services.grader import ComponentError
+from rubric_rl.util.buckets import round_up_to_bucket
 
 TRAIN_STREAM = "train"
 _CALL_STRIDE = 1 << 20  # task indices of one call: < 2**20 groups per call

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from rubric_rl.controller_check import DEFAULT_SCRIPT, CriterionScript, ScriptedPolicy
+from rubric_rl.checks.controller_check import DEFAULT_SCRIPT, CriterionScript, ScriptedPolicy
 
 STATIC_P = 0.5
 
@@ -96,7 +96,7 @@ def critic_power(
     seed: int = 0,
 ) -> PowerReport:
     """The critic's acceptance of scripted candidates of true effect d (module docstring)."""
-    from rubric_rl.controller_check import scripted_run
+    from rubric_rl.checks.controller_check import scripted_run
     from rubric_rl.methods.harness_rl.attributor import CriterionLabel, TaskAttribution
     from rubric_rl.methods.harness_rl.proposer import Candidate, GuidanceOp
 
