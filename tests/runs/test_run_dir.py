@@ -12,7 +12,7 @@ import pytest
 from configs import grpo
 from rubric_rl.runs import run_dir
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _HOLDER = """
 import sys, time

@@ -555,7 +555,7 @@ def user_config(tmp_path):
 
     from tests.launch_env import launch_env
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     rows = [{"prompt": f"write {n} words about {t}", "k": n} for n in (1, 2, 3) for t in "ab"]
     heldout_rows = [{"prompt": f"write {n} words about c", "k": n} for n in (1, 2)]
     for split, part in (("train", rows), ("heldout", heldout_rows)):

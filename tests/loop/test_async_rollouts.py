@@ -19,7 +19,7 @@ from rubric_rl.rollout.scripted import ScriptedEngine
 from tests.launch_env import launch_env, metric_diffs, stable_rows
 from tests.trainer_spy import one_device, serve_scripted, short_words
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_weight_version_hand_values_and_errors():
