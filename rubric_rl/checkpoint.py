@@ -163,11 +163,11 @@ class _HeldSaveNoise:
     is known. One failed write is reported by every thread it passes through (ERROR records with
     the same traceback from orbax's futures, its async checkpointer and its manager), as
     unraisable ``RuntimeError: Event loop is closed`` from tensorstore's callbacks when other
-    writes finish after orbax's event loop has closed, and as asyncio's "Task exception was
-    never retrieved" for each such write when the garbage collector frees it: a full disk
-    printed dozens of tracebacks. While a save is in flight these are held; when it completes
-    they are passed on unchanged (nothing is hidden from a save that succeeds); when it fails
-    they are dropped, and so is what its threads and writes report later in this process
+    writes finish after orbax's event loop has closed, and as asyncio's "Task (or Future)
+    exception was never retrieved" for each such write when the garbage collector frees it: a
+    full disk printed dozens of tracebacks. While a save is in flight these are held; when it
+    completes they are passed on unchanged (nothing is hidden from a save that succeeds); when it
+    fails they are dropped, and so is what its threads and writes report later in this process
     (orbax's threads log after the error is raised; asyncio's and the closed loop's echoes),
     since the save's ``CheckpointSaveError`` (its cause chained) is the one report and the run
     stops on it."""
@@ -181,8 +181,11 @@ class _HeldSaveNoise:
 
     @staticmethod
     def _from_orbax(record: logging.LogRecord) -> bool:
-        marker = f"{os.sep}orbax{os.sep}"
-        if marker in record.pathname or marker in record.getMessage():
+        """Logged by orbax's code, or about one of its writes: asyncio's "Future exception was
+        never retrieved" for a tensorstore write has no orbax frame, only the write's path in
+        orbax's temporary checkpoint directory (``<step>.orbax-checkpoint-tmp``)."""
+        marker, message = f"{os.sep}orbax{os.sep}", record.getMessage()
+        if marker in record.pathname or marker in message or ".orbax-checkpoint-tmp" in message:
             return True
         tb = record.exc_info[2] if record.exc_info else None
         while tb is not None:

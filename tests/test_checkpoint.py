@@ -277,3 +277,43 @@ def test_a_completed_saves_held_background_reports_are_passed_on(caplog, monkeyp
     noise.end(failed=False)
     assert absl() == [record] and mine() == [other, closed]
     assert sys.unraisablehook == unraisable.append  # the hook as it was
+
+
+def test_a_failed_saves_freed_write_futures_are_dropped_and_other_errors_pass(caplog):
+    """asyncio's "Future exception was never retrieved" for one of a failed save's tensorstore
+    writes, logged whenever the garbage collector frees it (under load, while the run stops): it
+    carries no orbax frame, only the write's path in orbax's temporary directory. It is one of
+    the save's echoes and is dropped; an asyncio error about anything else still passes."""
+    import logging
+
+    from rubric_rl.checkpoint import _HeldSaveNoise
+
+    noise = _HeldSaveNoise()
+    logger = logging.getLogger("asyncio")
+    caplog.set_level("ERROR")
+
+    def freed(text):
+        return logging.LogRecord(
+            "asyncio", logging.ERROR, "/usr/lib/python3.11/asyncio/base_events.py", 1771,
+            "Future exception was never retrieved\nfuture: <Future finished exception="
+            f"ValueError({text!r})>", None, (ValueError, ValueError(text), None),
+        )  # fmt: skip
+
+    write = freed(
+        'OUT_OF_RANGE: Error writing "opt_state.mu/0" in OCDBT database at local file '
+        '"/w/checkpoints/3.orbax-checkpoint-tmp/train_state.orbax-checkpoint-tmp/ocdbt.process_0/'
+        '": Failed to write 205514 bytes to file 18: File too large'
+    )
+    other = freed("a user's coroutine failed")
+    noise.begin()
+    try:
+        noise.end(failed=True)
+        mine = lambda: [r for r in caplog.records if r in (write, other)]  # noqa: E731
+        logger.handle(write)
+        assert mine() == []
+        logger.handle(other)
+        assert mine() == [other]
+    finally:
+        for name in ("absl", "asyncio"):
+            logging.getLogger(name).removeFilter(noise)
+        sys.unraisablehook = noise.previous_hook
