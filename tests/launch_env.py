@@ -2,6 +2,8 @@
 
 import os
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def suite_xla_flags(*extra: str) -> str:
     """The suite's XLA compile flags (conftest.py's ``RUBRIC_RL_TEST_XLA_FLAGS``), then `extra`
@@ -56,13 +58,12 @@ def launch_train(workdir, steps: int, *overrides: str) -> None:
 
     from rubric_rl.metrics import read_metrics
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run(
         [
             sys.executable, "-m", "rubric_rl.launch", *overrides,
             f"--config.train.steps={steps}", "--config.checkpoint.every=1", f"--workdir={workdir}",
         ],
-        cwd=repo, env=launch_env(workdir.parent / "jax_cache"), capture_output=True, text=True,
+        cwd=REPO, env=launch_env(workdir.parent / "jax_cache"), capture_output=True, text=True,
         timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -83,9 +84,8 @@ def kill_then_resume(cmd, env, workdir, *, after_step: int, checkpoint: int, tim
 
     from rubric_rl.metrics import read_metrics
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.Popen(
-        cmd, cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     deadline = time.time() + timeout
     metrics = workdir / "metrics.jsonl"
@@ -100,7 +100,7 @@ def kill_then_resume(cmd, env, workdir, *, after_step: int, checkpoint: int, tim
     proc.wait()
     rows_at_kill = read_metrics(str(metrics))
     resumed = subprocess.run(
-        [*cmd, "--resume"], cwd=repo, env=env, check=True, timeout=timeout, capture_output=True,
+        [*cmd, "--resume"], cwd=REPO, env=env, check=True, timeout=timeout, capture_output=True,
         text=True,
     )  # fmt: skip
     assert "resumed from step " in resumed.stderr  # from a checkpoint, not a fresh start
@@ -118,7 +118,6 @@ def resume_from_copy(cmd, env, workdir, copy, *, checkpoint: int, timeout=900) -
 
     from rubric_rl.analysis import checkpoint_steps
 
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     shutil.copytree(workdir, copy)
     held = checkpoint_steps(str(copy))
     assert checkpoint in held, (checkpoint, held)
@@ -126,7 +125,7 @@ def resume_from_copy(cmd, env, workdir, copy, *, checkpoint: int, timeout=900) -
         if step > checkpoint:
             shutil.rmtree(os.path.join(copy, "checkpoints", str(step)))
     resumed = subprocess.run(
-        [*cmd, "--resume"], cwd=repo, env=env, timeout=timeout, capture_output=True, text=True
+        [*cmd, "--resume"], cwd=REPO, env=env, timeout=timeout, capture_output=True, text=True
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from step {checkpoint} " in resumed.stderr
